@@ -1,0 +1,250 @@
+"""The `outboxd` command: builds Settings and hands them to the daemon or a one-shot tool.
+
+Exit codes: 0 success, 2 bad usage or configuration, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from outboxd.config import ConfigError, Settings
+from outboxd.errors import InvalidState, NotFound, OutboxdError
+from outboxd.security import generate_key, generate_token, hash_token
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="config file (default: $OUTBOXD_CONFIG, else ./config.toml)",
+    )
+    p = argparse.ArgumentParser(prog="outboxd", description=__doc__, parents=[common])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", parents=[common], help="run the daemon")
+    sub.add_parser("migrate", parents=[common], help="apply database migrations")
+    st = sub.add_parser("status", parents=[common], help="counts, oldest pending age, DLQ depth")
+    st.add_argument("--json", action="store_true")
+    outbox = sub.add_parser("outbox", parents=[common], help="relay outbox rows")
+    osub = outbox.add_subparsers(dest="outbox_command", required=True)
+    ol = osub.add_parser("list", parents=[common])
+    ol.add_argument("--status", choices=["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"])
+    ol.add_argument("--limit", type=int, default=50)
+    ol.add_argument("--json", action="store_true")
+    orr = osub.add_parser("redrive", parents=[common], help="a DEAD row back to PENDING")
+    orr.add_argument("id")
+    jobs = sub.add_parser("jobs", parents=[common], help="portal jobs")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True)
+    jr = jsub.add_parser("redrive", parents=[common], help="a DEAD job back to QUEUED")
+    jr.add_argument("id")
+    queues = sub.add_parser("queues", parents=[common], help="SQS queues")
+    qsub = queues.add_subparsers(dest="queues_command", required=True)
+    qsub.add_parser("create", parents=[common], help="create queues, DLQs and redrive policies")
+    token = sub.add_parser("token", parents=[common], help="API tokens")
+    tsub = token.add_subparsers(dest="token_command", required=True)
+    tc = tsub.add_parser("create", parents=[common])
+    tc.add_argument("--user", required=True)
+    tc.add_argument("--role", choices=["user", "admin"], default="user")
+    sub.add_parser("keygen", parents=[common], help="print a new encryption key")
+    sub.add_parser("check-config", parents=[common], help="validate the config and exit")
+    return p
+
+
+def _load(args: argparse.Namespace) -> Settings:
+    path = args.config or Path(os.environ.get("OUTBOXD_CONFIG", "config.toml"))
+    return Settings.from_toml(path)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    sys.exit(run(argv))
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    cmd = args.command
+    if cmd == "keygen":
+        print(generate_key())
+        return EXIT_OK
+    if cmd == "token":
+        if not args.user.strip():
+            print("outboxd: --user must not be empty", file=sys.stderr)
+            return EXIT_USAGE
+        tok = generate_token()
+        print(tok)
+        print(
+            f'[[auth.tokens]]\nsha256 = "{hash_token(tok)}"\nuser = {json.dumps(args.user)}\n'
+            f'role = "{args.role}"'
+        )
+        return EXIT_OK
+    try:
+        settings = _load(args)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    if cmd == "check-config":
+        print("config OK")
+        return EXIT_OK
+    if cmd == "serve":
+        from outboxd.daemon import app
+
+        return asyncio.run(app.run(settings))
+    handlers: dict[str, Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]] = {
+        "migrate": _migrate,
+        "status": _status,
+        "outbox": _outbox,
+        "jobs": _jobs,
+        "queues": _queues,
+    }
+    try:
+        return asyncio.run(handlers[cmd](settings, args))
+    except OutboxdError as exc:
+        print(f"outboxd: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+
+
+async def _open(settings: Settings) -> Any:
+    from outboxd.daemon.app import open_configured_store
+
+    return await open_configured_store(settings)
+
+
+async def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
+    from outboxd.storage.store import open_store
+
+    s = settings.storage
+    store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
+    try:
+        applied = await store.db.migrate()
+    finally:
+        await store.close()
+    print("applied: " + ", ".join(applied) if applied else "up to date")
+    return EXIT_OK
+
+
+async def _status(settings: Settings, args: argparse.Namespace) -> int:
+    from outboxd.daemon.api import collect_stats
+    from outboxd.daemon.app import Readiness
+    from outboxd.queue.sqs import QueueError, SqsQueues
+
+    store = await _open(settings)
+    queues = None
+    try:
+        if settings.sqs.endpoint_url != "embedded":
+            # Read-only: never create queues from a status command.
+            from dataclasses import replace
+
+            queues = SqsQueues(
+                replace(settings.sqs, create_queues=False), settings.sqs.endpoint_url
+            )
+            try:
+                await asyncio.wait_for(queues.start(), 5)
+            except (QueueError, TimeoutError):
+                await queues.close()
+                queues = None
+        stats = await collect_stats(store, Readiness(store, queues) if queues else None)
+    finally:
+        if queues is not None:
+            await queues.close()
+        await store.close()
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+        return EXIT_OK
+    print(f"{'table':<14} {'status':<18} {'count':>8}")
+    for table, counts in stats["tables"].items():
+        for status, n in sorted(counts.items()):
+            print(f"{table:<14} {status:<18} {n:>8}")
+    print()
+    for table, age in stats["oldestPendingAgeSeconds"].items():
+        print(f"oldest pending {table:<14} {'-' if age is None else f'{age:.1f} s'}")
+    q = stats.get("queues")
+    if isinstance(q, dict):
+        for name, depth in q.items():
+            print(f"queue {name:<8} {depth}")
+    else:
+        print("queues: not reachable from here (embedded SQS lives inside the daemon)")
+    return EXIT_OK
+
+
+async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
+    from outboxd.daemon.api import relay_item
+
+    store = await _open(settings)
+    try:
+        if args.outbox_command == "list":
+            page = await store.list_relay_rows(args.status, max(1, min(args.limit, 500)), None)
+            items = [relay_item(r) for r in page.items]
+            if args.json:
+                print(json.dumps(items, indent=2))
+            else:
+                print(f"{'id':<36} {'kind':<4} {'status':<16} {'att':>3}  last error")
+                for it in items:
+                    err = (it["lastError"] or "")[:60]
+                    print(
+                        f"{it['id']:<36} {it['kind']:<4} {it['status']:<16} "
+                        f"{it['attempts']:>3}  {err}"
+                    )
+            return EXIT_OK
+        try:
+            row = await store.redrive_relay_row(args.id, time.time())
+        except NotFound:
+            print(f"outboxd: no outbox row {args.id}", file=sys.stderr)
+            return EXIT_FAIL
+        except InvalidState as exc:
+            print(f"outboxd: {exc}", file=sys.stderr)
+            return EXIT_FAIL
+        print(f"redriven: {row.id} -> PENDING")
+        return EXIT_OK
+    finally:
+        await store.close()
+
+
+async def _jobs(settings: Settings, args: argparse.Namespace) -> int:
+    import uuid
+
+    store = await _open(settings)
+    try:
+        job = await store.redrive_job(args.id, str(uuid.uuid4()), time.time())
+    except NotFound:
+        print(f"outboxd: no job {args.id}", file=sys.stderr)
+        return EXIT_FAIL
+    except InvalidState as exc:
+        print(f"outboxd: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    finally:
+        await store.close()
+    print(f"redriven: job {job.id} -> QUEUED")
+    return EXIT_OK
+
+
+async def _queues(settings: Settings, _args: argparse.Namespace) -> int:
+    from outboxd.queue.sqs import QueueError, SqsQueues
+
+    if settings.sqs.endpoint_url == "embedded":
+        print(
+            "outboxd: the embedded SQS creates its queues when the daemon starts", file=sys.stderr
+        )
+        return EXIT_USAGE
+    queues = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
+    try:
+        await queues.start()
+        await queues.ensure_queues()
+        for kind in ("jobs", "tasks"):
+            print(queues.queue_url(kind))
+            print(queues.queue_url(kind, dlq=True))
+    except QueueError as exc:
+        print(f"outboxd: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    finally:
+        await queues.close()
+    return EXIT_OK

@@ -1,0 +1,448 @@
+"""Typed, frozen settings read from TOML, with `OUTBOXD_<SECTION>__<KEY>` overrides.
+
+Every value is validated at start: an unknown key, a wrong type or an impossible
+value raises `ConfigError` whose message is one line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import os
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+ROLES = ("api", "relay", "consumer", "claimer", "scheduler")
+
+
+class ConfigError(Exception):
+    """A configuration problem; str() is one line naming the key."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 64 * 1024
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    require_dispatch: bool = False
+
+
+@dataclass(frozen=True)
+class StorageSettings:
+    url: str = "sqlite:///var/outboxd.db"
+    auto_migrate: bool = True
+    pool_size: int = 10
+    # How long a request waits for a pooled connection or a locked SQLite file
+    # before answering 503 C09 instead of hanging.
+    acquire_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class SqsSettings:
+    endpoint_url: str | None = "embedded"
+    region: str | None = None
+    jobs_queue: str = "outboxd-jobs"
+    tasks_queue: str = "outboxd-tasks.fifo"
+    create_queues: bool = True
+    max_receive_count: int = 5
+    visibility_timeout_s: int = 60
+    wait_time_s: int = 20
+
+
+@dataclass(frozen=True)
+class RelaySettings:
+    interval_s: float = 1.0
+    batch_size: int = 10
+    max_attempts: int = 10
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 300.0
+    publish_timeout_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    max_concurrency: int = 4
+    heartbeat_s: float = 20.0
+    backoff_base_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class ClaimerSettings:
+    fixed_delay_s: float = 1.0
+    retry_delay_s: float = 60.0
+    processing_timeout_s: float = 300.0
+    max_attempts: int = 5
+
+
+@dataclass(frozen=True)
+class SuwonScraperSettings:
+    portal_base_url: str = "https://portal.suwon.ac.kr"
+    info_base_url: str = "https://info.suwon.ac.kr"
+    timeout_s: float = 20.0
+    max_concurrency: int = 2
+    min_interval_s: float = 0.2
+    verify_tls: bool = True
+
+
+@dataclass(frozen=True)
+class ClassifierRule:
+    """One offline rule: matches a domain ending in `suffix` and/or containing `contains`.
+
+    A rule with neither matches every domain (a catch-all, put it last).
+    """
+
+    category: str
+    suffix: str | None = None
+    contains: str | None = None
+
+
+DEFAULT_CATEGORIES = (
+    "news",
+    "shopping",
+    "education",
+    "technology",
+    "entertainment",
+    "finance",
+    "government",
+    "social",
+    "other",
+)
+
+
+@dataclass(frozen=True)
+class ClassifierSettings:
+    provider: Literal["rules", "openai"] = "rules"
+    base_url: str = "https://api.openai.com/v1"
+    model: str = "gpt-4o-mini"
+    api_key_env: str = "OPENAI_API_KEY"
+    categories: tuple[str, ...] = DEFAULT_CATEGORIES
+    timeout_s: float = 30.0
+    rules: tuple[ClassifierRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScrapersSettings:
+    suwon: SuwonScraperSettings = field(default_factory=SuwonScraperSettings)
+    classifier: ClassifierSettings = field(default_factory=ClassifierSettings)
+
+
+@dataclass(frozen=True)
+class SecuritySettings:
+    keys_file: str | None = None
+    dead_retention_s: float = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    sha256: str
+    user: str
+    role: Literal["user", "admin"] = "user"
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    tokens: tuple[TokenEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    name: str
+    task: str
+    cron: str | None = None
+    every_s: float | None = None
+    timezone: str = "UTC"
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    jobs: tuple[ScheduleEntry, ...] = ()
+    tick_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    roles: tuple[str, ...] = ROLES
+    shutdown_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = "json"
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    sqs: SqsSettings = field(default_factory=SqsSettings)
+    relay: RelaySettings = field(default_factory=RelaySettings)
+    consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
+    claimer: ClaimerSettings = field(default_factory=ClaimerSettings)
+    scrapers: ScrapersSettings = field(default_factory=ScrapersSettings)
+    security: SecuritySettings = field(default_factory=SecuritySettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    daemon: DaemonSettings = field(default_factory=DaemonSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    # The folder relative paths (sqlite:///rel, keys_file) are resolved against.
+    base_dir: Path = field(default_factory=Path.cwd)
+
+    @classmethod
+    def from_toml(
+        cls, path: str | os.PathLike[str], env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Read, override from the environment, and validate a config file."""
+        file = Path(path)
+        try:
+            raw = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config: file not found: {file}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {file}: invalid TOML: {exc}") from None
+        return cls.from_mapping(raw, env=env, base_dir=file.resolve().parent)
+
+    @classmethod
+    def from_mapping(
+        cls,
+        raw: Mapping[str, Any],
+        env: Mapping[str, str] | None = None,
+        base_dir: Path | None = None,
+    ) -> Settings:
+        data: dict[str, Any] = json.loads(json.dumps(raw, default=str)) if raw else {}
+        _apply_env(data, os.environ if env is None else env)
+        data.pop("base_dir", None)
+        settings: Settings = _build(cls, data, "")
+        settings = dataclasses.replace(settings, base_dir=base_dir or Path.cwd())
+        _validate(settings)
+        return settings
+
+    def resolve_path(self, value: str) -> Path:
+        p = Path(value)
+        return p if p.is_absolute() else (self.base_dir / p)
+
+
+ENV_PREFIX = "OUTBOXD_"
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    """`OUTBOXD_SQS__WAIT_TIME_S=5` sets [sqs] wait_time_s; values parse as TOML when they can."""
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
+        if not all(path):
+            continue
+        target = data
+        for part in path[:-1]:
+            nxt = target.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"config: {name}: {'.'.join(path[:-1])} is not a section")
+            target = nxt
+        target[path[-1]] = _parse_env_value(value)
+
+
+def _parse_env_value(value: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def _build(tp: type[Any], data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {where or 'root'}: expected a table")
+    hints = typing.get_type_hints(tp)
+    known = {f.name for f in dataclasses.fields(tp) if f.init and f.name != "base_dir"}
+    for key in data:
+        if key not in known:
+            raise ConfigError(f"config: {_join(where, key)}: unknown key")
+    kwargs = {key: _coerce(hints[key], value, _join(where, key)) for key, value in data.items()}
+    try:
+        return tp(**kwargs)
+    except TypeError as exc:  # a missing required field
+        raise ConfigError(f"config: {where or 'root'}: {exc}") from None
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        last: ConfigError | None = None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, where)
+            except ConfigError as exc:
+                last = exc
+        raise last or ConfigError(f"config: {where}: wrong type")
+    if origin is Literal:
+        if value not in args:
+            allowed = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"config: {where}: must be one of {allowed}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"config: {where}: expected an array")
+        return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (Mapping, dict) or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config: {where}: expected a table")
+        return types.MappingProxyType(dict(value))
+    if dataclasses.is_dataclass(tp):
+        return _build(typing.cast(type[Any], tp), value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"config: {where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config: {where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"config: {where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"config: {where}: expected a string, got {value!r}")
+        return value
+    if tp is typing.Any:
+        return value
+    raise ConfigError(f"config: {where}: unsupported type")  # pragma: no cover
+
+
+def _validate(s: Settings) -> None:
+    def need(cond: bool, key: str, why: str) -> None:
+        if not cond:
+            raise ConfigError(f"config: {key}: {why}")
+
+    need(1 <= s.server.port <= 65535, "server.port", "must be 1-65535")
+    need(s.server.max_body_bytes >= 256, "server.max_body_bytes", "must be at least 256")
+    url = s.storage.url
+    need(
+        url.startswith(("sqlite:///", "postgresql://", "postgres://")),
+        "storage.url",
+        "must start with sqlite:/// or postgresql://",
+    )
+    need(url != "sqlite:///", "storage.url", "names no file")
+    need(1 <= s.storage.pool_size <= 200, "storage.pool_size", "must be 1-200")
+    need(s.storage.acquire_timeout_s > 0, "storage.acquire_timeout_s", "must be positive")
+    need(0 <= s.sqs.wait_time_s <= 20, "sqs.wait_time_s", "must be an integer 0-20")
+    need(
+        0 <= s.sqs.visibility_timeout_s <= 43200,
+        "sqs.visibility_timeout_s",
+        "must be an integer 0-43200",
+    )
+    need(1 <= s.sqs.max_receive_count <= 1000, "sqs.max_receive_count", "must be 1-1000")
+    need(s.sqs.tasks_queue.endswith(".fifo"), "sqs.tasks_queue", "must end in .fifo")
+    need(not s.sqs.jobs_queue.endswith(".fifo"), "sqs.jobs_queue", "must be a standard queue")
+    for key in ("jobs_queue", "tasks_queue"):
+        name = getattr(s.sqs, key)
+        need(
+            0 < len(name) <= 75 and all(c.isalnum() or c in "-_." for c in name),
+            f"sqs.{key}",
+            "must be 1-75 characters of letters, digits, - and _",
+        )
+    need(s.relay.interval_s > 0, "relay.interval_s", "must be positive")
+    need(1 <= s.relay.batch_size <= 10, "relay.batch_size", "must be 1-10 (SendMessageBatch)")
+    need(s.relay.max_attempts >= 1, "relay.max_attempts", "must be at least 1")
+    need(s.relay.backoff_base_s > 0, "relay.backoff_base_s", "must be positive")
+    need(
+        s.relay.backoff_max_s >= s.relay.backoff_base_s,
+        "relay.backoff_max_s",
+        "must be at least relay.backoff_base_s",
+    )
+    need(s.relay.publish_timeout_s > 0, "relay.publish_timeout_s", "must be positive")
+    need(s.consumer.max_concurrency >= 1, "consumer.max_concurrency", "must be at least 1")
+    need(s.consumer.heartbeat_s > 0, "consumer.heartbeat_s", "must be positive")
+    need(s.consumer.backoff_base_s >= 0, "consumer.backoff_base_s", "must not be negative")
+    need(
+        s.sqs.visibility_timeout_s == 0 or s.consumer.heartbeat_s < s.sqs.visibility_timeout_s,
+        "consumer.heartbeat_s",
+        "must be shorter than sqs.visibility_timeout_s",
+    )
+    need(s.claimer.fixed_delay_s > 0, "claimer.fixed_delay_s", "must be positive")
+    need(s.claimer.retry_delay_s >= 0, "claimer.retry_delay_s", "must not be negative")
+    need(s.claimer.processing_timeout_s > 0, "claimer.processing_timeout_s", "must be positive")
+    need(s.claimer.max_attempts >= 1, "claimer.max_attempts", "must be at least 1")
+    su = s.scrapers.suwon
+    for key in ("portal_base_url", "info_base_url"):
+        need(
+            getattr(su, key).startswith(("http://", "https://")),
+            f"scrapers.suwon.{key}",
+            "must be an http(s) URL",
+        )
+    need(su.timeout_s > 0, "scrapers.suwon.timeout_s", "must be positive")
+    need(su.max_concurrency >= 1, "scrapers.suwon.max_concurrency", "must be at least 1")
+    need(su.min_interval_s >= 0, "scrapers.suwon.min_interval_s", "must not be negative")
+    cl = s.scrapers.classifier
+    need(len(cl.categories) > 0, "scrapers.classifier.categories", "must not be empty")
+    need(cl.timeout_s > 0, "scrapers.classifier.timeout_s", "must be positive")
+    for i, rule in enumerate(cl.rules):
+        need(
+            rule.category in cl.categories,
+            f"scrapers.classifier.rules[{i}].category",
+            "must be one of scrapers.classifier.categories",
+        )
+    need(s.security.dead_retention_s > 0, "security.dead_retention_s", "must be positive")
+    for i, tok in enumerate(s.auth.tokens):
+        need(
+            len(tok.sha256) == 64 and all(c in "0123456789abcdef" for c in tok.sha256.lower()),
+            f"auth.tokens[{i}].sha256",
+            "must be 64 hex characters",
+        )
+        need(bool(tok.user), f"auth.tokens[{i}].user", "must not be empty")
+    names: set[str] = set()
+    for i, job in enumerate(s.scheduler.jobs):
+        key = f"scheduler.jobs[{i}]"
+        need(
+            bool(job.name) and job.name not in names, f"{key}.name", "must be non-empty and unique"
+        )
+        names.add(job.name)
+        need(
+            (job.cron is None) != (job.every_s is None),
+            key,
+            "needs exactly one of cron or every_s",
+        )
+        if job.every_s is not None:
+            need(job.every_s > 0, f"{key}.every_s", "must be positive")
+    need(s.scheduler.tick_s > 0, "scheduler.tick_s", "must be positive")
+    need(len(s.daemon.roles) > 0, "daemon.roles", "must name at least one role")
+    for role in s.daemon.roles:
+        need(role in ROLES, "daemon.roles", f"unknown role {role!r} (known: {', '.join(ROLES)})")
+    need(s.daemon.shutdown_timeout_s > 0, "daemon.shutdown_timeout_s", "must be positive")
+    if not s.auth.tokens and "api" in s.daemon.roles:
+        need(
+            is_loopback_host(s.server.host),
+            "server.host",
+            "with no [[auth.tokens]] the API only binds a loopback address",
+        )
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,386 @@
+"""Wiring: roles -> components, one shutdown Event, signals, sd_notify.
+
+Every long-running part is an object with `run(stop)`, owned by one TaskGroup.
+SIGTERM/SIGINT set the stop event: the API stops accepting, loops stop
+claiming and receiving, in-flight work gets `daemon.shutdown_timeout_s` to
+finish, and whatever is still running then is cancelled and released. A
+second signal exits at once; the outbox makes that safe too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+from aiohttp import web
+
+from outboxd.config import Settings, is_loopback_host
+from outboxd.daemon.api import ApiDeps, create_app
+from outboxd.daemon.claimer import Claimer
+from outboxd.daemon.consumer import Consumer
+from outboxd.daemon.relay import Relay
+from outboxd.daemon.scheduler import Scheduler
+from outboxd.daemon.sdnotify import SystemdNotifier
+from outboxd.errors import OutboxdError
+from outboxd.observability import Metrics, configure_logging
+from outboxd.queue.embedded import EmbeddedSqs
+from outboxd.queue.sqs import KINDS, QueueError, SqsQueues
+from outboxd.scrapers.classifier import build_classifier
+from outboxd.scrapers.suwon import SuwonScraper
+from outboxd.security import KeyRing, TokenVerifier
+from outboxd.services.portal_jobs import PortalJobService
+from outboxd.services.tasks import TaskService
+from outboxd.services.websites import WebsiteService
+from outboxd.storage.db import sqlite_path
+from outboxd.storage.store import SqlStore, open_store
+
+log = structlog.get_logger(__name__)
+
+READY_CHECK_TIMEOUT_S = 2.0
+
+
+class Component(Protocol):
+    async def run(self, stop: asyncio.Event) -> None: ...
+
+
+async def open_configured_store(settings: Settings) -> SqlStore:
+    s = settings.storage
+    store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
+    if s.auto_migrate:
+        try:
+            applied = await store.db.migrate()
+        except BaseException:
+            await store.close()
+            raise
+        if applied:
+            log.info("migrations_applied", migrations=applied)
+    return store
+
+
+def load_keys(settings: Settings, env: Mapping[str, str]) -> KeyRing:
+    keys_file = (
+        settings.resolve_path(settings.security.keys_file) if settings.security.keys_file else None
+    )
+    default_file = None
+    if settings.storage.url.startswith("sqlite:///"):
+        # The embedded default keeps its key beside the database it protects.
+        db_path = sqlite_path(settings.storage.url, settings.base_dir)
+        default_file = db_path.with_name(db_path.name + ".keys")
+    keys, created = KeyRing.load(keys_file, env, default_file)
+    if created and default_file is not None:
+        log.warning(
+            "encryption_key_created",
+            path=str(default_file),
+            hint="back this file up with the database; set security.keys_file in production",
+        )
+    return keys
+
+
+@contextlib.asynccontextmanager
+async def sqs_endpoint(settings: Settings) -> AsyncIterator[str | None]:
+    """The SQS endpoint URL, starting the embedded server when configured so."""
+    if settings.sqs.endpoint_url != "embedded":
+        yield settings.sqs.endpoint_url
+        return
+    log_path = None
+    if settings.storage.url.startswith("sqlite:///"):
+        log_path = sqlite_path(settings.storage.url, settings.base_dir).with_name(
+            "embedded-sqs.log"
+        )
+    embedded = EmbeddedSqs(log_path=log_path)
+    url = await embedded.start()
+    log.info("embedded_sqs_started", endpoint_url=url)
+    try:
+        yield url
+    finally:
+        await embedded.stop()
+
+
+class QueueReadiness:
+    """Starts the queues, retrying in the background while SQS is unreachable.
+
+    Until they are up, every queue call raises QueueError, which the API and the
+    relay already treat as "SQS is down": jobs are accepted and wait in the outbox.
+    """
+
+    def __init__(self, queues: SqsQueues) -> None:
+        self.queues = queues
+        self.up = asyncio.Event()
+
+    async def start_once(self) -> bool:
+        try:
+            await self.queues.start()
+        except QueueError as exc:
+            log.warning("sqs_unavailable", error=exc)
+            return False
+        self.up.set()
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        delay_s = 1.0
+        while not self.up.is_set() and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay_s)
+            if not stop.is_set() and await self.start_once():
+                log.info("sqs_available")
+            delay_s = min(30.0, delay_s * 2)
+
+
+@dataclass
+class Readiness:
+    store: SqlStore
+    queues: SqsQueues | None
+
+    async def check(self) -> dict[str, str]:
+        checks: dict[str, str] = {}
+        checks["database"] = await _probe(self.store.db.ping)
+        if self.queues is not None:
+            checks["sqs"] = await _probe(self.queues.ping)
+        return checks
+
+    async def queue_stats(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        if self.queues is None:
+            return out
+        for kind in KINDS:
+            d = await asyncio.wait_for(self.queues.depth(kind), READY_CHECK_TIMEOUT_S)
+            out[kind] = {"visible": d.visible, "inFlight": d.in_flight, "dlq": d.dlq_visible}
+        return out
+
+
+async def _probe(fn: Callable[[], Awaitable[None]]) -> str:
+    try:
+        await asyncio.wait_for(fn(), READY_CHECK_TIMEOUT_S)
+    except TimeoutError:
+        return "timeout"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    return "ok"
+
+
+class ApiServer:
+    def __init__(self, app: web.Application, host: str, port: int, shutdown_timeout_s: float):
+        self._runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=shutdown_timeout_s, handle_signals=False
+        )
+        self._host = host
+        self._port = port
+        self.bound = asyncio.Event()
+        self.address: tuple[str, int] | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        try:
+            await site.start()
+            server = site._server
+            sockets = getattr(server, "sockets", None) or []
+            if sockets:
+                addr = sockets[0].getsockname()
+                self.address = (str(addr[0]), int(addr[1]))
+            log.info(
+                "api_listening",
+                host=self._host,
+                port=self.address[1] if self.address else self._port,
+            )
+            self.bound.set()
+            await stop.wait()
+        finally:
+            # Stops accepting, then lets in-flight requests finish (shutdown_timeout).
+            await self._runner.cleanup()
+            log.info("api_stopped")
+
+
+def _install_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int) -> None:
+        if stop.is_set():
+            log.warning("second_signal_exit", signal=signal.Signals(signum).name)
+            os._exit(1)
+        log.info("shutdown_requested", signal=signal.Signals(signum).name)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+
+async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
+    """Run the daemon until a signal; the process exit code."""
+    env = os.environ if env is None else env
+    configure_logging(settings.logging.level, settings.logging.format)
+    stop = asyncio.Event()
+    _install_signals(stop)
+    notifier = SystemdNotifier(env)
+    roles = set(settings.daemon.roles)
+    log.info(
+        "daemon_starting",
+        roles=sorted(roles),
+        storage=settings.storage.url.split(":")[0],
+        pid=os.getpid(),
+    )
+    if not settings.auth.tokens and "api" in roles:
+        log.warning(
+            "auth_disabled",
+            detail="no [[auth.tokens]]: every caller is user 'local' "
+            "with role admin; the API binds loopback only",
+        )
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            code = await _serve(settings, env, stop, roles, notifier, stack)
+    except (OutboxdError, OSError, ValueError) as exc:
+        log.error("daemon_failed", error=exc)
+        return 1
+    notifier.stopping()
+    log.info("daemon_stopped", exit_code=code)
+    return code
+
+
+async def _serve(
+    settings: Settings,
+    env: Mapping[str, str],
+    stop: asyncio.Event,
+    roles: set[str],
+    notifier: SystemdNotifier,
+    stack: contextlib.AsyncExitStack,
+) -> int:
+    metrics = Metrics()
+    store = await open_configured_store(settings)
+    stack.push_async_callback(store.close)
+    keys = load_keys(settings, env)
+    endpoint = await stack.enter_async_context(sqs_endpoint(settings))
+    queues = SqsQueues(
+        settings.sqs, endpoint, max_connections=settings.consumer.max_concurrency * 2 + 16
+    )
+    stack.push_async_callback(queues.close)
+    queue_readiness = QueueReadiness(queues)
+    await queue_readiness.start_once()
+
+    relay = Relay(store, queues, settings.relay, metrics)
+    tasks = TaskService(store)
+    components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
+    api_server: ApiServer | None = None
+    if "api" in roles:
+        readiness = Readiness(store, queues)
+        deps = ApiDeps(
+            settings=settings,
+            store=store,
+            jobs=PortalJobService(store, keys, relay, settings.api.require_dispatch),
+            websites=WebsiteService(store),
+            tasks=tasks,
+            tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),
+            metrics=metrics,
+            readiness=readiness,
+            queue_stats=readiness,
+        )
+        if not settings.auth.tokens and not is_loopback_host(settings.server.host):
+            raise ValueError("refusing to bind a non-loopback address with no auth tokens")
+        api_server = ApiServer(
+            create_app(deps),
+            settings.server.host,
+            settings.server.port,
+            settings.daemon.shutdown_timeout_s,
+        )
+        components.append(("api", api_server))
+    if "relay" in roles:
+        components.append(("relay", relay))
+    if "consumer" in roles:
+        scraper = SuwonScraper(settings.scrapers.suwon)
+        stack.push_async_callback(scraper.close)
+        components.append(
+            (
+                "consumer",
+                Consumer(
+                    store,
+                    queues,
+                    scraper,
+                    keys,
+                    settings.consumer,
+                    settings.sqs,
+                    metrics,
+                    settings.security.dead_retention_s,
+                ),
+            )
+        )
+    if "claimer" in roles:
+        classifier = build_classifier(settings.scrapers.classifier, env)
+        stack.push_async_callback(classifier.close)
+        components.append(("claimer", Claimer(store, classifier, settings.claimer, metrics)))
+    if "scheduler" in roles and settings.scheduler.jobs:
+        components.append(("scheduler", Scheduler(settings.scheduler, tasks)))
+
+    failures: list[str] = []
+    async with asyncio.TaskGroup() as tg:
+        running = {
+            name: tg.create_task(_supervised(name, comp, stop, failures))
+            for name, comp in components
+        }
+        tg.create_task(notifier.run_watchdog(stop))
+
+        async def announce_ready() -> None:
+            if api_server is not None:
+                await _first(api_server.bound.wait(), running["api"])
+                if not api_server.bound.is_set():
+                    return
+                print_address(api_server)
+            notifier.ready(status="outboxd running: " + ", ".join(sorted(roles)))
+            log.info("daemon_ready", roles=sorted(roles))
+
+        tg.create_task(announce_ready())
+
+        async def enforce_deadline() -> None:
+            await stop.wait()
+            notifier.stopping()
+            pending = [t for t in running.values() if not t.done()]
+            if not pending:
+                return
+            _done, still = await asyncio.wait(pending, timeout=settings.daemon.shutdown_timeout_s)
+            for t in still:
+                log.warning("shutdown_deadline_cancel", component=_name_of(running, t))
+                t.cancel()
+
+        tg.create_task(enforce_deadline())
+        await stop.wait()
+    return 1 if failures else 0
+
+
+def print_address(server: ApiServer) -> None:
+    if server.address is not None:
+        host, port = server.address
+        sys.stderr.write(f"outboxd: listening on http://{host}:{port}\n")
+        sys.stderr.flush()
+
+
+async def _supervised(name: str, comp: Component, stop: asyncio.Event, failures: list[str]) -> None:
+    try:
+        await comp.run(stop)
+    except Exception as exc:
+        # A component that dies means trouble: stop everything and exit 1,
+        # so systemd restarts a whole, healthy process.
+        log.exception("component_crashed", component=name, error=exc)
+        failures.append(name)
+        stop.set()
+
+
+async def _first(aw: Awaitable[Any], other: asyncio.Task[Any]) -> None:
+    waiter = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait({waiter, other}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+def _name_of(running: Mapping[str, asyncio.Task[Any]], task: asyncio.Task[Any]) -> str:
+    return next((n for n, t in running.items() if t is task), "?")
+
+
+def default_config_path(env: Mapping[str, str]) -> Path:
+    return Path(env.get("OUTBOXD_CONFIG", "config.toml"))

@@ -1,0 +1,457 @@
+"""The SQS consumer: runs portal jobs and tasks, at least once, with idempotent effects.
+
+Rules it keeps, whatever SQS does:
+- the message is deleted only after the job's outcome committed;
+- a message whose job is already terminal is deleted without running anything;
+- one job runs in one place at a time (a lease on the job row, renewed by the
+  heartbeat together with the message's visibility);
+- a retryable failure leaves the message for redelivery after a backoff; at the
+  last allowed receive the job becomes DEAD and SQS moves the message to the DLQ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from outboxd.config import ConsumerSettings, SqsSettings
+from outboxd.crashpoints import crash_point
+from outboxd.errors import SecurityError, StorageError
+from outboxd.observability import Metrics
+from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
+from outboxd.scrapers.suwon import PortalError
+from outboxd.security import KeyRing, Sealed
+from outboxd.storage.ports import JobRecord, JobStore, PruneStore, TaskRun, TaskStore
+
+log = structlog.get_logger(__name__)
+
+ProgressCallback = Callable[[str, int, int], Awaitable[None]]
+
+
+class PortalClient(Protocol):
+    async def fetch_record(
+        self, username: str, password: str, progress: ProgressCallback
+    ) -> dict[str, Any]: ...
+
+
+class Receiver(Protocol):
+    async def receive(
+        self,
+        kind: QueueKind,
+        max_messages: int,
+        wait_time_s: int | None = None,
+        visibility_timeout_s: int | None = None,
+    ) -> list[ReceivedMessage]: ...
+    async def delete(self, kind: QueueKind, receipt_handle: str) -> None: ...
+    async def change_visibility(
+        self, kind: QueueKind, receipt_handle: str, timeout_s: int
+    ) -> None: ...
+    async def receive_dlq(
+        self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
+    ) -> list[ReceivedMessage]: ...
+
+
+class ConsumerStore(JobStore, TaskStore, PruneStore, Protocol):
+    pass
+
+
+TaskController = Callable[[TaskRun], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    finished_retention_s: float
+    dead_retention_s: float
+    prune_batch: int = 1000
+
+
+class RetryableTaskError(Exception):
+    pass
+
+
+class Consumer:
+    def __init__(
+        self,
+        store: ConsumerStore,
+        queues: Receiver,
+        portal: PortalClient,
+        keys: KeyRing,
+        consumer_settings: ConsumerSettings,
+        sqs_settings: SqsSettings,
+        metrics: Metrics,
+        dead_retention_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._queues = queues
+        self._portal = portal
+        self._keys = keys
+        self._cs = consumer_settings
+        self._sqs = sqs_settings
+        self._metrics = metrics
+        self._dead_retention_s = dead_retention_s
+        self._clock = clock
+        self._slots = asyncio.Semaphore(consumer_settings.max_concurrency)
+        self._controllers: dict[str, TaskController] = {
+            "noop": self._task_noop,
+            "outbox.prune": self._task_prune,
+        }
+        # The visibility a heartbeat renews to, and the job lease it keeps:
+        # never 0, so a heartbeat always has something to extend.
+        self._visibility_s = max(1, sqs_settings.visibility_timeout_s)
+
+    # ------------------------------------------------------------------ loops
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("consumer_started", max_concurrency=self._cs.max_concurrency)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._receive_loop("jobs", stop, tg))
+            tg.create_task(self._receive_loop("tasks", stop, tg))
+            tg.create_task(self._dlq_sweep_loop(stop))
+        log.info("consumer_stopped")
+
+    async def _receive_loop(
+        self, kind: QueueKind, stop: asyncio.Event, tg: asyncio.TaskGroup
+    ) -> None:
+        failures = 0
+        while not stop.is_set():
+            await self._slots.acquire()
+            free = 1 + sum(1 for _ in range(9) if self._try_acquire())
+            try:
+                messages = await _until_stopped(
+                    self._queues.receive(kind, free, self._sqs.wait_time_s), stop
+                )
+            except QueueError as exc:
+                self._release(free)
+                failures += 1
+                log.warning("receive_failed", queue=kind, error=exc)
+                await _pause(stop, min(30.0, 0.5 * 2 ** min(failures, 6)))
+                continue
+            failures = 0
+            if messages is None:  # stopping: nothing was taken
+                self._release(free)
+                break
+            self._release(free - len(messages))
+            for msg in messages:
+                tg.create_task(self._handle(kind, msg))
+
+    def _try_acquire(self) -> bool:
+        if self._slots.locked():
+            return False
+        # Semaphore has no non-blocking acquire; locked() False means one is free now.
+        self._slots._value -= 1
+        return True
+
+    def _release(self, n: int) -> None:
+        for _ in range(n):
+            self._slots.release()
+
+    async def _handle(self, kind: QueueKind, msg: ReceivedMessage) -> None:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            if kind == "jobs":
+                outcome = await self._handle_job(msg)
+            else:
+                outcome = await self._handle_task(msg)
+        except (QueueError, StorageError) as exc:
+            # Nothing is lost: the message comes back after its visibility timeout.
+            log.warning(
+                "handler_infrastructure_error", queue=kind, message_id=msg.message_id, error=exc
+            )
+        except Exception as exc:
+            log.exception("handler_crashed", queue=kind, message_id=msg.message_id, error=exc)
+        finally:
+            self._slots.release()
+            self._metrics.handler_duration.labels(kind, outcome).observe(
+                time.perf_counter() - started
+            )
+
+    # ------------------------------------------------------------------ jobs
+
+    async def _handle_job(self, msg: ReceivedMessage) -> str:
+        job_id = _message_id_field(msg.body, "jobId")
+        if job_id is None:
+            log.error("message_malformed", queue="jobs", message_id=msg.message_id)
+            # Never deleted: it ends in the DLQ for a human, as SQS intends.
+            await self._retry_later("jobs", msg)
+            return "malformed"
+        bind = {"job_id": job_id, "message_id": msg.message_id}
+        job = await self._store.get_job(job_id)
+        if job is None or job.terminal:
+            log.info("message_for_finished_job", status=job.status if job else None, **bind)
+            await self._queues.delete("jobs", msg.receipt_handle)
+            return "skipped"
+        now = self._clock()
+        running = await self._store.start_job_run(job_id, now, self._visibility_s)
+        if running is None:
+            # Someone else holds the job's lease (a duplicate delivery); look
+            # again later rather than run it twice at once.
+            log.info("job_busy_elsewhere", **bind)
+            await self._retry_later("jobs", msg)
+            return "busy"
+        log.info("job_started", attempt=running.attempts, receive_count=msg.receive_count, **bind)
+        try:
+            creds = self._keys.open_json(
+                Sealed(running.key_id or "", running.sealed or b""), associated_data=running.id
+            )
+        except SecurityError as exc:
+            await self._finish_failed(running, msg, ("CREDENTIALS_UNREADABLE", str(exc)), bind)
+            return "failed"
+        state = _RunState(running)
+
+        async def progress(step: str, done: int, total: int) -> None:
+            with contextlib.suppress(StorageError):
+                await self._store.update_job_progress(
+                    state.job, {"step": step, "done": done, "total": total}, self._clock()
+                )
+
+        heartbeat = asyncio.create_task(self._heartbeat("jobs", msg, state))
+        try:
+            crash_point("during_handler")
+            result = await self._portal.fetch_record(
+                str(creds.get("username", "")), str(creds.get("password", "")), progress
+            )
+        except PortalError as exc:
+            await _cancel(heartbeat)
+            error = (exc.code, exc.message)
+            if not exc.retryable:
+                await self._finish_failed(state.job, msg, error, bind)
+                return "failed"
+            return await self._retry_or_dead(state.job, msg, error, bind)
+        except asyncio.CancelledError:
+            await _cancel(heartbeat)
+            # Shutdown past its deadline: give the job back at once.
+            await asyncio.shield(self._release_job(state.job, msg))
+            raise
+        except Exception as exc:
+            await _cancel(heartbeat)
+            log.exception("handler_error", error=exc, **bind)
+            return await self._retry_or_dead(
+                state.job, msg, ("HANDLER_ERROR", f"{type(exc).__name__}"), bind
+            )
+        await _cancel(heartbeat)
+        finished = await asyncio.shield(
+            self._store.finish_job(state.job, "SUCCEEDED", self._clock(), result=result)
+        )
+        if finished is None:
+            log.warning("job_outcome_lost_race", **bind)
+            return "raced"
+        crash_point("after_handler_before_delete")
+        log.info("job_succeeded", attempts=finished.attempts, **bind)
+        await self._queues.delete("jobs", msg.receipt_handle)
+        return "succeeded"
+
+    async def _finish_failed(
+        self, job: JobRecord, msg: ReceivedMessage, error: tuple[str, str], bind: Mapping[str, Any]
+    ) -> None:
+        finished = await asyncio.shield(
+            self._store.finish_job(job, "FAILED", self._clock(), error=error)
+        )
+        log.warning("job_failed", error_code=error[0], error=error[1], **bind)
+        if finished is not None:
+            await self._queues.delete("jobs", msg.receipt_handle)
+
+    async def _retry_or_dead(
+        self, job: JobRecord, msg: ReceivedMessage, error: tuple[str, str], bind: Mapping[str, Any]
+    ) -> str:
+        if msg.receive_count >= self._sqs.max_receive_count:
+            await asyncio.shield(
+                self._store.mark_job_dead(
+                    job.id,
+                    ("RETRIES_EXHAUSTED", f"{error[0]}: {error[1]}"[:500]),
+                    self._clock(),
+                )
+            )
+            log.error(
+                "job_dead",
+                error_code=error[0],
+                error=error[1],
+                receive_count=msg.receive_count,
+                **bind,
+            )
+            # Visible again at once: the next receive moves it to the DLQ.
+            await self._queues.change_visibility("jobs", msg.receipt_handle, 0)
+            return "dead"
+        await asyncio.shield(self._store.job_retry_later(job, error, self._clock()))
+        delay = await self._retry_later("jobs", msg)
+        log.warning(
+            "job_retry_scheduled",
+            error_code=error[0],
+            error=error[1],
+            receive_count=msg.receive_count,
+            delay_s=delay,
+            **bind,
+        )
+        return "retry"
+
+    async def _retry_later(self, kind: QueueKind, msg: ReceivedMessage) -> int:
+        delay = int(min(43_000, self._cs.backoff_base_s * 2 ** max(0, msg.receive_count - 1)))
+        await self._queues.change_visibility(kind, msg.receipt_handle, delay)
+        return delay
+
+    async def _release_job(self, job: JobRecord, msg: ReceivedMessage) -> None:
+        with contextlib.suppress(StorageError):
+            await self._store.release_job_lease(job, self._clock())
+        with contextlib.suppress(QueueError):
+            await self._queues.change_visibility("jobs", msg.receipt_handle, 0)
+        log.info("job_released", job_id=job.id, message_id=msg.message_id)
+
+    async def _heartbeat(self, kind: QueueKind, msg: ReceivedMessage, state: _RunState) -> None:
+        while True:
+            await asyncio.sleep(self._cs.heartbeat_s)
+            try:
+                await self._queues.change_visibility(kind, msg.receipt_handle, self._visibility_s)
+                await self._store.extend_job_lease(state.job, self._clock() + self._visibility_s)
+            except (QueueError, StorageError) as exc:
+                log.warning("heartbeat_failed", message_id=msg.message_id, error=exc)
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _handle_task(self, msg: ReceivedMessage) -> str:
+        task_id = _message_id_field(msg.body, "taskId")
+        if task_id is None:
+            log.error("message_malformed", queue="tasks", message_id=msg.message_id)
+            await self._retry_later("tasks", msg)
+            return "malformed"
+        bind = {"task_id": task_id, "message_id": msg.message_id}
+        run = await self._store.get_task(task_id)
+        if run is None or run.status in ("SUCCEEDED", "FAILED", "DEAD"):
+            await self._queues.delete("tasks", msg.receipt_handle)
+            return "skipped"
+        controller = self._controllers.get(run.type)
+        if controller is None:
+            await self._store.finish_task(
+                task_id, "FAILED", f"unknown task type {run.type}", self._clock()
+            )
+            await self._queues.delete("tasks", msg.receipt_handle)
+            return "failed"
+        try:
+            await controller(run)
+        except Exception as exc:
+            log.warning("task_failed_attempt", task_type=run.type, error=exc, **bind)
+            if msg.receive_count >= self._sqs.max_receive_count:
+                await self._store.finish_task(
+                    task_id, "FAILED", f"{type(exc).__name__}: {exc}"[:500], self._clock()
+                )
+                await self._queues.change_visibility("tasks", msg.receipt_handle, 0)
+                return "dead"
+            await self._retry_later("tasks", msg)
+            return "retry"
+        await self._queues.delete("tasks", msg.receipt_handle)
+        log.info("task_succeeded", task_type=run.type, **bind)
+        return "succeeded"
+
+    async def _task_noop(self, run: TaskRun) -> None:
+        # The ledger row is the whole effect: recorded once per dedup id,
+        # however often SQS delivers the message.
+        await self._store.finish_task(run.id, "SUCCEEDED", None, self._clock())
+
+    async def _task_prune(self, run: TaskRun) -> None:
+        days = run.payload.get("older_than_days", 7)
+        if not isinstance(days, int | float) or isinstance(days, bool) or days < 0:
+            await self._store.finish_task(
+                run.id, "FAILED", "payload.older_than_days must be a number >= 0", self._clock()
+            )
+            return
+        now = self._clock()
+        # Deletes are idempotent, so running them again after a crash before
+        # the ledger write is harmless.
+        counts = await self._store.prune(
+            finished_before=now - float(days) * 86400,
+            dead_before=now - self._dead_retention_s,
+            batch=1000,
+        )
+        log.info("outbox_pruned", task_id=run.id, **counts)
+        await self._store.finish_task(run.id, "SUCCEEDED", None, self._clock())
+
+    # ------------------------------------------------------------------ DLQ sweep
+
+    async def _dlq_sweep_loop(self, stop: asyncio.Event) -> None:
+        """Jobs whose message reached the DLQ without their handler saying so become DEAD.
+
+        That happens when the process died during the last allowed attempt; the
+        sweep makes sure such a job still ends in a terminal state.
+        """
+        while not stop.is_set():
+            with contextlib.suppress(QueueError, StorageError):
+                await self.sweep_dlq_once()
+            await _pause(stop, 30.0)
+
+    async def sweep_dlq_once(self) -> int:
+        marked = 0
+        messages: Sequence[ReceivedMessage] = await self._queues.receive_dlq("jobs", 10, 600)
+        for msg in messages:
+            job_id = _message_id_field(msg.body, "jobId")
+            if job_id is None:
+                continue
+            current = await self._store.get_job(job_id)
+            latest = await self._store.latest_relay_row_for_job(job_id)
+            if (
+                current is None
+                or current.status != "RUNNING"
+                # A live lease: another copy of the message is being worked on.
+                or (current.lease_until is not None and current.lease_until > self._clock())
+                # A redrive made a newer outbox row: this dead message is history.
+                or (latest is not None and latest.id != _message_id_field(msg.body, "outboxId"))
+            ):
+                continue
+            job = await self._store.mark_job_dead(
+                job_id,
+                ("RETRIES_EXHAUSTED", "the message reached the dead-letter queue"),
+                self._clock(),
+            )
+            if job is not None:
+                marked += 1
+                log.error("job_dead", job_id=job_id, message_id=msg.message_id, source="dlq")
+        return marked
+
+
+@dataclass
+class _RunState:
+    job: JobRecord
+
+
+def _message_id_field(body: str, key: str) -> str | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    value = data.get(key) if isinstance(data, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+async def _until_stopped(
+    coro: Awaitable[list[ReceivedMessage]], stop: asyncio.Event
+) -> list[ReceivedMessage] | None:
+    """The result of `coro`, or None (coro cancelled) once `stop` is set first."""
+    task = asyncio.ensure_future(coro)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, QueueError):
+        await task
+    return None
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -1,0 +1,183 @@
+"""The relay: publishes relay-outbox rows to SQS, now (for a request) and in a loop.
+
+A row is claimed with a lease (`claimed_until`) in a short transaction, published
+with no transaction open, then marked SENT (only the `Successful` entries, with
+their MessageId) or backed off. A crash between publish and SENT leaves the
+lease to expire and the row to be published again: delivery is at least once,
+and the consumer's effects are idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import structlog
+
+from outboxd.config import RelaySettings
+from outboxd.crashpoints import crash_point
+from outboxd.observability import Metrics
+from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueError, QueueKind
+from outboxd.storage.ports import RelayFailure, RelayRow, RelayStore, TaskStore
+
+log = structlog.get_logger(__name__)
+
+
+class Publisher(Protocol):
+    async def send_batch(
+        self, kind: QueueKind, messages: Sequence[OutgoingMessage]
+    ) -> BatchResult: ...
+
+
+class RelayStoreWithTasks(RelayStore, TaskStore, Protocol):
+    pass
+
+
+def message_body(row: RelayRow) -> str:
+    """Ids only: the consumer reads everything else (credentials included) from the database."""
+    if row.kind == "job":
+        return json.dumps({"type": "portal_link", "jobId": row.job_id, "outboxId": row.id})
+    return json.dumps({"type": "task", "taskId": row.task_id, "outboxId": row.id})
+
+
+def backoff_s(attempt: int, base_s: float, max_s: float, rng: random.Random) -> float:
+    """Exponential in the attempt number, with jitter in [50%, 100%] of the step.
+
+    The jitter spreads retries of rows that failed together (an SQS outage)
+    so they do not all come back in the same second.
+    """
+    step = min(max_s, base_s * (2.0 ** max(0, attempt - 1)))
+    return step * (0.5 + rng.random() / 2)
+
+
+class Relay:
+    def __init__(
+        self,
+        store: RelayStoreWithTasks,
+        publisher: Publisher,
+        settings: RelaySettings,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._publisher = publisher
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._rng = random.Random()
+        # Long enough that a slow but successful publish is marked SENT by its
+        # own holder before anyone else may take the row.
+        self._lease_s = max(30.0, settings.publish_timeout_s * 3)
+
+    async def publish_now(self, outbox_id: str) -> bool:
+        """Publish one row for the request that created it; True when it is SENT."""
+        crash_point("after_commit_before_publish")
+        row = await self._store.claim_relay_row(outbox_id, self._clock(), self._lease_s)
+        if row is None:
+            return False  # another holder (the relay loop) has it, or it is SENT already
+        sent = await self._publish([row])
+        return sent == 1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("relay_started", interval_s=self._settings.interval_s)
+        while not stop.is_set():
+            try:
+                n = await self.relay_once()
+            except Exception as exc:  # the loop must survive a database or SQS outage
+                log.warning("relay_iteration_failed", error=exc)
+                n = 0
+            if n >= self._settings.batch_size:
+                continue  # a full batch: there may be more due right now
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._settings.interval_s)
+        log.info("relay_stopped")
+
+    async def relay_once(self) -> int:
+        """Claim and publish one batch of due rows; returns how many were claimed."""
+        rows = await self._store.claim_relay_due(
+            self._clock(), self._settings.batch_size, self._lease_s
+        )
+        if rows:
+            await self._publish(rows)
+        return len(rows)
+
+    async def _publish(self, rows: Sequence[RelayRow]) -> int:
+        sent = 0
+        for kind in ("jobs", "tasks"):
+            group = [r for r in rows if (r.kind == "job") == (kind == "jobs")]
+            if group:
+                sent += await self._publish_group(kind, group)
+        return sent
+
+    async def _publish_group(self, kind: QueueKind, rows: Sequence[RelayRow]) -> int:
+        messages = []
+        for r in rows:
+            group_id = dedup_id = None
+            if kind == "tasks":
+                # One FIFO group per task type: tasks of one type run in order,
+                # different types do not wait on each other.
+                run = await self._store.get_task(r.task_id or "")
+                group_id = run.type if run is not None else "tasks"
+                dedup_id = r.dedup_id
+            messages.append(OutgoingMessage(r.id, message_body(r), group_id, dedup_id))
+        try:
+            result = await asyncio.wait_for(
+                self._publisher.send_batch(kind, messages), self._settings.publish_timeout_s
+            )
+        except (QueueError, TimeoutError) as exc:
+            reason = str(exc) if isinstance(exc, QueueError) else "publish timed out"
+            result = BatchResult(successful={}, failed={r.id: reason for r in rows})
+        crash_point("after_publish_before_sent")
+        now = self._clock()
+        by_id = {r.id: r for r in rows}
+        ok = [(by_id[i], mid) for i, mid in result.successful.items() if i in by_id]
+        # Recording the outcome is shielded: a shutdown must not cut it in half
+        # and leave a published row looking unpublished for a whole lease.
+        marked = await asyncio.shield(self._store.mark_relay_sent(ok, now))
+        failures = []
+        for entry_id, reason in result.failed.items():
+            row = by_id.get(entry_id)
+            if row is None:
+                continue
+            dead = row.attempt_count >= self._settings.max_attempts
+            failures.append(
+                RelayFailure(
+                    row=row,
+                    error=reason,
+                    next_attempt_at=now
+                    + backoff_s(
+                        row.attempt_count,
+                        self._settings.backoff_base_s,
+                        self._settings.backoff_max_s,
+                        self._rng,
+                    ),
+                    dead=dead,
+                )
+            )
+        await asyncio.shield(self._store.mark_relay_failed(failures, now))
+        for m in marked:
+            log.info(
+                "outbox_sent",
+                outbox_id=m.id,
+                job_id=m.job_id,
+                task_id=m.task_id,
+                message_id=m.queue_message_id,
+            )
+        for f in failures:
+            log.warning(
+                "outbox_dead" if f.dead else "outbox_publish_failed",
+                outbox_id=f.row.id,
+                job_id=f.row.job_id,
+                task_id=f.row.task_id,
+                attempts=f.row.attempt_count,
+                error=f.error[:300],
+            )
+        self._metrics.publishes.labels("sent").inc(len(marked))
+        self._metrics.publishes.labels("failed").inc(sum(not f.dead for f in failures))
+        self._metrics.publishes.labels("dead").inc(sum(f.dead for f in failures))
+        return len(marked)

@@ -1,0 +1,119 @@
+"""The scheduler: at each fire time it only enqueues a task, never runs one.
+
+Misfire policy: a schedule fires for fire times that pass while the daemon
+runs. Fire times missed while it was down are not replayed (no backlog on
+restart); an enqueue that fails is retried on the next tick for the same fire
+time, and when a later fire time has passed meanwhile only the latest is kept.
+The dedup id `<name>-<fire time, UTC ISO 8601>` and the unique index on it make
+any number of instances enqueue each fire time once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import structlog
+
+from outboxd.config import ScheduleEntry, SchedulerSettings
+from outboxd.daemon.cron import CronSchedule, EverySchedule, Schedule, parse_timezone
+from outboxd.services.tasks import TaskService
+
+log = structlog.get_logger(__name__)
+
+
+def schedule_of(entry: ScheduleEntry) -> tuple[Schedule, ZoneInfo]:
+    """The entry's schedule and time zone; CronError (a ValueError) when invalid."""
+    tz = parse_timezone(entry.timezone)
+    if entry.cron is not None:
+        return CronSchedule.parse(entry.cron), tz
+    assert entry.every_s is not None
+    return EverySchedule(entry.every_s), tz
+
+
+def dedup_id(name: str, fire_at: datetime) -> str:
+    utc = fire_at.astimezone(UTC)
+    spec = "seconds" if utc.microsecond == 0 else "milliseconds"
+    return f"{name}-{utc.replace(tzinfo=None).isoformat(timespec=spec)}Z"
+
+
+@dataclass
+class _Slot:
+    entry: ScheduleEntry
+    schedule: Schedule
+    tz: ZoneInfo
+    next_fire: datetime
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        tasks: TaskService,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = settings
+        self._tasks = tasks
+        self._clock = clock
+        now = self._now()
+        self._slots = []
+        for entry in settings.jobs:
+            schedule, tz = schedule_of(entry)
+            self._slots.append(_Slot(entry, schedule, tz, schedule.next_after(now, tz)))
+
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self._clock(), UTC)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("scheduler_started", schedules=[s.entry.name for s in self._slots])
+        while not stop.is_set():
+            await self.tick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._sleep_s())
+        log.info("scheduler_stopped")
+
+    def _sleep_s(self) -> float:
+        if not self._slots:
+            return self._settings.tick_s
+        soonest = min(s.next_fire for s in self._slots)
+        until = (soonest - self._now()).total_seconds()
+        return max(0.0, min(self._settings.tick_s, until))
+
+    async def tick(self) -> int:
+        """Enqueue every due fire time; returns how many task runs this call created."""
+        created = 0
+        now = self._now()
+        for slot in self._slots:
+            if slot.next_fire > now:
+                continue
+            # Only the latest passed fire time is enqueued (no backlog).
+            fire = slot.next_fire
+            following = slot.schedule.next_after(fire, slot.tz)
+            while following <= now:
+                fire, following = following, slot.schedule.next_after(following, slot.tz)
+            dedup = dedup_id(slot.entry.name, fire)
+            try:
+                run, new = await self._tasks.enqueue(
+                    slot.entry.task, dict(slot.entry.payload), dedup
+                )
+            except Exception as exc:
+                log.error(
+                    "scheduler_enqueue_failed", schedule=slot.entry.name, dedup_id=dedup, error=exc
+                )
+                slot.next_fire = fire  # retried next tick
+                continue
+            created += int(new)
+            log.info(
+                "scheduler_fired",
+                schedule=slot.entry.name,
+                dedup_id=dedup,
+                task_id=run.id,
+                created=new,
+            )
+            slot.next_fire = following
+        return created

@@ -1,0 +1,142 @@
+"""Structured JSON logs with redaction, and the Prometheus metrics of one daemon."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Any key whose name looks like a secret is dropped wherever it appears, so a
+# careless `log.info(..., password=...)` or a nested dict cannot leak one.
+SECRET_KEY_RE = re.compile(
+    r"pass(word|wd)?$|^pwd$|secret|token|authorization|api_?key|credential|cookie|ciphertext"
+    r"|^dsn$|private_key",
+    re.IGNORECASE,
+)
+REDACTED = "[redacted]"
+# A URL's user:password@ part, wherever it appears in a string value.
+_URL_PASSWORD_RE = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]*@")
+
+
+def scrub_url(text: str) -> str:
+    return _URL_PASSWORD_RE.sub(r"\g<scheme>\g<user>:***@", text)
+
+
+def _redact(value: Any, depth: int = 0) -> Any:
+    if depth > 8:
+        return value
+    if isinstance(value, Mapping):
+        return {
+            k: (
+                REDACTED
+                if isinstance(k, str) and SECRET_KEY_RE.search(k)
+                else _redact(v, depth + 1)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_redact(v, depth + 1) for v in value]
+    if isinstance(value, str) and "@" in value:
+        return scrub_url(value)
+    return value
+
+
+def redact_secrets(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    for key in list(event_dict):
+        if key == "event":
+            continue
+        if SECRET_KEY_RE.search(key):
+            event_dict[key] = REDACTED
+        else:
+            event_dict[key] = _redact(event_dict[key])
+    return event_dict
+
+
+def _error_fields(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Turn `error=exc` into its type and message, the form the SPEC asks for."""
+    err = event_dict.get("error")
+    if isinstance(err, BaseException):
+        event_dict["error_type"] = type(err).__name__
+        event_dict["error"] = scrub_url(str(err))[:500]
+    return event_dict
+
+
+def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
+    renderer: Any = (
+        structlog.processors.JSONRenderer(ensure_ascii=False)
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _error_fields,
+            redact_secrets,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stdout),
+        cache_logger_on_first_use=False,
+    )
+
+
+class Metrics:
+    """One registry per daemon (not the global one), so tests can run several apps."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = Counter(
+            "outboxd_http_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=r,
+        )
+        self.http_latency = Histogram(
+            "outboxd_http_request_duration_seconds",
+            "HTTP request duration",
+            ["route"],
+            registry=r,
+        )
+        self.jobs_accepted = Counter("outboxd_jobs_accepted", "Portal jobs accepted", registry=r)
+        self.publishes = Counter(
+            "outboxd_relay_publishes", "Outbox rows published, by result", ["result"], registry=r
+        )
+        self.claims = Counter(
+            "outboxd_claims", "Work-outbox rows claimed, by outcome", ["outcome"], registry=r
+        )
+        self.handler_duration = Histogram(
+            "outboxd_handler_duration_seconds",
+            "Queue handler duration",
+            ["kind", "outcome"],
+            registry=r,
+        )
+        self.rows = Gauge(
+            "outboxd_rows", "Rows by table and status", ["table", "status"], registry=r
+        )
+        self.oldest_pending_age = Gauge(
+            "outboxd_oldest_pending_age_seconds",
+            "Age of the oldest pending row",
+            ["table"],
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "outboxd_queue_depth",
+            "SQS messages by queue and state",
+            ["queue", "state"],
+            registry=r,
+        )

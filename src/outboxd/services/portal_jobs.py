@@ -1,0 +1,137 @@
+"""Portal-link jobs: the transaction boundary for intake, replay and redrive."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from outboxd.errors import OutboxdError
+from outboxd.security import KeyRing
+from outboxd.storage.ports import JobRecord, JobStore, NewPortalJob, RelayRow, RelayStore
+
+log = structlog.get_logger(__name__)
+
+PORTALS = ("suwon",)
+
+
+class IdempotencyConflict(OutboxdError):
+    """The key was used before by this user for a different request."""
+
+
+class DispatchFailed(OutboxdError):
+    """`api.require_dispatch` is on and the synchronous publish did not succeed."""
+
+    def __init__(self, job: JobRecord, outbox: RelayRow | None) -> None:
+        super().__init__("the job was stored but could not be put on the queue")
+        self.job = job
+        self.outbox = outbox
+
+
+class Dispatcher(Protocol):
+    async def publish_now(self, outbox_id: str) -> bool:
+        """Publish one outbox row now; True when it is SENT. Never raises for SQS failures."""
+        ...
+
+
+class JobsStore(JobStore, RelayStore, Protocol):
+    pass
+
+
+@dataclass(frozen=True)
+class PortalLinkRequest:
+    portal: str
+    username: str
+    password: str
+
+    def canonical(self) -> dict[str, str]:
+        return {"portal": self.portal, "username": self.username, "password": self.password}
+
+
+@dataclass(frozen=True)
+class Submission:
+    job: JobRecord
+    outbox: RelayRow | None
+    replayed: bool
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class PortalJobService:
+    def __init__(
+        self,
+        store: JobsStore,
+        keys: KeyRing,
+        dispatcher: Dispatcher | None,
+        require_dispatch: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._keys = keys
+        self._dispatcher = dispatcher
+        self._require_dispatch = require_dispatch
+        self._clock = clock
+
+    async def submit(self, user: str, idempotency_key: str, req: PortalLinkRequest) -> Submission:
+        job_id, outbox_id = new_id(), new_id()
+        # Sealed before the transaction so the transaction holds no CPU work;
+        # the job id as associated data ties the ciphertext to its row.
+        sealed = self._keys.seal_json(
+            {"username": req.username, "password": req.password}, associated_data=job_id
+        )
+        intake = await self._store.create_portal_job(
+            NewPortalJob(
+                job_id=job_id,
+                outbox_id=outbox_id,
+                user_id=user,
+                idempotency_key=idempotency_key,
+                fingerprint=self._keys.fingerprint(req.canonical()),
+                portal=req.portal,
+                key_id=sealed.key_id,
+                sealed=sealed.ciphertext,
+            ),
+            now=self._clock(),
+        )
+        job, outbox = intake.job, intake.outbox
+        if not intake.created and not self._keys.fingerprint_matches(
+            job.fingerprint, req.canonical()
+        ):
+            raise IdempotencyConflict("Idempotency-Key was used with a different request")
+        log.info(
+            "job_accepted" if intake.created else "job_replayed",
+            job_id=job.id,
+            outbox_id=outbox.id if outbox else None,
+        )
+        if outbox is not None and outbox.status in ("PENDING", "RETRYABLE_FAILED"):
+            job, outbox = await self._dispatch(job, outbox)
+        return Submission(job=job, outbox=outbox, replayed=not intake.created)
+
+    async def _dispatch(self, job: JobRecord, outbox: RelayRow) -> tuple[JobRecord, RelayRow]:
+        if self._dispatcher is None:
+            if self._require_dispatch:
+                raise DispatchFailed(job, outbox)
+            return job, outbox
+        ok = await self._dispatcher.publish_now(outbox.id)
+        # Re-read: the answer shows what is durable, not what we hoped.
+        fresh_job = await self._store.get_job(job.id) or job
+        fresh_outbox = await self._store.get_relay_row(outbox.id) or outbox
+        if not ok and self._require_dispatch and fresh_outbox.status != "SENT":
+            raise DispatchFailed(fresh_job, fresh_outbox)
+        return fresh_job, fresh_outbox
+
+    async def get(self, job_id: str) -> tuple[JobRecord, RelayRow | None] | None:
+        job = await self._store.get_job(job_id)
+        if job is None:
+            return None
+        return job, await self._store.latest_relay_row_for_job(job_id)
+
+    async def redrive(self, job_id: str) -> JobRecord:
+        job = await self._store.redrive_job(job_id, new_id(), self._clock())
+        log.info("job_redriven", job_id=job_id)
+        return job

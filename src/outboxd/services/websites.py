@@ -1,0 +1,85 @@
+"""Websites and their category: registration is the work outbox's transaction boundary."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+import uuid
+from collections.abc import Callable
+
+import idna
+import structlog
+
+from outboxd.storage.ports import Website, WebsiteStore
+
+log = structlog.get_logger(__name__)
+
+_LDH = set("abcdefghijklmnopqrstuvwxyz0123456789-")
+_FORBIDDEN = set("/\\?#@:[]% \t\r\n")
+
+
+class InvalidDomain(ValueError):
+    """The text is not a bare host name; str() says why (never echoing much of it)."""
+
+
+def normalize_domain(text: str) -> str:
+    """Lowercase, IDNA to ASCII, one trailing dot dropped; anything else is rejected.
+
+    Rejecting instead of stripping is deliberate: `https://a.com/x` is a client
+    bug, and guessing which part they meant would register the wrong thing.
+    """
+    value = text.strip()
+    if not value:
+        raise InvalidDomain("must not be empty")
+    if "://" in value:
+        raise InvalidDomain("must be a host name, not a URL (no scheme)")
+    bad = _FORBIDDEN.intersection(value)
+    if bad:
+        what = "port" if bad == {":"} else "path, query, port or user part"
+        raise InvalidDomain(f"must be a bare host name (no {what})")
+    if value.endswith("."):
+        value = value[:-1]
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        pass
+    else:
+        raise InvalidDomain("must be a host name, not an IP address")
+    labels = value.split(".")
+    if any(label == "" for label in labels):
+        raise InvalidDomain("has an empty label")
+    try:
+        ascii_name = idna.encode(value, uts46=True).decode("ascii")
+    except idna.IDNAError as exc:
+        raise InvalidDomain(f"is not a valid internationalised name ({str(exc)[:80]})") from None
+    ascii_name = ascii_name.lower()
+    labels = ascii_name.split(".")
+    if len(labels) < 2:
+        raise InvalidDomain("must have at least two labels (like example.com)")
+    for label in labels:
+        if not 1 <= len(label) <= 63:
+            raise InvalidDomain("has a label longer than 63 characters")
+        if not set(label) <= _LDH or label.startswith("-") or label.endswith("-"):
+            raise InvalidDomain("labels may hold only letters, digits and inner hyphens")
+    if labels[-1].isdigit():
+        raise InvalidDomain("must be a host name, not an IP address")
+    if len(ascii_name) > 253:
+        raise InvalidDomain("is longer than 253 characters")
+    return ascii_name
+
+
+class WebsiteService:
+    def __init__(self, store: WebsiteStore, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def register(self, domain: str, favicon_url: str | None) -> tuple[Website, bool]:
+        website, created = await self._store.register_website(
+            str(uuid.uuid4()), str(uuid.uuid4()), domain, favicon_url, self._clock()
+        )
+        if created:
+            log.info("website_registered", website_id=website.id, domain=domain)
+        return website, created
+
+    async def get(self, domain: str) -> Website | None:
+        return await self._store.get_website(domain)

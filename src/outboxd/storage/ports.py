@@ -1,0 +1,229 @@
+"""What the core asks of storage: records, and one Protocol per concern.
+
+`storage.store.SqlStore` implements all of them on SQLite and Postgres; mypy
+checks that it does (see the assignments at the end of store.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+JobStatus = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"]
+RelayStatus = Literal["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"]
+WorkStatus = Literal["PENDING", "PROCESSING", "COMPLETED", "FAILED"]
+TaskStatus = Literal["PENDING", "SENT", "SUCCEEDED", "FAILED", "DEAD"]
+TERMINAL_JOB_STATUSES = ("SUCCEEDED", "FAILED", "DEAD")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    id: str
+    kind: str
+    portal: str
+    user_id: str
+    idempotency_key: str
+    fingerprint: str
+    status: JobStatus
+    attempts: int
+    key_id: str | None
+    sealed: bytes | None
+    lease_until: float | None
+    progress: Mapping[str, Any] | None
+    error_code: str | None
+    error_message: str | None
+    result: Mapping[str, Any] | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    version: int
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_JOB_STATUSES
+
+
+@dataclass(frozen=True)
+class RelayRow:
+    id: str
+    kind: Literal["job", "task"]
+    job_id: str | None
+    task_id: str | None
+    status: RelayStatus
+    attempt_count: int
+    next_attempt_at: float
+    last_error: str | None
+    queue_message_id: str | None
+    dedup_id: str
+    created_at: float
+    sent_at: float | None
+    claimed_until: float | None
+    version: int
+
+
+@dataclass(frozen=True)
+class NewPortalJob:
+    job_id: str
+    outbox_id: str
+    user_id: str
+    idempotency_key: str
+    fingerprint: str
+    portal: str
+    key_id: str
+    sealed: bytes
+
+
+@dataclass(frozen=True)
+class JobIntake:
+    """What `create_portal_job` found or made: the job and its newest outbox row."""
+
+    job: JobRecord
+    outbox: RelayRow | None
+    created: bool
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    id: str
+    type: str
+    payload: Mapping[str, Any]
+    dedup_id: str
+    status: TaskStatus
+    error: str | None
+    enqueued_at: float
+    finished_at: float | None
+    version: int
+
+
+@dataclass(frozen=True)
+class Website:
+    id: str
+    domain: str
+    favicon_url: str | None
+    category: str | None
+    created_at: float
+    work_status: WorkStatus | None
+    work_attempts: int
+    work_last_error: str | None
+
+
+@dataclass(frozen=True)
+class WorkRow:
+    id: str
+    website_id: str
+    status: WorkStatus
+    attempt_count: int
+    attempted_at: float | None
+    last_error: str | None
+    created_at: float
+    version: int
+
+
+@dataclass(frozen=True)
+class RelayFailure:
+    row: RelayRow
+    error: str
+    next_attempt_at: float
+    dead: bool
+
+
+@dataclass(frozen=True)
+class StatusCount:
+    table: str
+    status: str
+    count: int
+    oldest_created_at: float | None
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: Sequence[T]
+    next_cursor: str | None
+
+
+class JobStore(Protocol):
+    async def create_portal_job(self, new: NewPortalJob, now: float) -> JobIntake: ...
+    async def get_job(self, job_id: str) -> JobRecord | None: ...
+    async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None: ...
+    async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None: ...
+    async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool: ...
+    async def update_job_progress(
+        self, job: JobRecord, progress: Mapping[str, Any], now: float
+    ) -> bool: ...
+    async def finish_job(
+        self,
+        job: JobRecord,
+        status: Literal["SUCCEEDED", "FAILED"],
+        now: float,
+        result: Mapping[str, Any] | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> JobRecord | None: ...
+    async def job_retry_later(
+        self, job: JobRecord, error: tuple[str, str], now: float
+    ) -> JobRecord | None: ...
+    async def release_job_lease(self, job: JobRecord, now: float) -> bool: ...
+    async def mark_job_dead(
+        self, job_id: str, error: tuple[str, str], now: float
+    ) -> JobRecord | None: ...
+    async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord: ...
+
+
+class RelayStore(Protocol):
+    async def claim_relay_due(self, now: float, limit: int, lease_s: float) -> list[RelayRow]: ...
+    async def claim_relay_row(
+        self, outbox_id: str, now: float, lease_s: float
+    ) -> RelayRow | None: ...
+    async def mark_relay_sent(
+        self, sent: Sequence[tuple[RelayRow, str]], now: float
+    ) -> list[RelayRow]: ...
+    async def mark_relay_failed(self, failures: Sequence[RelayFailure], now: float) -> None: ...
+    async def get_relay_row(self, outbox_id: str) -> RelayRow | None: ...
+    async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow: ...
+    async def list_relay_rows(
+        self, status: str | None, limit: int, cursor: str | None
+    ) -> Page[RelayRow]: ...
+
+
+class TaskStore(Protocol):
+    async def enqueue_task(
+        self,
+        task_id: str,
+        outbox_id: str,
+        type_: str,
+        payload: Mapping[str, Any],
+        dedup_id: str,
+        now: float,
+    ) -> tuple[TaskRun, bool]: ...
+    async def get_task(self, task_id: str) -> TaskRun | None: ...
+    async def finish_task(
+        self, task_id: str, status: Literal["SUCCEEDED", "FAILED"], error: str | None, now: float
+    ) -> TaskRun | None: ...
+    async def list_tasks(
+        self, type_: str | None, limit: int, cursor: str | None
+    ) -> Page[TaskRun]: ...
+
+
+class WebsiteStore(Protocol):
+    async def register_website(
+        self, website_id: str, work_id: str, domain: str, favicon_url: str | None, now: float
+    ) -> tuple[Website, bool]: ...
+    async def get_website(self, domain: str) -> Website | None: ...
+    async def claim_work(
+        self, now: float, retry_delay_s: float, processing_timeout_s: float
+    ) -> WorkRow | None: ...
+    async def website_by_id(self, website_id: str) -> Website | None: ...
+    async def complete_work(self, row: WorkRow, category: str | None, now: float) -> bool: ...
+    async def fail_work(self, row: WorkRow, error: str, final: bool, now: float) -> bool: ...
+    async def give_back_work(self, row: WorkRow) -> bool: ...
+
+
+class StatsStore(Protocol):
+    async def status_counts(self) -> list[StatusCount]: ...
+
+
+class PruneStore(Protocol):
+    async def prune(
+        self, finished_before: float, dead_before: float, batch: int
+    ) -> dict[str, int]: ...

@@ -1,0 +1,274 @@
+-- Named statements shared by both backends; `<backend>.sql` overrides a block
+-- of the same name. Parameters are `:name`, always bound, never formatted in.
+
+-- ---------------------------------------------------------------- jobs
+
+-- name: insert_job
+INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
+                  key_id, sealed, created_at, updated_at)
+VALUES (:id, :kind, :portal, :user_id, :idempotency_key, :fingerprint, 'QUEUED',
+        :key_id, :sealed, :now, :now)
+ON CONFLICT (user_id, idempotency_key) DO NOTHING
+RETURNING id;
+
+-- name: insert_relay_row
+INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id, created_at)
+VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :now, :dedup_id, :now);
+
+-- name: select_job
+SELECT * FROM jobs WHERE id = :id;
+
+-- name: select_job_by_key
+SELECT * FROM jobs WHERE user_id = :user_id AND idempotency_key = :idempotency_key;
+
+-- name: select_latest_relay_for_job
+SELECT * FROM relay_outbox WHERE job_id = :job_id ORDER BY created_at DESC, id DESC LIMIT 1;
+
+-- name: select_relay_row
+SELECT * FROM relay_outbox WHERE id = :id;
+
+-- name: start_job_run
+UPDATE jobs
+   SET status = 'RUNNING', attempts = attempts + 1, lease_until = :lease_until,
+       updated_at = :now, version = version + 1, error_code = NULL, error_message = NULL
+ WHERE id = :id AND status IN ('QUEUED', 'RUNNING')
+   AND (lease_until IS NULL OR lease_until < :now)
+RETURNING *;
+
+-- name: extend_job_lease
+UPDATE jobs SET lease_until = :lease_until
+ WHERE id = :id AND version = :version AND status = 'RUNNING';
+
+-- name: update_job_progress
+UPDATE jobs SET progress = :progress, updated_at = :now
+ WHERE id = :id AND version = :version AND status = 'RUNNING';
+
+-- name: finish_job
+UPDATE jobs
+   SET status = :status, result = :result, error_code = :error_code,
+       error_message = :error_message, finished_at = :now, updated_at = :now,
+       lease_until = NULL, sealed = NULL, key_id = NULL, version = version + 1
+ WHERE id = :id AND version = :version AND status = 'RUNNING'
+RETURNING *;
+
+-- name: job_dead
+UPDATE jobs
+   SET status = 'DEAD', error_code = :error_code, error_message = :error_message,
+       finished_at = :now, updated_at = :now, lease_until = NULL, version = version + 1
+ WHERE id = :id AND status IN ('QUEUED', 'RUNNING')
+RETURNING *;
+
+-- name: job_retry_later
+UPDATE jobs
+   SET error_code = :error_code, error_message = :error_message, lease_until = NULL,
+       updated_at = :now, version = version + 1
+ WHERE id = :id AND version = :version AND status = 'RUNNING'
+RETURNING *;
+
+-- name: release_job_lease
+UPDATE jobs SET lease_until = NULL, updated_at = :now, version = version + 1
+ WHERE id = :id AND version = :version AND status = 'RUNNING';
+
+-- name: job_running_if_queued
+UPDATE jobs SET status = 'RUNNING', updated_at = :now
+ WHERE id = :id AND status = 'QUEUED';
+
+-- name: redrive_job
+UPDATE jobs
+   SET status = 'QUEUED', error_code = NULL, error_message = NULL, finished_at = NULL,
+       lease_until = NULL, progress = NULL, updated_at = :now, version = version + 1
+ WHERE id = :id AND status = 'DEAD' AND sealed IS NOT NULL
+RETURNING *;
+
+-- ---------------------------------------------------------------- relay outbox
+
+-- name: claim_relay_due
+UPDATE relay_outbox
+   SET attempt_count = attempt_count + 1, claimed_until = :claimed_until, version = version + 1
+ WHERE id IN (SELECT id FROM relay_outbox
+               WHERE status IN ('PENDING', 'RETRYABLE_FAILED') AND next_attempt_at <= :now
+                 AND (claimed_until IS NULL OR claimed_until < :now)
+               ORDER BY next_attempt_at
+               LIMIT :limit)
+RETURNING *;
+
+-- name: claim_relay_one
+UPDATE relay_outbox
+   SET attempt_count = attempt_count + 1, claimed_until = :claimed_until, version = version + 1
+ WHERE id = :id AND status IN ('PENDING', 'RETRYABLE_FAILED')
+   AND (claimed_until IS NULL OR claimed_until < :now)
+RETURNING *;
+
+-- name: relay_sent
+UPDATE relay_outbox
+   SET status = 'SENT', queue_message_id = :message_id, sent_at = :now, claimed_until = NULL,
+       last_error = NULL, version = version + 1
+ WHERE id = :id AND version = :version
+RETURNING *;
+
+-- name: relay_failed
+UPDATE relay_outbox
+   SET status = :status, next_attempt_at = :next_attempt_at, last_error = :last_error,
+       claimed_until = NULL, version = version + 1
+ WHERE id = :id AND version = :version
+RETURNING *;
+
+-- name: relay_redrive
+UPDATE relay_outbox
+   SET status = 'PENDING', attempt_count = 0, next_attempt_at = :now, last_error = NULL,
+       claimed_until = NULL, version = version + 1
+ WHERE id = :id AND status = 'DEAD'
+RETURNING *;
+
+-- name: task_sent
+UPDATE task_runs SET status = 'SENT' WHERE id = :id AND status = 'PENDING';
+
+-- name: task_dead
+UPDATE task_runs SET status = 'DEAD', error = :error, finished_at = :now, version = version + 1
+ WHERE id = :id AND status IN ('PENDING', 'SENT');
+
+-- name: task_requeue
+UPDATE task_runs SET status = 'PENDING', error = NULL, finished_at = NULL, version = version + 1
+ WHERE id = :id AND status = 'DEAD';
+
+-- name: job_requeue_if_dead
+UPDATE jobs
+   SET status = 'QUEUED', error_code = NULL, error_message = NULL, finished_at = NULL,
+       lease_until = NULL, updated_at = :now, version = version + 1
+ WHERE id = :id AND status = 'DEAD';
+
+-- name: list_relay
+SELECT * FROM relay_outbox
+ WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
+        OR (created_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
+ ORDER BY created_at DESC, id DESC
+ LIMIT :limit;
+
+-- ---------------------------------------------------------------- tasks
+
+-- name: insert_task_run
+INSERT INTO task_runs (id, type, payload, dedup_id, status, enqueued_at)
+VALUES (:id, :type, :payload, :dedup_id, 'PENDING', :now)
+ON CONFLICT (dedup_id) DO NOTHING
+RETURNING id;
+
+-- name: select_task_by_dedup
+SELECT * FROM task_runs WHERE dedup_id = :dedup_id;
+
+-- name: select_task
+SELECT * FROM task_runs WHERE id = :id;
+
+-- name: finish_task
+UPDATE task_runs SET status = :status, error = :error, finished_at = :now, version = version + 1
+ WHERE id = :id AND status IN ('PENDING', 'SENT')
+RETURNING *;
+
+-- name: list_tasks
+SELECT * FROM task_runs
+ WHERE (CAST(:type AS TEXT) IS NULL OR type = :type)
+   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR enqueued_at < :cursor_created
+        OR (enqueued_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
+ ORDER BY enqueued_at DESC, id DESC
+ LIMIT :limit;
+
+-- ---------------------------------------------------------------- websites
+
+-- name: insert_website
+INSERT INTO websites (id, domain, favicon_url, created_at, updated_at)
+VALUES (:id, :domain, :favicon_url, :now, :now)
+ON CONFLICT (domain) DO NOTHING
+RETURNING id;
+
+-- name: insert_work_row
+INSERT INTO work_outbox (id, website_id, status, created_at)
+VALUES (:id, :website_id, 'PENDING', :now);
+
+-- name: select_website_by_domain
+SELECT w.*, o.status AS work_status, o.attempt_count AS work_attempts,
+       o.last_error AS work_last_error
+  FROM websites w LEFT JOIN work_outbox o ON o.website_id = w.id
+ WHERE w.domain = :domain;
+
+-- name: claim_work_fresh
+UPDATE work_outbox
+   SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
+       version = version + 1
+ WHERE id = (SELECT id FROM work_outbox
+              WHERE status = 'PENDING' AND attempted_at IS NULL
+              ORDER BY created_at LIMIT 1)
+RETURNING *;
+
+-- name: claim_work_retry
+UPDATE work_outbox
+   SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
+       version = version + 1
+ WHERE id = (SELECT id FROM work_outbox
+              WHERE status = 'PENDING' AND attempted_at IS NOT NULL
+                AND attempted_at <= :retry_before
+              ORDER BY attempted_at LIMIT 1)
+RETURNING *;
+
+-- name: claim_work_stale
+UPDATE work_outbox
+   SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
+       version = version + 1
+ WHERE id = (SELECT id FROM work_outbox
+              WHERE status = 'PROCESSING' AND attempted_at <= :stale_before
+              ORDER BY attempted_at LIMIT 1)
+RETURNING *;
+
+-- name: select_website
+SELECT * FROM websites WHERE id = :id;
+
+-- name: set_website_category
+UPDATE websites SET category = :category, updated_at = :now, version = version + 1
+ WHERE id = :id AND category IS NULL;
+
+-- name: work_completed
+UPDATE work_outbox SET status = 'COMPLETED', last_error = NULL, version = version + 1
+ WHERE id = :id AND version = :version AND status = 'PROCESSING';
+
+-- name: work_failed
+UPDATE work_outbox
+   SET status = :status, attempted_at = :now, last_error = :last_error, version = version + 1
+ WHERE id = :id AND version = :version AND status = 'PROCESSING';
+
+-- name: work_give_back
+UPDATE work_outbox
+   SET status = 'PENDING', attempt_count = attempt_count - 1,
+       attempted_at = CASE WHEN attempt_count - 1 = 0 THEN NULL ELSE attempted_at END,
+       version = version + 1
+ WHERE id = :id AND version = :version AND status = 'PROCESSING';
+
+-- ---------------------------------------------------------------- stats and pruning
+
+-- name: count_jobs
+SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM jobs GROUP BY status;
+
+-- name: count_relay
+SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM relay_outbox GROUP BY status;
+
+-- name: count_work
+SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM work_outbox GROUP BY status;
+
+-- name: count_tasks
+SELECT status, COUNT(*) AS n, MIN(enqueued_at) AS oldest FROM task_runs GROUP BY status;
+
+-- name: prune_relay_sent
+DELETE FROM relay_outbox WHERE id IN (
+    SELECT id FROM relay_outbox WHERE status = 'SENT' AND sent_at < :before LIMIT :limit);
+
+-- name: prune_work_completed
+DELETE FROM work_outbox WHERE id IN (
+    SELECT id FROM work_outbox WHERE status = 'COMPLETED' AND attempted_at < :before LIMIT :limit);
+
+-- name: prune_dead_credentials
+UPDATE jobs SET sealed = NULL, key_id = NULL, version = version + 1
+ WHERE id IN (SELECT id FROM jobs WHERE status = 'DEAD' AND sealed IS NOT NULL
+                 AND finished_at < :before LIMIT :limit);
+
+-- name: prune_finished_jobs
+DELETE FROM jobs WHERE id IN (
+    SELECT id FROM jobs WHERE status IN ('SUCCEEDED', 'FAILED') AND finished_at < :before
+     LIMIT :limit);

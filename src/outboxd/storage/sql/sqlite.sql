@@ -1,0 +1,2 @@
+-- SQLite needs no overrides: writes run under BEGIN IMMEDIATE, so a claim's
+-- SELECT and UPDATE already see no competitor.

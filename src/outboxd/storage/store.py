@@ -1,0 +1,639 @@
+"""`SqlStore`: every storage Protocol, on either database driver.
+
+The logic of each transaction is written once; the SQL it runs comes from the
+named blocks of `sql/common.sql`, with per-backend overrides where the dialects
+differ (claims: `FOR UPDATE SKIP LOCKED` on Postgres, `BEGIN IMMEDIATE` on SQLite).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from outboxd.errors import InvalidState, NotFound
+from outboxd.storage import ports
+from outboxd.storage.db import Connection, Database, Row, load_queries, open_database
+from outboxd.storage.ports import (
+    JobIntake,
+    JobRecord,
+    NewPortalJob,
+    Page,
+    RelayFailure,
+    RelayRow,
+    StatusCount,
+    TaskRun,
+    Website,
+    WorkRow,
+)
+
+
+def _json_or_none(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    value = json.loads(text)
+    return value if isinstance(value, dict) else None
+
+
+def _dump(value: Mapping[str, Any] | None) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _job(r: Row) -> JobRecord:
+    sealed = r["sealed"]
+    return JobRecord(
+        id=r["id"],
+        kind=r["kind"],
+        portal=r["portal"],
+        user_id=r["user_id"],
+        idempotency_key=r["idempotency_key"],
+        fingerprint=r["fingerprint"],
+        status=r["status"],
+        attempts=int(r["attempts"]),
+        key_id=r["key_id"],
+        sealed=bytes(sealed) if sealed is not None else None,
+        lease_until=r["lease_until"],
+        progress=_json_or_none(r["progress"]),
+        error_code=r["error_code"],
+        error_message=r["error_message"],
+        result=_json_or_none(r["result"]),
+        created_at=float(r["created_at"]),
+        updated_at=float(r["updated_at"]),
+        finished_at=r["finished_at"],
+        version=int(r["version"]),
+    )
+
+
+def _relay(r: Row) -> RelayRow:
+    return RelayRow(
+        id=r["id"],
+        kind=r["kind"],
+        job_id=r["job_id"],
+        task_id=r["task_id"],
+        status=r["status"],
+        attempt_count=int(r["attempt_count"]),
+        next_attempt_at=float(r["next_attempt_at"]),
+        last_error=r["last_error"],
+        queue_message_id=r["queue_message_id"],
+        dedup_id=r["dedup_id"],
+        created_at=float(r["created_at"]),
+        sent_at=r["sent_at"],
+        claimed_until=r["claimed_until"],
+        version=int(r["version"]),
+    )
+
+
+def _task(r: Row) -> TaskRun:
+    return TaskRun(
+        id=r["id"],
+        type=r["type"],
+        payload=_json_or_none(r["payload"]) or {},
+        dedup_id=r["dedup_id"],
+        status=r["status"],
+        error=r["error"],
+        enqueued_at=float(r["enqueued_at"]),
+        finished_at=r["finished_at"],
+        version=int(r["version"]),
+    )
+
+
+def _website(r: Row) -> Website:
+    return Website(
+        id=r["id"],
+        domain=r["domain"],
+        favicon_url=r["favicon_url"],
+        category=r["category"],
+        created_at=float(r["created_at"]),
+        work_status=r.get("work_status"),
+        work_attempts=int(r.get("work_attempts") or 0),
+        work_last_error=r.get("work_last_error"),
+    )
+
+
+def _work(r: Row) -> WorkRow:
+    return WorkRow(
+        id=r["id"],
+        website_id=r["website_id"],
+        status=r["status"],
+        attempt_count=int(r["attempt_count"]),
+        attempted_at=r["attempted_at"],
+        last_error=r["last_error"],
+        created_at=float(r["created_at"]),
+        version=int(r["version"]),
+    )
+
+
+def encode_cursor(created_at: float, row_id: str) -> str:
+    raw = json.dumps([created_at, row_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> tuple[float | None, str | None]:
+    """A cursor from `encode_cursor`; ValueError for anything else."""
+    if not cursor:
+        return None, None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, row_id = json.loads(raw)
+        return float(created), str(row_id)
+    except (ValueError, TypeError) as exc:
+        raise ValueError("cursor is not one this server issued") from exc
+
+
+class SqlStore:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.q = load_queries(db.backend)
+
+    @property
+    def backend(self) -> str:
+        return self.db.backend
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    # ------------------------------------------------------------ jobs
+
+    async def create_portal_job(self, new: NewPortalJob, now: float) -> JobIntake:
+        async with self.db.transaction() as c:
+            inserted = await c.fetchrow(
+                self.q["insert_job"],
+                {
+                    "id": new.job_id,
+                    "kind": "portal_link",
+                    "portal": new.portal,
+                    "user_id": new.user_id,
+                    "idempotency_key": new.idempotency_key,
+                    "fingerprint": new.fingerprint,
+                    "key_id": new.key_id,
+                    "sealed": new.sealed,
+                    "now": now,
+                },
+            )
+            if inserted is not None:
+                await c.execute(
+                    self.q["insert_relay_row"],
+                    {
+                        "id": new.outbox_id,
+                        "kind": "job",
+                        "job_id": new.job_id,
+                        "task_id": None,
+                        "dedup_id": new.job_id,
+                        "now": now,
+                    },
+                )
+                job_id, created = new.job_id, True
+            else:
+                row = await c.fetchrow(
+                    self.q["select_job_by_key"],
+                    {"user_id": new.user_id, "idempotency_key": new.idempotency_key},
+                )
+                if row is None:  # pragma: no cover - the conflict row cannot vanish in the tx
+                    raise NotFound("idempotency key row vanished")
+                job_id, created = row["id"], False
+            job = await self._job(c, job_id)
+            outbox = await self._latest_relay(c, job_id)
+        return JobIntake(job=job, outbox=outbox, created=created)
+
+    async def _job(self, c: Connection, job_id: str) -> JobRecord:
+        row = await c.fetchrow(self.q["select_job"], {"id": job_id})
+        if row is None:
+            raise NotFound(f"job {job_id}")
+        return _job(row)
+
+    async def _latest_relay(self, c: Connection, job_id: str) -> RelayRow | None:
+        row = await c.fetchrow(self.q["select_latest_relay_for_job"], {"job_id": job_id})
+        return _relay(row) if row else None
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        async with self.db.reader() as c:
+            row = await c.fetchrow(self.q["select_job"], {"id": job_id})
+        return _job(row) if row else None
+
+    async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None:
+        async with self.db.reader() as c:
+            return await self._latest_relay(c, job_id)
+
+    async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None:
+        async with self.db.transaction() as c:
+            row = await c.fetchrow(
+                self.q["start_job_run"],
+                {"id": job_id, "now": now, "lease_until": now + lease_s},
+            )
+        return _job(row) if row else None
+
+    async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool:
+        async with self.db.transaction() as c:
+            n = await c.execute(
+                self.q["extend_job_lease"],
+                {"id": job.id, "version": job.version, "lease_until": lease_until},
+            )
+        return n == 1
+
+    async def update_job_progress(
+        self, job: JobRecord, progress: Mapping[str, Any], now: float
+    ) -> bool:
+        async with self.db.transaction() as c:
+            n = await c.execute(
+                self.q["update_job_progress"],
+                {"id": job.id, "version": job.version, "progress": _dump(progress), "now": now},
+            )
+        return n == 1
+
+    async def finish_job(
+        self,
+        job: JobRecord,
+        status: Literal["SUCCEEDED", "FAILED"],
+        now: float,
+        result: Mapping[str, Any] | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> JobRecord | None:
+        async with self.db.transaction() as c:
+            row = await c.fetchrow(
+                self.q["finish_job"],
+                {
+                    "id": job.id,
+                    "version": job.version,
+                    "status": status,
+                    "result": _dump(result),
+                    "error_code": error[0] if error else None,
+                    "error_message": error[1] if error else None,
+                    "now": now,
+                },
+            )
+        return _job(row) if row else None
+
+    async def job_retry_later(
+        self, job: JobRecord, error: tuple[str, str], now: float
+    ) -> JobRecord | None:
+        async with self.db.transaction() as c:
+            row = await c.fetchrow(
+                self.q["job_retry_later"],
+                {
+                    "id": job.id,
+                    "version": job.version,
+                    "error_code": error[0],
+                    "error_message": error[1],
+                    "now": now,
+                },
+            )
+        return _job(row) if row else None
+
+    async def release_job_lease(self, job: JobRecord, now: float) -> bool:
+        async with self.db.transaction() as c:
+            n = await c.execute(
+                self.q["release_job_lease"], {"id": job.id, "version": job.version, "now": now}
+            )
+        return n == 1
+
+    async def mark_job_dead(
+        self, job_id: str, error: tuple[str, str], now: float
+    ) -> JobRecord | None:
+        async with self.db.transaction() as c:
+            row = await c.fetchrow(
+                self.q["job_dead"],
+                {"id": job_id, "error_code": error[0], "error_message": error[1], "now": now},
+            )
+        return _job(row) if row else None
+
+    async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
+        async with self.db.transaction() as c:
+            row = await c.fetchrow(self.q["redrive_job"], {"id": job_id, "now": now})
+            if row is None:
+                current = await c.fetchrow(self.q["select_job"], {"id": job_id})
+                if current is None:
+                    raise NotFound(f"job {job_id}")
+                if current["status"] == "DEAD":
+                    raise InvalidState("the job's credentials were erased; it cannot be redriven")
+                raise InvalidState(f"job is {current['status']}, not DEAD")
+            # Any DEAD outbox row of the job stays as history; the fresh row
+            # carries the retry.
+            await c.execute(
+                self.q["insert_relay_row"],
+                {
+                    "id": outbox_id,
+                    "kind": "job",
+                    "job_id": job_id,
+                    "task_id": None,
+                    "dedup_id": job_id,
+                    "now": now,
+                },
+            )
+        return _job(row)
+
+    # ------------------------------------------------------------ relay
+
+    async def claim_relay_due(self, now: float, limit: int, lease_s: float) -> list[RelayRow]:
+        async with self.db.transaction() as c:
+            rows = await c.fetch(
+                self.q["claim_relay_due"],
+                {"now": now, "limit": limit, "claimed_until": now + lease_s},
+            )
+        return sorted((_relay(r) for r in rows), key=lambda r: r.next_attempt_at)
+
+    async def claim_relay_row(self, outbox_id: str, now: float, lease_s: float) -> RelayRow | None:
+        async with self.db.transaction() as c:
+            row = await c.fetchrow(
+                self.q["claim_relay_one"],
+                {"id": outbox_id, "now": now, "claimed_until": now + lease_s},
+            )
+        return _relay(row) if row else None
+
+    async def mark_relay_sent(
+        self, sent: Sequence[tuple[RelayRow, str]], now: float
+    ) -> list[RelayRow]:
+        done: list[RelayRow] = []
+        if not sent:
+            return done
+        async with self.db.transaction() as c:
+            for row, message_id in sent:
+                updated = await c.fetchrow(
+                    self.q["relay_sent"],
+                    {"id": row.id, "version": row.version, "message_id": message_id, "now": now},
+                )
+                if updated is None:
+                    continue  # a newer holder (or a redrive) owns the row now
+                done.append(_relay(updated))
+                if row.job_id is not None:
+                    await c.execute(self.q["job_running_if_queued"], {"id": row.job_id, "now": now})
+                elif row.task_id is not None:
+                    await c.execute(self.q["task_sent"], {"id": row.task_id})
+        return done
+
+    async def mark_relay_failed(self, failures: Sequence[RelayFailure], now: float) -> None:
+        if not failures:
+            return
+        async with self.db.transaction() as c:
+            for f in failures:
+                updated = await c.fetchrow(
+                    self.q["relay_failed"],
+                    {
+                        "id": f.row.id,
+                        "version": f.row.version,
+                        "status": "DEAD" if f.dead else "RETRYABLE_FAILED",
+                        "next_attempt_at": f.next_attempt_at,
+                        "last_error": f.error[:1000],
+                    },
+                )
+                if updated is None or not f.dead:
+                    continue
+                if f.row.job_id is not None:
+                    await c.execute(
+                        self.q["job_dead"],
+                        {
+                            "id": f.row.job_id,
+                            "error_code": "RETRIES_EXHAUSTED",
+                            "error_message": f"publishing failed {f.row.attempt_count} times: "
+                            + f.error[:300],
+                            "now": now,
+                        },
+                    )
+                elif f.row.task_id is not None:
+                    await c.execute(
+                        self.q["task_dead"],
+                        {"id": f.row.task_id, "error": f.error[:1000], "now": now},
+                    )
+
+    async def get_relay_row(self, outbox_id: str) -> RelayRow | None:
+        async with self.db.reader() as c:
+            row = await c.fetchrow(self.q["select_relay_row"], {"id": outbox_id})
+        return _relay(row) if row else None
+
+    async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow:
+        async with self.db.transaction() as c:
+            row = await c.fetchrow(self.q["relay_redrive"], {"id": outbox_id, "now": now})
+            if row is None:
+                current = await c.fetchrow(self.q["select_relay_row"], {"id": outbox_id})
+                if current is None:
+                    raise NotFound(f"outbox row {outbox_id}")
+                raise InvalidState(f"outbox row is {current['status']}, not DEAD")
+            relay = _relay(row)
+            if relay.job_id is not None:
+                await c.execute(self.q["job_requeue_if_dead"], {"id": relay.job_id, "now": now})
+            elif relay.task_id is not None:
+                await c.execute(self.q["task_requeue"], {"id": relay.task_id})
+        return relay
+
+    async def list_relay_rows(
+        self, status: str | None, limit: int, cursor: str | None
+    ) -> Page[RelayRow]:
+        created, row_id = decode_cursor(cursor)
+        async with self.db.reader() as c:
+            rows = await c.fetch(
+                self.q["list_relay"],
+                {
+                    "status": status,
+                    "cursor_created": created,
+                    "cursor_id": row_id,
+                    "limit": limit + 1,
+                },
+            )
+        items = [_relay(r) for r in rows[:limit]]
+        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
+        return Page(items=items, next_cursor=nxt)
+
+    # ------------------------------------------------------------ tasks
+
+    async def enqueue_task(
+        self,
+        task_id: str,
+        outbox_id: str,
+        type_: str,
+        payload: Mapping[str, Any],
+        dedup_id: str,
+        now: float,
+    ) -> tuple[TaskRun, bool]:
+        async with self.db.transaction() as c:
+            inserted = await c.fetchrow(
+                self.q["insert_task_run"],
+                {
+                    "id": task_id,
+                    "type": type_,
+                    "payload": _dump(payload),
+                    "dedup_id": dedup_id,
+                    "now": now,
+                },
+            )
+            if inserted is not None:
+                await c.execute(
+                    self.q["insert_relay_row"],
+                    {
+                        "id": outbox_id,
+                        "kind": "task",
+                        "job_id": None,
+                        "task_id": task_id,
+                        "dedup_id": dedup_id,
+                        "now": now,
+                    },
+                )
+            row = await c.fetchrow(self.q["select_task_by_dedup"], {"dedup_id": dedup_id})
+        assert row is not None
+        return _task(row), inserted is not None
+
+    async def get_task(self, task_id: str) -> TaskRun | None:
+        async with self.db.reader() as c:
+            row = await c.fetchrow(self.q["select_task"], {"id": task_id})
+        return _task(row) if row else None
+
+    async def finish_task(
+        self, task_id: str, status: Literal["SUCCEEDED", "FAILED"], error: str | None, now: float
+    ) -> TaskRun | None:
+        async with self.db.transaction() as c:
+            row = await c.fetchrow(
+                self.q["finish_task"],
+                {"id": task_id, "status": status, "error": error, "now": now},
+            )
+        return _task(row) if row else None
+
+    async def list_tasks(self, type_: str | None, limit: int, cursor: str | None) -> Page[TaskRun]:
+        created, row_id = decode_cursor(cursor)
+        async with self.db.reader() as c:
+            rows = await c.fetch(
+                self.q["list_tasks"],
+                {
+                    "type": type_,
+                    "cursor_created": created,
+                    "cursor_id": row_id,
+                    "limit": limit + 1,
+                },
+            )
+        items = [_task(r) for r in rows[:limit]]
+        nxt = encode_cursor(items[-1].enqueued_at, items[-1].id) if len(rows) > limit else None
+        return Page(items=items, next_cursor=nxt)
+
+    # ------------------------------------------------------------ websites
+
+    async def register_website(
+        self, website_id: str, work_id: str, domain: str, favicon_url: str | None, now: float
+    ) -> tuple[Website, bool]:
+        async with self.db.transaction() as c:
+            inserted = await c.fetchrow(
+                self.q["insert_website"],
+                {"id": website_id, "domain": domain, "favicon_url": favicon_url, "now": now},
+            )
+            if inserted is not None:
+                await c.execute(
+                    self.q["insert_work_row"], {"id": work_id, "website_id": website_id, "now": now}
+                )
+            row = await c.fetchrow(self.q["select_website_by_domain"], {"domain": domain})
+        assert row is not None
+        return _website(row), inserted is not None
+
+    async def get_website(self, domain: str) -> Website | None:
+        async with self.db.reader() as c:
+            row = await c.fetchrow(self.q["select_website_by_domain"], {"domain": domain})
+        return _website(row) if row else None
+
+    async def website_by_id(self, website_id: str) -> Website | None:
+        async with self.db.reader() as c:
+            row = await c.fetchrow(self.q["select_website"], {"id": website_id})
+        return _website(row) if row else None
+
+    async def claim_work(
+        self, now: float, retry_delay_s: float, processing_timeout_s: float
+    ) -> WorkRow | None:
+        params = {
+            "now": now,
+            "retry_before": now - retry_delay_s,
+            "stale_before": now - processing_timeout_s,
+        }
+        async with self.db.transaction() as c:
+            # Three scans in priority order, each one small partial index:
+            # never tried, then retries that waited long enough, then rows
+            # whose holder died.
+            for name in ("claim_work_fresh", "claim_work_retry", "claim_work_stale"):
+                row = await c.fetchrow(self.q[name], params)
+                if row is not None:
+                    return _work(row)
+        return None
+
+    async def complete_work(self, row: WorkRow, category: str | None, now: float) -> bool:
+        async with self.db.transaction() as c:
+            n = await c.execute(self.q["work_completed"], {"id": row.id, "version": row.version})
+            if n != 1:
+                return False  # a newer holder owns the row: its result will win
+            if category is not None:
+                await c.execute(
+                    self.q["set_website_category"],
+                    {"id": row.website_id, "category": category, "now": now},
+                )
+        return True
+
+    async def fail_work(self, row: WorkRow, error: str, final: bool, now: float) -> bool:
+        async with self.db.transaction() as c:
+            n = await c.execute(
+                self.q["work_failed"],
+                {
+                    "id": row.id,
+                    "version": row.version,
+                    "status": "FAILED" if final else "PENDING",
+                    "last_error": error[:1000],
+                    "now": now,
+                },
+            )
+        return n == 1
+
+    async def give_back_work(self, row: WorkRow) -> bool:
+        async with self.db.transaction() as c:
+            n = await c.execute(self.q["work_give_back"], {"id": row.id, "version": row.version})
+        return n == 1
+
+    # ------------------------------------------------------------ stats and pruning
+
+    async def status_counts(self) -> list[StatusCount]:
+        out: list[StatusCount] = []
+        async with self.db.reader() as c:
+            for table, qname in (
+                ("jobs", "count_jobs"),
+                ("relay_outbox", "count_relay"),
+                ("work_outbox", "count_work"),
+                ("task_runs", "count_tasks"),
+            ):
+                for r in await c.fetch(self.q[qname], {}):
+                    oldest = r["oldest"]
+                    out.append(
+                        StatusCount(
+                            table,
+                            r["status"],
+                            int(r["n"]),
+                            float(oldest) if oldest is not None else None,
+                        )
+                    )
+        return out
+
+    async def prune(self, finished_before: float, dead_before: float, batch: int) -> dict[str, int]:
+        """Delete old history in batches of `batch` rows, one short transaction each."""
+        totals: dict[str, int] = {}
+        for name, before in (
+            ("prune_relay_sent", finished_before),
+            ("prune_work_completed", finished_before),
+            ("prune_finished_jobs", finished_before),
+            ("prune_dead_credentials", dead_before),
+        ):
+            total = 0
+            while True:
+                async with self.db.transaction() as c:
+                    n = await c.execute(self.q[name], {"before": before, "limit": batch})
+                total += n
+                if n < batch:
+                    break
+            totals[name.removeprefix("prune_")] = total
+        return totals
+
+
+def _check(store: SqlStore) -> None:
+    """mypy proves here that SqlStore satisfies every port."""
+    _jobs: ports.JobStore = store
+    _relay_store: ports.RelayStore = store
+    _tasks: ports.TaskStore = store
+    _websites: ports.WebsiteStore = store
+    _stats: ports.StatsStore = store
+    _prune: ports.PruneStore = store
+
+
+async def open_store(
+    url: str, base_dir: Path, pool_size: int, acquire_timeout_s: float
+) -> SqlStore:
+    return SqlStore(await open_database(url, base_dir, pool_size, acquire_timeout_s))
