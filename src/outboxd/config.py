@@ -336,7 +336,7 @@ def _validate(s: Settings) -> None:
         if not cond:
             raise ConfigError(f"config: {key}: {why}")
 
-    need(1 <= s.server.port <= 65535, "server.port", "must be 1-65535")
+    need(0 <= s.server.port <= 65535, "server.port", "must be 0-65535 (0: any free port)")
     need(s.server.max_body_bytes >= 256, "server.max_body_bytes", "must be at least 256")
     url = s.storage.url
     need(

@@ -244,7 +244,8 @@ def test_path_parameters_match_the_templates(doc: dict[str, Any]) -> None:
     """Every {name} in a path is a required path parameter of that name, and nothing else is."""
     for path, item in doc["paths"].items():
         declared = {
-            p["name"] for p in (_resolve(doc, p) for p in item.get("parameters", []))
+            p["name"]
+            for p in (_resolve(doc, p) for p in item.get("parameters", []))
             if p["in"] == "path"
         }
         assert declared == set(re.findall(r"\{(\w+)\}", path)), path
@@ -296,11 +297,19 @@ def test_problem_schema_requires_the_spec_fields(doc: dict[str, Any]) -> None:
     assert schema["properties"]["code"]["enum"] == [f"C{n:02d}" for n in range(1, 12)] + ["C99"]
 
 
+class _RequestStub:
+    def __init__(self, request_id: str) -> None:
+        self._request_id = request_id
+
+    def get(self, _key: object, _default: object = None) -> str:
+        return self._request_id
+
+
 def test_problem_bodies_from_the_api_validate(doc: dict[str, Any]) -> None:
     """Bodies rendered by api.problem, with and without field errors, match Problem."""
-    # problem() only reads request.get("request_id"); a stub avoids aiohttp's
-    # process-wide bookkeeping of str request keys.
-    request = cast(web.Request, {"request_id": "req-1"})
+    # problem() only reads the request id from request storage; the stub answers it
+    # for whatever key api.py uses, and leaves aiohttp's process-wide state alone.
+    request = cast(web.Request, _RequestStub("req-1"))
     for err in (
         ApiError(400, "C01", "domain: is required", [{"field": "domain", "message": "required"}]),
         ApiError(401, "C02", "a bearer token is required"),
@@ -326,8 +335,14 @@ def test_job_bodies_in_other_states_validate(doc: dict[str, Any]) -> None:
     """Queued, running, failed and dead job bodies (nulls, progress, errors) match Job."""
     for job in (
         _job(status="QUEUED", attempts=0, progress=None, result=None, finished_at=None),
-        _job(status="RUNNING", progress={"step": "LOGIN", "done": 0, "total": 0}, result=None,
-             finished_at=None, error_code="PORTAL_UNAVAILABLE", error_message="timeout"),
+        _job(
+            status="RUNNING",
+            progress={"step": "LOGIN", "done": 0, "total": 0},
+            result=None,
+            finished_at=None,
+            error_code="PORTAL_UNAVAILABLE",
+            error_message="timeout",
+        ),
         _job(status="FAILED", result=None, error_code="PORTAL_AUTH_FAILED", error_message="no"),
         _job(status="DEAD", result=None, error_code="RETRIES_EXHAUSTED", error_message=None),
     ):
@@ -347,12 +362,29 @@ def test_job_schema_rejects_wrong_bodies(doc: dict[str, Any]) -> None:
 
 def test_website_bodies_validate(doc: dict[str, Any]) -> None:
     """api.website_body of a new and of a classified website matches Website."""
-    fresh = Website("3f2c0b8e-0a7e-4c55-b0a5-6a2bb7ad1f10", "xn--bcher-kva.example", None,
-                    None, _T0, "PENDING", 0, None)
-    done = Website("3f2c0b8e-0a7e-4c55-b0a5-6a2bb7ad1f10", "example.com",
-                   "https://example.com/favicon.ico", "news", _T0, "COMPLETED", 2, "timeout")
-    orphan = Website("3f2c0b8e-0a7e-4c55-b0a5-6a2bb7ad1f10", "example.org", None, None, _T0,
-                     None, 0, None)
+    fresh = Website(
+        "3f2c0b8e-0a7e-4c55-b0a5-6a2bb7ad1f10",
+        "xn--bcher-kva.example",
+        None,
+        None,
+        _T0,
+        "PENDING",
+        0,
+        None,
+    )
+    done = Website(
+        "3f2c0b8e-0a7e-4c55-b0a5-6a2bb7ad1f10",
+        "example.com",
+        "https://example.com/favicon.ico",
+        "news",
+        _T0,
+        "COMPLETED",
+        2,
+        "timeout",
+    )
+    orphan = Website(
+        "3f2c0b8e-0a7e-4c55-b0a5-6a2bb7ad1f10", "example.org", None, None, _T0, None, 0, None
+    )
     for website in (fresh, done, orphan):
         _assert_valid(doc, "Website", website_body(website))
     bad = website_body(done)
@@ -363,10 +395,14 @@ def test_website_bodies_validate(doc: dict[str, Any]) -> None:
 def test_portal_link_bodies_validate(doc: dict[str, Any]) -> None:
     """The 202 body (with and without dispatch) and a request body match their schemas."""
     job_id = "0b5f3c1e-8a7d-4f43-9d7e-1f1e1c4a2b3c"
-    for dispatch in (dispatch_body(_relay()), dispatch_body(None),
-                     dispatch_body(_relay(status="RETRYABLE_FAILED", queue_message_id=None))):
-        _assert_valid(doc, "PortalLinkAccepted",
-                      {"jobId": job_id, "status": "RUNNING", "dispatch": dispatch})
+    for dispatch in (
+        dispatch_body(_relay()),
+        dispatch_body(None),
+        dispatch_body(_relay(status="RETRYABLE_FAILED", queue_message_id=None)),
+    ):
+        _assert_valid(
+            doc, "PortalLinkAccepted", {"jobId": job_id, "status": "RUNNING", "dispatch": dispatch}
+        )
     request = {"portal": "suwon", "username": "20201234", "password": "s3cret"}
     _assert_valid(doc, "PortalLinkRequest", request)
     assert not _is_valid(doc, "PortalLinkRequest", {**request, "extra": 1})
@@ -379,19 +415,46 @@ def test_portal_link_bodies_validate(doc: dict[str, Any]) -> None:
 def test_admin_bodies_validate(doc: dict[str, Any]) -> None:
     """Relay items, task runs and their pages from the api renderers match their schemas."""
     job_row = relay_item(_relay())
-    task_row = relay_item(_relay(kind="task", job_id=None, task_id="t-1", status="DEAD",
-                                 last_error="boom", queue_message_id=None))
+    task_row = relay_item(
+        _relay(
+            kind="task",
+            job_id=None,
+            task_id="t-1",
+            status="DEAD",
+            last_error="boom",
+            queue_message_id=None,
+        )
+    )
     pending = relay_item(_relay(status="PENDING", queue_message_id=None))
     for item in (job_row, task_row, pending):
         _assert_valid(doc, "OutboxItem", item)
     _assert_valid(doc, "OutboxPage", {"items": [job_row, task_row], "nextCursor": "abc"})
     assert not _is_valid(doc, "OutboxItem", {**job_row, "taskId": "t-1"})
-    run = TaskRun("9d3b1f3e-4e55-4a8b-8d3a-0b1c2d3e4f50", "noop", {}, "d-1", "SUCCEEDED",
-                  None, _T0, _T0 + 1, 1)
-    failed = TaskRun("9d3b1f3e-4e55-4a8b-8d3a-0b1c2d3e4f50", "outbox.prune", {}, "d-2",
-                     "FAILED", "boom", _T0, None, 1)
-    _assert_valid(doc, "TaskPage", {"items": [task_item(run), task_item(failed)],
-                                    "nextCursor": None})
+    run = TaskRun(
+        "9d3b1f3e-4e55-4a8b-8d3a-0b1c2d3e4f50",
+        "noop",
+        {},
+        "d-1",
+        "SUCCEEDED",
+        None,
+        _T0,
+        _T0 + 1,
+        1,
+    )
+    failed = TaskRun(
+        "9d3b1f3e-4e55-4a8b-8d3a-0b1c2d3e4f50",
+        "outbox.prune",
+        {},
+        "d-2",
+        "FAILED",
+        "boom",
+        _T0,
+        None,
+        1,
+    )
+    _assert_valid(
+        doc, "TaskPage", {"items": [task_item(run), task_item(failed)], "nextCursor": None}
+    )
     _assert_valid(doc, "TaskRequest", {"type": "outbox.prune", "payload": {}, "dedupId": None})
     assert not _is_valid(doc, "TaskRequest", {"type": "rm -rf"})
 

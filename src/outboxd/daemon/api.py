@@ -90,6 +90,8 @@ class ApiDeps:
 
 
 DEPS = web.AppKey("deps", ApiDeps)
+REQUEST_ID = web.RequestKey("request_id", str)
+PRINCIPAL = web.RequestKey("principal", Principal)
 
 
 class ApiError(Exception):
@@ -121,7 +123,7 @@ def problem(request: web.Request, err: ApiError) -> web.Response:
         "status": err.status,
         "detail": err.detail,
         "code": err.code,
-        "requestId": request.get("request_id"),
+        "requestId": request.get(REQUEST_ID),
     }
     if err.errors is not None:
         body["errors"] = err.errors
@@ -137,9 +139,7 @@ def iso(ts: float | None) -> str | None:
 
 
 def principal_of(request: web.Request) -> Principal:
-    p = request.get("principal")
-    assert isinstance(p, Principal)
-    return p
+    return request[PRINCIPAL]
 
 
 def _route_name(request: web.Request) -> str:
@@ -156,7 +156,7 @@ async def edge_middleware(
     deps = request.app[DEPS]
     incoming = request.headers.get("X-Request-Id", "")
     request_id = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
-    request["request_id"] = request_id
+    request[REQUEST_ID] = request_id
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
     route = _route_name(request)
@@ -195,7 +195,7 @@ async def _guarded(
         if http_exc is not None:
             raise ApiError(404, "C04", "no such resource")
         if request.path not in PUBLIC_PATHS:
-            request["principal"] = _authenticate(request, deps.tokens)
+            request[PRINCIPAL] = _authenticate(request, deps.tokens)
         return await handler(request)
     except ApiError as err:
         return problem(request, err)

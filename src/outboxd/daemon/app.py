@@ -36,7 +36,7 @@ from outboxd.queue.sqs import KINDS, QueueError, SqsQueues
 from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
-from outboxd.services.portal_jobs import PortalJobService
+from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.db import sqlite_path
@@ -166,6 +166,29 @@ async def _probe(fn: Callable[[], Awaitable[None]]) -> str:
     return "ok"
 
 
+def build_api_deps(
+    settings: Settings,
+    store: SqlStore,
+    keys: KeyRing,
+    metrics: Metrics,
+    queues: SqsQueues | None,
+    dispatcher: Dispatcher | None,
+) -> ApiDeps:
+    """Everything the HTTP API needs, wired the same way in the daemon and in tests."""
+    readiness = Readiness(store, queues)
+    return ApiDeps(
+        settings=settings,
+        store=store,
+        jobs=PortalJobService(store, keys, dispatcher, settings.api.require_dispatch),
+        websites=WebsiteService(store),
+        tasks=TaskService(store),
+        tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),
+        metrics=metrics,
+        readiness=readiness,
+        queue_stats=readiness if queues is not None else None,
+    )
+
+
 class ApiServer:
     def __init__(self, app: web.Application, host: str, port: int, shutdown_timeout_s: float):
         self._runner = web.AppRunner(
@@ -269,18 +292,7 @@ async def _serve(
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
     api_server: ApiServer | None = None
     if "api" in roles:
-        readiness = Readiness(store, queues)
-        deps = ApiDeps(
-            settings=settings,
-            store=store,
-            jobs=PortalJobService(store, keys, relay, settings.api.require_dispatch),
-            websites=WebsiteService(store),
-            tasks=tasks,
-            tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),
-            metrics=metrics,
-            readiness=readiness,
-            queue_stats=readiness,
-        )
+        deps = build_api_deps(settings, store, keys, metrics, queues=queues, dispatcher=relay)
         if not settings.auth.tokens and not is_loopback_host(settings.server.host):
             raise ValueError("refusing to bind a non-loopback address with no auth tokens")
         api_server = ApiServer(

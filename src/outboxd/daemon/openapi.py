@@ -43,6 +43,12 @@ PROBLEM_CODES: Final = (
 
 # The handlers' `_string` check: no C0 control characters and no DEL.
 _NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f]*$"
+# A bare host name of two or more labels: no scheme, path, query, port, user part
+# or empty label. (IDNA validity, label lengths and all-digit names are checked by
+# the server and described in words.)
+_HOST_LABEL: Final = "[^\\s./\\\\?#@:\\[\\]%]+"
+_HOST_NAME: Final = f"^\\s*(?:{_HOST_LABEL}\\.)+{_HOST_LABEL}\\.?\\s*$"
+_REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9._:-]{1,128}$"
 
 
 def _ref(name: str) -> Schema:
@@ -265,6 +271,7 @@ def _website_schemas() -> dict[str, Schema]:
                     "type": "string",
                     "minLength": 1,
                     "maxLength": 300,
+                    "pattern": _HOST_NAME,
                     "description": "A bare host name (IDN allowed): lowercased, IDNA-encoded, "
                     "one trailing dot dropped. A scheme, path, port, IP address, empty label or "
                     "label over 63 characters is rejected (400 C01), not stripped.",
@@ -514,11 +521,36 @@ def _header(description: str, *, required: bool = False) -> Schema:
     return {"description": description, "required": required, "schema": {"type": "string"}}
 
 
-def _json_response(description: str, schema_name: str, **headers: Schema) -> Schema:
-    return {
+def _json_response(
+    description: str,
+    schema_name: str,
+    *,
+    links: dict[str, Schema] | None = None,
+    **headers: Schema,
+) -> Schema:
+    response: Schema = {
         "description": description,
         "headers": _headers(**headers),
         "content": {_JSON_MEDIA: {"schema": _ref(schema_name)}},
+    }
+    if links:
+        response["links"] = links
+    return response
+
+
+def _link(operation_id: str, param: str, pointer: str) -> Schema:
+    """An OpenAPI link: `param` of `operation_id` comes from this response's body."""
+    return {"operationId": operation_id, "parameters": {param: f"$response.body#{pointer}"}}
+
+
+def _website_links() -> dict[str, Schema]:
+    return {"GetWebsite": _link("getWebsite", "domain", "/domain")}
+
+
+def _job_links() -> dict[str, Schema]:
+    return {
+        "GetJob": _link("getJob", "job_id", "/jobId"),
+        "RedriveJob": _link("redriveJob", "job_id", "/jobId"),
     }
 
 
@@ -606,7 +638,9 @@ _LIMIT: Final[Schema] = _query_param(
     "limit", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}, "Page size."
 )
 _CURSOR: Final[Schema] = _query_param(
-    "cursor", {"type": "string"}, "The nextCursor of the previous page."
+    "cursor",
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"},
+    "The opaque nextCursor of the previous page (any other value is 400 C01).",
 )
 _REQUEST_ID: Final[Schema] = {"$ref": "#/components/parameters/X-Request-Id"}
 _PUBLIC: Final[list[dict[str, list[str]]]] = []
@@ -633,6 +667,7 @@ def _paths() -> dict[str, Schema]:
                         "202": _json_response(
                             "Accepted: stored, and normally already on the queue.",
                             "PortalLinkAccepted",
+                            links=_job_links(),
                             Location=location,
                             **{
                                 "Idempotent-Replayed": {
@@ -686,8 +721,12 @@ def _paths() -> dict[str, Schema]:
                 "requestBody": _json_body("WebsiteRequest"),
                 "responses": _responses(
                     {
-                        "200": _json_response("Already registered.", "Website"),
-                        "201": _json_response("Registered; classification queued.", "Website"),
+                        "200": _json_response(
+                            "Already registered.", "Website", links=_website_links()
+                        ),
+                        "201": _json_response(
+                            "Registered; classification queued.", "Website", links=_website_links()
+                        ),
                     },
                     "BadRequest",
                     "Unauthorized",
@@ -759,7 +798,14 @@ def _paths() -> dict[str, Schema]:
                 "tags": ["admin"],
                 "summary": "A DEAD job back to QUEUED with a fresh PENDING outbox row.",
                 "responses": _responses(
-                    {"202": _json_response("The job after the redrive.", "Job", Location=location)},
+                    {
+                        "202": _json_response(
+                            "The job after the redrive.",
+                            "Job",
+                            links={"GetJob": _link("getJob", "job_id", "/jobId")},
+                            Location=location,
+                        )
+                    },
                     "NotFound",
                     "InvalidState",
                     *_ADMIN_ERRORS,
@@ -947,15 +993,17 @@ def _build() -> dict[str, Any]:
                     "name": "X-Request-Id",
                     "in": "header",
                     "required": False,
-                    "description": "Echoed back when valid; otherwise replaced by a fresh id.",
-                    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$"},
+                    "description": "A caller-chosen id, echoed back when it is 1-128 characters "
+                    "of [A-Za-z0-9._:-]; any other value is replaced by a fresh id (never "
+                    "rejected).",
+                    "schema": {"type": "string"},
                 },
             },
             "headers": {
                 "X-Request-Id": {
                     "description": "The request's id (also in logs and in problem bodies).",
                     "required": True,
-                    "schema": {"type": "string", "minLength": 1},
+                    "schema": {"type": "string", "pattern": _REQUEST_ID_PATTERN},
                 }
             },
         },

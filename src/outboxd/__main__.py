@@ -1,0 +1,3 @@
+from outboxd.cli import main
+
+main()

@@ -1,0 +1,119 @@
+"""Fixtures shared by every layer: backends, the SQS server, settings, an in-process API."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestClient, TestServer
+
+from outboxd.config import Settings
+from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.api import create_app
+from outboxd.observability import Metrics
+from outboxd.security import KeyRing
+from outboxd.storage.store import SqlStore, open_store
+from tests.support import postgres as pg
+from tests.support.moto import MotoServer
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """A database of this session's own (dropped at the end)."""
+    reason = pg.unreachable_reason()
+    if reason is not None:
+        if pg.required():
+            pytest.fail(f"OUTBOXD_REQUIRE_POSTGRES is set but Postgres is unreachable: {reason}")
+        pytest.skip(f"no Postgres reachable: {reason}")
+    name, dsn = pg.create_database()
+    yield dsn
+    pg.drop_database(name)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database on the test's backend."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'outboxd.db'}"
+    dsn = str(request.getfixturevalue("pg_database"))
+    pg.truncate(dsn)
+    return dsn
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def queue_names() -> dict[str, str]:
+    """Queue names of this test's own, so tests sharing one moto never see each other."""
+    tag = uuid.uuid4().hex[:12]
+    return {"jobs_queue": f"t{tag}-jobs", "tasks_queue": f"t{tag}-tasks.fifo"}
+
+
+SettingsFactory = Callable[..., Settings]
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.fixture
+def make_settings(db_url: str, tmp_path: Path) -> SettingsFactory:
+    """Settings on the test's database; keyword sections override the defaults."""
+
+    def factory(**sections: dict[str, Any]) -> Settings:
+        base: dict[str, Any] = {
+            "server": {"host": "127.0.0.1", "port": 0},
+            "storage": {"url": db_url, "acquire_timeout_s": 2.0},
+            "sqs": {"endpoint_url": None, "create_queues": True},
+            "logging": {"level": "debug"},
+        }
+        return Settings.from_mapping(_merge(base, sections), env={}, base_dir=tmp_path)
+
+    return factory
+
+
+@pytest.fixture
+def keys() -> KeyRing:
+    return KeyRing([os.urandom(32)])
+
+
+@pytest_asyncio.fixture
+async def store(db_url: str, tmp_path: Path) -> AsyncIterator[SqlStore]:
+    s = await open_store(db_url, tmp_path, 5, 2.0)
+    await s.db.migrate()
+    yield s
+    await s.close()
+
+
+@pytest_asyncio.fixture
+async def api(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> AsyncIterator[TestClient[Any, Any]]:
+    """The API in-process with no queue configured: jobs stay QUEUED with a PENDING row."""
+    settings = make_settings()
+    deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
+    client: TestClient[Any, Any] = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+    await client.start_server()
+    yield client
+    await client.close()

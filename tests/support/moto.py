@@ -1,0 +1,56 @@
+"""A moto SQS server as a child process for the whole test session (sync, loop-free)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MotoServer:
+    def __init__(self, log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        with self.log_path.open("ab") as sink:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=sink,
+                stderr=sink,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto exited early; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1):
+                    return self.endpoint_url
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("moto did not answer in time")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None

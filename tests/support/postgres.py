@@ -1,0 +1,94 @@
+"""A private Postgres database per test session (per xdist worker), emptied per test."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import asyncpg
+
+ADMIN_DSN = os.environ.get("OUTBOXD_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+TABLES = ("relay_outbox", "work_outbox", "websites", "task_runs", "jobs")
+
+
+def required() -> bool:
+    return os.environ.get("OUTBOXD_REQUIRE_POSTGRES", "") not in ("", "0", "false")
+
+
+def dsn_for(db_name: str) -> str:
+    base, _, _ = ADMIN_DSN.rpartition("/")
+    return f"{base}/{db_name}"
+
+
+async def _reachable() -> str | None:
+    try:
+        conn = await asyncpg.connect(ADMIN_DSN, timeout=3)
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    await conn.close()
+    return None
+
+
+def unreachable_reason() -> str | None:
+    return asyncio.run(_reachable())
+
+
+async def _create(name: str) -> None:
+    conn = await asyncpg.connect(ADMIN_DSN, timeout=5)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+
+
+async def _drop(name: str) -> None:
+    conn = await asyncpg.connect(ADMIN_DSN, timeout=5)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def create_database() -> tuple[str, str]:
+    name = f"outboxd_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    asyncio.run(_create(name))
+    return name, dsn_for(name)
+
+
+def drop_database(name: str) -> None:
+    asyncio.run(_drop(name))
+
+
+async def _truncate(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        exists = await conn.fetchval("SELECT to_regclass('public.jobs') IS NOT NULL")
+        if exists:
+            await conn.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
+    finally:
+        await conn.close()
+
+
+def truncate(dsn: str) -> None:
+    asyncio.run(_truncate(dsn))
+
+
+async def dump_all(dsn: str) -> str:
+    """Every row of every table as text: a pg_dump-style view to grep for secrets."""
+    conn = await asyncpg.connect(dsn, timeout=5)
+    try:
+        out = []
+        tables = await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
+        )
+        for t in tables:
+            rows = await conn.fetch(f'SELECT * FROM "{t["tablename"]}"')
+            for r in rows:
+                out.append(repr(dict(r)))
+                for v in r.values():
+                    if isinstance(v, bytes | bytearray | memoryview):
+                        out.append(bytes(v).decode("latin-1"))
+        return "\n".join(out)
+    finally:
+        await conn.close()
