@@ -426,6 +426,17 @@ def _validate(s: Settings) -> None:
         )
         if job.every_s is not None:
             need(job.every_s > 0, f"{key}.every_s", "must be positive")
+        # The scheduler's own parser, so a bad expression stops the start here
+        # instead of at the first tick.
+        from outboxd.daemon.cron import CronError, CronSchedule, parse_timezone  # noqa: PLC0415
+
+        try:
+            parse_timezone(job.timezone)
+            if job.cron is not None:
+                CronSchedule.parse(job.cron)
+        except CronError as exc:
+            raise ConfigError(f"config: {key}: {exc}") from None
+        need(bool(job.task), f"{key}.task", "must not be empty")
     need(s.scheduler.tick_s > 0, "scheduler.tick_s", "must be positive")
     need(len(s.daemon.roles) > 0, "daemon.roles", "must name at least one role")
     for role in s.daemon.roles:

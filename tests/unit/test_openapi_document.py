@@ -361,7 +361,7 @@ def test_job_schema_rejects_wrong_bodies(doc: dict[str, Any]) -> None:
 
 
 def test_website_bodies_validate(doc: dict[str, Any]) -> None:
-    """api.website_body of a new and of a classified website matches Website."""
+    """Website bodies from api.website_body match Website, and WebsiteRequest screens domains."""
     fresh = Website(
         "3f2c0b8e-0a7e-4c55-b0a5-6a2bb7ad1f10",
         "xn--bcher-kva.example",
@@ -390,6 +390,11 @@ def test_website_bodies_validate(doc: dict[str, Any]) -> None:
     bad = website_body(done)
     bad["classification"]["status"] = "DONE"
     assert not _is_valid(doc, "Website", bad)
+    for domain in ("example.com", "Bücher.Example.", "a.b.c.io"):
+        _assert_valid(doc, "WebsiteRequest", {"domain": domain, "faviconUrl": None})
+    for domain in ("https://a.com", "a.com/x", "a.com:80", "a..com", "localhost", "10.0.0.1"):
+        assert not _is_valid(doc, "WebsiteRequest", {"domain": domain}), domain
+    assert not _is_valid(doc, "WebsiteRequest", {"domain": "a.com", "faviconUrl": "ftp://x"})
 
 
 def test_portal_link_bodies_validate(doc: dict[str, Any]) -> None:

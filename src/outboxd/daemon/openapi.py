@@ -43,11 +43,13 @@ PROBLEM_CODES: Final = (
 
 # The handlers' `_string` check: no C0 control characters and no DEL.
 _NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f]*$"
-# A bare host name of two or more labels: no scheme, path, query, port, user part
-# or empty label. (IDNA validity, label lengths and all-digit names are checked by
-# the server and described in words.)
-_HOST_LABEL: Final = "[^\\s./\\\\?#@:\\[\\]%]+"
-_HOST_NAME: Final = f"^\\s*(?:{_HOST_LABEL}\\.)+{_HOST_LABEL}\\.?\\s*$"
+# A bare host name of two or more labels of letters, digits, hyphens and non-ASCII
+# (IDN) characters: no scheme, path, query, port, user part, empty label or
+# all-digit last label (an IPv4 address). IDNA validity, hyphen placement and label
+# lengths are checked by the server and described in words.
+_HOST_CHAR: Final = "[-A-Za-z0-9\\u00a0-\\ud7ff\\ue000-\\uffff]"
+_HOST_TLD: Final = f"{_HOST_CHAR}*[-A-Za-z\\u00a0-\\ud7ff\\ue000-\\uffff]{_HOST_CHAR}*"
+_HOST_NAME: Final = f"^\\s*(?:{_HOST_CHAR}+\\.)+{_HOST_TLD}\\.?\\s*$"
 _REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9._:-]{1,128}$"
 
 
