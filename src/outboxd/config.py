@@ -428,7 +428,7 @@ def _validate(s: Settings) -> None:
             need(job.every_s > 0, f"{key}.every_s", "must be positive")
         # The scheduler's own parser, so a bad expression stops the start here
         # instead of at the first tick.
-        from outboxd.daemon.cron import CronError, CronSchedule, parse_timezone  # noqa: PLC0415
+        from outboxd.daemon.cron import CronError, CronSchedule, parse_timezone
 
         try:
             parse_timezone(job.timezone)

@@ -98,7 +98,9 @@ class Consumer:
         self._metrics = metrics
         self._dead_retention_s = dead_retention_s
         self._clock = clock
-        self._slots = asyncio.Semaphore(consumer_settings.max_concurrency)
+        # Handler slots shared by the jobs and tasks loops (max_concurrency in all).
+        self._slots = asyncio.Condition()
+        self._busy = 0
         self._controllers: dict[str, TaskController] = {
             "noop": self._task_noop,
             "outbox.prune": self._task_prune,
@@ -122,36 +124,40 @@ class Consumer:
     ) -> None:
         failures = 0
         while not stop.is_set():
-            await self._slots.acquire()
-            free = 1 + sum(1 for _ in range(9) if self._try_acquire())
+            # Ask SQS for no more messages than there are free handler slots,
+            # so nothing received waits (invisible) behind a busy handler.
+            free = await self._reserve_slots()
             try:
                 messages = await _until_stopped(
                     self._queues.receive(kind, free, self._sqs.wait_time_s), stop
                 )
             except QueueError as exc:
-                self._release(free)
+                await self._release_slots(free)
                 failures += 1
                 log.warning("receive_failed", queue=kind, error=exc)
                 await _pause(stop, min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             failures = 0
             if messages is None:  # stopping: nothing was taken
-                self._release(free)
+                await self._release_slots(free)
                 break
-            self._release(free - len(messages))
+            await self._release_slots(free - len(messages))
             for msg in messages:
                 tg.create_task(self._handle(kind, msg))
 
-    def _try_acquire(self) -> bool:
-        if self._slots.locked():
-            return False
-        # Semaphore has no non-blocking acquire; locked() False means one is free now.
-        self._slots._value -= 1
-        return True
+    async def _reserve_slots(self) -> int:
+        async with self._slots:
+            await self._slots.wait_for(lambda: self._busy < self._cs.max_concurrency)
+            free = min(10, self._cs.max_concurrency - self._busy)
+            self._busy += free
+            return free
 
-    def _release(self, n: int) -> None:
-        for _ in range(n):
-            self._slots.release()
+    async def _release_slots(self, n: int) -> None:
+        if n <= 0:
+            return
+        async with self._slots:
+            self._busy -= n
+            self._slots.notify_all()
 
     async def _handle(self, kind: QueueKind, msg: ReceivedMessage) -> None:
         started = time.perf_counter()
@@ -169,7 +175,7 @@ class Consumer:
         except Exception as exc:
             log.exception("handler_crashed", queue=kind, message_id=msg.message_id, error=exc)
         finally:
-            self._slots.release()
+            await asyncio.shield(self._release_slots(1))
             self._metrics.handler_duration.labels(kind, outcome).observe(
                 time.perf_counter() - started
             )

@@ -1,0 +1,298 @@
+"""The scheduler on a real store (both backends) with an injected clock.
+
+SPEC §6: at each fire time the scheduler only inserts a task run whose dedup id is
+`<name>-<fire time, UTC ISO 8601>`; a unique index makes that safe on any number of
+instances; a failed enqueue is logged (`scheduler_enqueue_failed`) and retried next tick;
+fire times missed while the daemon was down are not replayed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from outboxd.config import ScheduleEntry, SchedulerSettings
+from outboxd.daemon.scheduler import Scheduler
+from outboxd.services.tasks import TaskService
+from outboxd.storage.ports import RelayRow, TaskRun
+from outboxd.storage.store import SqlStore, open_store
+
+
+def ts(text: str) -> float:
+    """`2024-03-10T12:03:30.5` (UTC) as epoch seconds."""
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def every(name: str, seconds: float, task: str = "noop", **payload: Any) -> ScheduleEntry:
+    return ScheduleEntry(name=name, task=task, every_s=seconds, payload=payload)
+
+
+def cron(name: str, expr: str, timezone: str = "UTC", task: str = "noop") -> ScheduleEntry:
+    return ScheduleEntry(name=name, task=task, cron=expr, timezone=timezone)
+
+
+def scheduler(store: Any, clock: Clock, *entries: ScheduleEntry) -> Scheduler:
+    return Scheduler(SchedulerSettings(jobs=entries), TaskService(store, clock), clock)
+
+
+async def task_runs(store: SqlStore) -> list[TaskRun]:
+    page = await store.list_tasks(None, 500, None)
+    assert page.next_cursor is None
+    return list(page.items)
+
+
+async def relay_rows(store: SqlStore) -> list[RelayRow]:
+    page = await store.list_relay_rows(None, 500, None)
+    return list(page.items)
+
+
+async def test_a_due_fire_time_inserts_one_task_run_with_its_dedup_id(store: SqlStore) -> None:
+    clock = Clock(ts("2024-03-10T12:00:03.250"))
+    s = scheduler(store, clock, every("heartbeat", 10, note="x"))
+
+    assert await s.tick() == 0, "nothing is due before the first fire time"
+    assert await task_runs(store) == []
+
+    clock.now = ts("2024-03-10T12:00:10.100")
+    assert await s.tick() == 1
+    runs = await task_runs(store)
+    assert [(r.dedup_id, r.type, r.status, dict(r.payload)) for r in runs] == [
+        ("heartbeat-2024-03-10T12:00:10Z", "noop", "PENDING", {"note": "x"})
+    ]
+    # The run and its relay outbox row were written together, with the same dedup id.
+    rows = await relay_rows(store)
+    assert [(r.kind, r.task_id, r.status, r.dedup_id) for r in rows] == [
+        ("task", runs[0].id, "PENDING", "heartbeat-2024-03-10T12:00:10Z")
+    ]
+
+    # The same fire time is never enqueued twice by the same instance.
+    clock.now = ts("2024-03-10T12:00:15")
+    assert await s.tick() == 0
+    assert len(await task_runs(store)) == 1
+
+    clock.now = ts("2024-03-10T12:00:20")
+    assert await s.tick() == 1
+    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+        "heartbeat-2024-03-10T12:00:10Z",
+        "heartbeat-2024-03-10T12:00:20Z",
+    ]
+
+
+async def test_fractional_every_s_uses_millisecond_dedup_ids(store: SqlStore) -> None:
+    clock = Clock(ts("2024-03-10T12:00:00.100"))
+    s = scheduler(store, clock, every("fast", 0.25))
+    clock.now = ts("2024-03-10T12:00:00.260")
+    assert await s.tick() == 1
+    assert [r.dedup_id for r in await task_runs(store)] == ["fast-2024-03-10T12:00:00.250Z"]
+
+
+async def test_two_instances_on_one_store_enqueue_a_fire_time_once(
+    store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    # A second store (its own connection/pool) stands for a second daemon.
+    other = await open_store(db_url, tmp_path, 5, 2.0)
+    try:
+        clock = Clock(ts("2024-03-10T12:00:01"))
+        a = scheduler(store, clock, every("job", 5))
+        b = scheduler(other, clock, every("job", 5))
+        clock.now = ts("2024-03-10T12:00:05.001")
+        created = await asyncio.gather(a.tick(), b.tick())
+        assert sorted(created) == [0, 1]
+        runs = await task_runs(store)
+        assert [r.dedup_id for r in runs] == ["job-2024-03-10T12:00:05Z"]
+        assert len(await relay_rows(store)) == 1
+        # Sequential ticks of the next fire time: the later one is a no-op too.
+        clock.now = ts("2024-03-10T12:00:10.5")
+        assert await b.tick() == 1
+        assert await a.tick() == 0
+        assert len(await task_runs(store)) == 2
+        assert len(await relay_rows(store)) == 2
+    finally:
+        await other.close()
+
+
+class SwitchableStore:
+    """A TaskStore that forwards to `target`, so a test can swap a broken store for a live one."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    async def enqueue_task(
+        self,
+        task_id: str,
+        outbox_id: str,
+        type_: str,
+        payload: Mapping[str, Any],
+        dedup_id: str,
+        now: float,
+    ) -> tuple[TaskRun, bool]:
+        result: tuple[TaskRun, bool] = await self.target.enqueue_task(
+            task_id, outbox_id, type_, payload, dedup_id, now
+        )
+        return result
+
+
+async def closed_store(db_url: str, tmp_path: Path) -> SqlStore:
+    dead = await open_store(db_url, tmp_path, 2, 1.0)
+    await dead.close()
+    return dead
+
+
+async def test_a_failed_enqueue_is_logged_and_retried_next_tick(
+    store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    proxy = SwitchableStore(await closed_store(db_url, tmp_path))
+    clock = Clock(ts("2024-03-10T12:00:01"))
+    s = Scheduler(
+        SchedulerSettings(jobs=(every("retry-me", 10),)), TaskService(proxy, clock), clock
+    )
+    clock.now = ts("2024-03-10T12:00:10.5")
+    with capture_logs() as logs:
+        assert await s.tick() == 0
+        assert await s.tick() == 0  # still broken: logged again, still not skipped
+    failed = [e for e in logs if e["event"] == "scheduler_enqueue_failed"]
+    assert len(failed) == 2, logs
+    assert failed[0]["log_level"] == "error"
+    assert failed[0]["schedule"] == "retry-me"
+    assert failed[0]["dedup_id"] == "retry-me-2024-03-10T12:00:10Z"
+    assert failed[0]["error"] is not None
+    assert await task_runs(store) == []
+
+    # The database is back before the next fire time: the same fire time is enqueued.
+    proxy.target = store
+    clock.now = ts("2024-03-10T12:00:12")
+    with capture_logs() as logs:
+        assert await s.tick() == 1
+    assert not [e for e in logs if e["event"] == "scheduler_enqueue_failed"]
+    assert [r.dedup_id for r in await task_runs(store)] == ["retry-me-2024-03-10T12:00:10Z"]
+
+    # And the schedule goes on from there.
+    clock.now = ts("2024-03-10T12:00:20")
+    assert await s.tick() == 1
+    assert len(await task_runs(store)) == 2
+
+
+async def test_an_outage_spanning_fire_times_keeps_only_the_latest(
+    store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    proxy = SwitchableStore(await closed_store(db_url, tmp_path))
+    clock = Clock(ts("2024-03-10T12:00:01"))
+    s = Scheduler(SchedulerSettings(jobs=(every("o", 10),)), TaskService(proxy, clock), clock)
+    clock.now = ts("2024-03-10T12:00:10")
+    with capture_logs():
+        assert await s.tick() == 0
+    proxy.target = store
+    clock.now = ts("2024-03-10T12:00:41")
+    assert await s.tick() == 1
+    assert [r.dedup_id for r in await task_runs(store)] == ["o-2024-03-10T12:00:40Z"]
+
+
+async def test_missed_fire_times_are_not_replayed(store: SqlStore) -> None:
+    clock = Clock(ts("2024-03-10T12:00:00.5"))
+    s = scheduler(store, clock, every("m", 10))
+    # The loop stalled (or the host slept) across five fire times: only the latest fires.
+    clock.now = ts("2024-03-10T12:00:55")
+    assert await s.tick() == 1
+    assert [r.dedup_id for r in await task_runs(store)] == ["m-2024-03-10T12:00:50Z"]
+
+    # A restart an hour later: nothing from the downtime is enqueued at start ...
+    clock.now = ts("2024-03-10T13:00:03")
+    restarted = scheduler(store, clock, every("m", 10))
+    assert await restarted.tick() == 0
+    assert len(await task_runs(store)) == 1
+    # ... only fire times that pass while it runs.
+    clock.now = ts("2024-03-10T13:00:10")
+    assert await restarted.tick() == 1
+    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+        "m-2024-03-10T12:00:50Z",
+        "m-2024-03-10T13:00:10Z",
+    ]
+
+
+async def test_cron_schedules_fire_at_their_minutes_with_utc_dedup_ids(store: SqlStore) -> None:
+    clock = Clock(ts("2024-03-10T11:58:30"))
+    s = scheduler(
+        store,
+        clock,
+        cron("five", "*/5 * * * *"),
+        # 09:00 in Seoul (UTC+9, no DST) is 00:00 UTC; the dedup id is in UTC.
+        cron("seoul", "0 9 * * *", timezone="Asia/Seoul"),
+    )
+    clock.now = ts("2024-03-10T11:59:59.999")
+    assert await s.tick() == 0
+    clock.now = ts("2024-03-10T12:00:00")
+    assert await s.tick() == 1
+    clock.now = ts("2024-03-10T12:04:59")
+    assert await s.tick() == 0
+    clock.now = ts("2024-03-10T12:05:01")
+    assert await s.tick() == 1
+    clock.now = ts("2024-03-11T00:00:30")
+    # Both are due: "five" (latest passed 00:00) and "seoul" (09:00 KST).
+    assert await s.tick() == 2
+    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+        "five-2024-03-10T12:00:00Z",
+        "five-2024-03-10T12:05:00Z",
+        "five-2024-03-11T00:00:00Z",
+        "seoul-2024-03-11T00:00:00Z",
+    ]
+
+
+async def test_cron_and_every_instances_agree_on_fire_times(
+    store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """Instances started at different moments compute the same fire times (epoch-anchored)."""
+    other = await open_store(db_url, tmp_path, 5, 2.0)
+    try:
+        early = scheduler(store, Clock(ts("2024-03-10T12:00:00.3")), every("e", 3))
+        late_clock = Clock(ts("2024-03-10T12:00:01.7"))
+        late = scheduler(other, late_clock, every("e", 3))
+        early._clock = late_clock  # from now on both see the same time
+        late_clock.now = ts("2024-03-10T12:00:03.01")
+        assert sorted(await asyncio.gather(early.tick(), late.tick())) == [0, 1]
+        assert [r.dedup_id for r in await task_runs(store)] == ["e-2024-03-10T12:00:03Z"]
+    finally:
+        await other.close()
+
+
+async def test_run_loop_enqueues_on_the_real_clock_and_stops(store: SqlStore) -> None:
+    s = Scheduler(SchedulerSettings(jobs=(every("live", 0.2),), tick_s=0.05), TaskService(store))
+    stop = asyncio.Event()
+    started = time.monotonic()
+    with capture_logs() as logs:
+        runner = asyncio.create_task(s.run(stop))
+        await asyncio.sleep(1.05)
+        stop.set()
+        await asyncio.wait_for(runner, 2)
+    assert time.monotonic() - started < 3
+    runs = await task_runs(store)
+    ids = [r.dedup_id for r in runs]
+    assert len(ids) == len(set(ids))
+    assert 3 <= len(ids) <= 7, ids
+    events = [e["event"] for e in logs]
+    assert events[0] == "scheduler_started"
+    assert events[-1] == "scheduler_stopped"
+    assert events.count("scheduler_fired") == len(ids)
+
+
+@pytest.mark.parametrize("bad", [{"every_s": 0}, {"cron": "61 * * * *"}])
+def test_invalid_schedules_are_rejected(bad: dict[str, Any]) -> None:
+    from outboxd.daemon.cron import CronError
+
+    entry = ScheduleEntry(name="bad", task="noop", **bad)
+    with pytest.raises(CronError):
+        Scheduler(SchedulerSettings(jobs=(entry,)), TaskService(object()))  # type: ignore[arg-type]

@@ -1,0 +1,87 @@
+"""An asyncio TCP proxy on 127.0.0.1 that can drop a database "off the network" and back.
+
+`stop()` closes the listener and every open connection (both directions), so a
+client sees exactly what it sees when the server goes away; `start()` listens on
+the same port again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class TcpProxy:
+    def __init__(self, upstream_host: str = "127.0.0.1", upstream_port: int = 5432) -> None:
+        self.upstream_host = upstream_host
+        self.upstream_port = upstream_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    async def start(self) -> int:
+        """Listen (on the same port as before after a stop); the port."""
+        if self._server is not None:
+            return self.port
+        self._server = await asyncio.start_server(
+            self._accept, "127.0.0.1", self.port, reuse_address=True
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def stop(self) -> None:
+        """Close the listener and every connection through the proxy."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for w in list(self._writers):
+            with contextlib.suppress(Exception):
+                w.transport.abort()
+        self._writers.clear()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 5)
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        self._writers.add(client_w)
+        upstream_w: asyncio.StreamWriter | None = None
+        try:
+            upstream_r, upstream_w = await asyncio.open_connection(
+                self.upstream_host, self.upstream_port
+            )
+            self._writers.add(upstream_w)
+            await asyncio.gather(
+                self._pipe(client_r, upstream_w), self._pipe(upstream_r, client_w)
+            )
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            for w in (client_w, upstream_w):
+                if w is not None:
+                    self._writers.discard(w)
+                    with contextlib.suppress(Exception):
+                        w.transport.abort()
+            self._tasks.discard(task)
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
