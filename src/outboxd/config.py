@@ -385,6 +385,14 @@ def _validate(s: Settings) -> None:
     need(s.claimer.retry_delay_s >= 0, "claimer.retry_delay_s", "must not be negative")
     need(s.claimer.processing_timeout_s > 0, "claimer.processing_timeout_s", "must be positive")
     need(s.claimer.max_attempts >= 1, "claimer.max_attempts", "must be at least 1")
+    # A row is reclaimed after processing_timeout_s: a provider call still in
+    # flight then would be made twice for one website.
+    need(
+        s.scrapers.classifier.provider == "rules"
+        or s.claimer.processing_timeout_s > s.scrapers.classifier.timeout_s,
+        "claimer.processing_timeout_s",
+        "must be longer than scrapers.classifier.timeout_s",
+    )
     su = s.scrapers.suwon
     for key in ("portal_base_url", "info_base_url"):
         need(

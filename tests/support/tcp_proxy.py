@@ -19,6 +19,8 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     @property
     def running(self) -> bool:
@@ -52,6 +54,13 @@ class TcpProxy:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 5)
 
+    def freeze(self) -> None:
+        """A network partition: connections stay open and accepted, but no byte goes through."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -59,13 +68,12 @@ class TcpProxy:
         self._writers.add(client_w)
         upstream_w: asyncio.StreamWriter | None = None
         try:
+            await self._flowing.wait()
             upstream_r, upstream_w = await asyncio.open_connection(
                 self.upstream_host, self.upstream_port
             )
             self._writers.add(upstream_w)
-            await asyncio.gather(
-                self._pipe(client_r, upstream_w), self._pipe(upstream_r, client_w)
-            )
+            await asyncio.gather(self._pipe(client_r, upstream_w), self._pipe(upstream_r, client_w))
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -76,10 +84,11 @@ class TcpProxy:
                         w.transport.abort()
             self._tasks.discard(task)
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
+                # Bytes read while frozen are held back, as a partitioned network does.
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
         finally:

@@ -487,6 +487,18 @@ def _limit(request: web.Request) -> int:
     return int(raw)
 
 
+def _only_query(request: web.Request, allowed: set[str]) -> None:
+    """A misspelt filter (`?stauts=DEAD`) must not silently list everything."""
+    unknown = sorted(set(request.query) - allowed)
+    if unknown:
+        raise ApiError(
+            400,
+            "C01",
+            "unknown query parameters: " + ", ".join(k[:40] for k in unknown[:10]),
+            [{"field": k[:64], "message": "unknown query parameter"} for k in unknown[:20]],
+        )
+
+
 def _cursor(request: web.Request) -> str | None:
     cursor = request.query.get("cursor") or None
     try:
@@ -498,8 +510,9 @@ def _cursor(request: web.Request) -> str | None:
 
 async def admin_list_outbox(request: web.Request) -> web.Response:
     _require_admin(request)
+    _only_query(request, {"status", "limit", "cursor"})
     deps = request.app[DEPS]
-    status = request.query.get("status") or None
+    status = request.query.get("status")
     if status is not None and status not in ("PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"):
         _fail("status", "must be PENDING, SENT, RETRYABLE_FAILED or DEAD")
     page = await deps.store.list_relay_rows(status, _limit(request), _cursor(request))
@@ -598,6 +611,7 @@ async def admin_enqueue_task(request: web.Request) -> web.Response:
 
 async def admin_list_tasks(request: web.Request) -> web.Response:
     _require_admin(request)
+    _only_query(request, {"type", "limit", "cursor"})
     deps = request.app[DEPS]
     type_ = request.query.get("type") or None
     page = await deps.store.list_tasks(type_, _limit(request), _cursor(request))

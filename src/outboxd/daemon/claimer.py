@@ -65,6 +65,15 @@ class Claimer:
             return "idle"
         crash_point("during_claim")
         bind = {"work_id": row.id, "website_id": row.website_id, "attempt": row.attempt_count}
+        if row.attempt_count > self._settings.max_attempts:
+            # A row whose holders keep dying (a crash loop) must still end:
+            # it was reclaimed after its last allowed attempt.
+            await self._store.fail_work(
+                row, "attempts exhausted (the last holder stopped answering)", True, self._clock()
+            )
+            log.warning("classification_failed", reason="stale_after_last_attempt", **bind)
+            self._metrics.claims.labels("failed").inc()
+            return "failed"
         website = await self._store.website_by_id(row.website_id)
         if website is None or website.category is not None:
             # Applied idempotently: a website that has its category is never
@@ -95,6 +104,7 @@ class Claimer:
         crash_point("after_classify_before_complete")
         if not await self._store.complete_work(row, category, self._clock()):
             log.warning("classification_outcome_lost_race", **bind)
+            self._metrics.claims.labels("lost").inc()
             return "lost"
         log.info("website_classified", domain=website.domain, category=category, **bind)
         self._metrics.claims.labels("completed").inc()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -198,10 +199,15 @@ class Consumer:
         now = self._clock()
         running = await self._store.start_job_run(job_id, now, self._visibility_s)
         if running is None:
-            # Someone else holds the job's lease (a duplicate delivery); look
-            # again later rather than run it twice at once.
-            log.info("job_busy_elsewhere", **bind)
-            await self._retry_later("jobs", msg)
+            # Someone else holds the job's lease (a duplicate delivery, or a holder
+            # that died and whose lease has not run out): look again when that lease
+            # expires, not sooner. Each bounce is a receive, and bouncing on the
+            # backoff (0 s allowed) would walk a healthy job's message into the DLQ.
+            held = await self._store.get_job(job_id)
+            lease_until = held.lease_until if held is not None else None
+            wait_s = max(1, math.ceil((lease_until or now) - self._clock()))
+            log.info("job_busy_elsewhere", retry_in_s=wait_s, **bind)
+            await self._queues.change_visibility("jobs", msg.receipt_handle, min(wait_s, 43_000))
             return "busy"
         log.info("job_started", attempt=running.attempts, receive_count=msg.receive_count, **bind)
         try:

@@ -6,13 +6,15 @@ untyped responses and its zoo of exceptions stay in here.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import ipaddress
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -174,6 +176,10 @@ def _error_code(exc: BaseException) -> str | None:
 _QUEUE_EXISTS_CODES = frozenset(
     {"QueueAlreadyExists", "QueueNameExists", "AWS.SimpleQueueService.QueueNameExists"}
 )
+# A call on a queue URL whose queue is gone: deleted, or a local server (moto, the
+# embedded one) restarted with nothing in memory. Query-protocol and JSON names.
+_MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+_T = TypeVar("_T")
 
 
 class SqsQueues:
@@ -203,6 +209,7 @@ class SqsQueues:
         self._client: Any = None  # sends, deletes, visibility, attributes
         self._poll_client: Any = None  # long-poll receives only
         self._urls: dict[tuple[QueueKind, bool], str] = {}
+        self._recreate_lock = asyncio.Lock()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -354,6 +361,23 @@ class SqsQueues:
             self._urls[(kind, True)] = dlq_url
             self._urls[(kind, False)] = main_url
 
+    async def _recreating_missing(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """`call()`; if SQS says its queue does not exist and `sqs.create_queues` is on,
+        create the queues again (ensure_queues) and make the call once more.
+
+        Without this a queue lost while the daemon runs (an SQS-compatible server that
+        restarted empty) would fail every send and receive until a restart.
+        """
+        try:
+            return await call()
+        except QueueError as exc:
+            if exc.code not in _MISSING_QUEUE_CODES or not self._settings.create_queues:
+                raise
+            async with self._recreate_lock:
+                log.warning("sqs_queue_missing_recreating", error=str(exc))
+                await self.ensure_queues()
+        return await call()
+
     async def _ensure_queue(self, name: str, attributes: dict[str, str]) -> str:
         client = self._require_client()
         try:
@@ -419,13 +443,17 @@ class SqsQueues:
             entries.append((entry, size))
 
         successful: dict[str, str] = {}
-        url = self.queue_url(kind)
+        self.queue_url(kind)  # not started: QueueError before anything else
+
+        async def send(chunk: list[dict[str, str]]) -> Any:
+            async with _sqs_call("SendMessageBatch"):
+                return await self._require_client().send_message_batch(
+                    QueueUrl=self.queue_url(kind), Entries=chunk
+                )
+
         for i, chunk in enumerate(_chunks_by_size(entries)):
             try:
-                async with _sqs_call("SendMessageBatch"):
-                    resp = await self._require_client().send_message_batch(
-                        QueueUrl=url, Entries=chunk
-                    )
+                resp = await self._recreating_missing(functools.partial(send, chunk))
             except QueueError as exc:
                 if i == 0:
                     raise
@@ -448,16 +476,20 @@ class SqsQueues:
         visibility_timeout_s: int | None = None,
     ) -> list[ReceivedMessage]:
         """ReceiveMessage (long poll of `wait_time_s`, default sqs.wait_time_s)."""
-        return await self._receive(
-            self.queue_url(kind), max_messages, wait_time_s, visibility_timeout_s
+        return await self._recreating_missing(
+            lambda: self._receive(
+                self.queue_url(kind), max_messages, wait_time_s, visibility_timeout_s
+            )
         )
 
     async def receive_dlq(
         self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
     ) -> list[ReceivedMessage]:
         """A short poll of the DLQ (for the consumer's sweep of jobs that died there)."""
-        return await self._receive(
-            self.queue_url(kind, dlq=True), max_messages, 0, visibility_timeout_s
+        return await self._recreating_missing(
+            lambda: self._receive(
+                self.queue_url(kind, dlq=True), max_messages, 0, visibility_timeout_s
+            )
         )
 
     async def _receive(

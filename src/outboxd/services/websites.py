@@ -57,7 +57,9 @@ def normalize_domain(text: str) -> str:
     if len(labels) < 2:
         raise InvalidDomain("must have at least two labels (like example.com)")
     for label in labels:
-        if not 1 <= len(label) <= 63:
+        if not label:  # IDNA maps other dots (U+3002 ...) to ".", so one can appear here
+            raise InvalidDomain("has an empty label")
+        if len(label) > 63:
             raise InvalidDomain("has a label longer than 63 characters")
         if not set(label) <= _LDH or label.startswith("-") or label.endswith("-"):
             raise InvalidDomain("labels may hold only letters, digits and inner hyphens")

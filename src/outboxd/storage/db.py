@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import re
 import sqlite3
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -276,6 +277,25 @@ class SqliteDatabase:
     async def ping(self) -> None:
         async with self.reader() as conn:
             await conn.fetch(Query("ping", "SELECT 1", ()), {})
+        # In WAL mode reads succeed while another process holds the write lock,
+        # yet then every write answers 503: ready means writes can start too.
+        # A throwaway connection in a thread: a cancelled probe leaves no
+        # transaction open on the shared connections.
+        await asyncio.to_thread(self._probe_write)
+
+    def _probe_write(self) -> None:
+        uri = "file:" + urllib.parse.quote(str(self.path)) + "?mode=rw"
+        try:
+            conn = sqlite3.connect(
+                uri, uri=True, timeout=min(self._acquire_timeout_s, 1.0), isolation_level=None
+            )
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.execute("ROLLBACK")
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise _sqlite_error(exc) from exc
 
     async def close(self) -> None:
         for conn in (self._writer, self._reader):

@@ -1,0 +1,164 @@
+"""HTTP load generator: N keep-alive connections POSTing portal-link jobs, in its own process.
+
+Standard library only, with a hand-rolled HTTP/1.1 client on asyncio streams: an aiohttp
+client spends more CPU per request than the server it measures (PERFORMANCE-NOTES), and
+on 2 cores that would cap the number we report. Prints one JSON object:
+
+    {"concurrency", "duration_s", "requests", "rate", "p50_ms", "p99_ms", "statuses",
+     "cpu": {"loadgen": share of one core, "<watched>": ...}, "machine_busy": 0..1}
+
+Only requests completed inside the measured window (after `--warmup`) count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_jiffies() -> tuple[int, int]:
+    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
+    total = sum(parts[:8])
+    return total - idle, total
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+class Window:
+    def __init__(self) -> None:
+        self.open = False
+        self.closed = False
+        self.latencies: list[float] = []
+        self.statuses: dict[int, int] = {}
+
+
+async def worker(
+    host: str, port: int, path: str, prefix: str, win: Window, stop: asyncio.Event
+) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    head_tpl = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: application/json\r\nIdempotency-Key: {key}\r\n"
+        "Content-Length: {n}\r\n\r\n"
+    )
+    i = 0
+    try:
+        while not stop.is_set():
+            i += 1
+            body = (
+                f'{{"portal":"suwon","username":"2020{i % 10000:04d}",'
+                f'"password":"pw-{prefix}-{i}"}}'
+            ).encode()
+            req = head_tpl.format(key=f"{prefix}-{i}", n=len(body)).encode() + body
+            t0 = time.perf_counter()
+            writer.write(req)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            lower = head.lower()
+            at = lower.find(b"\r\ncontent-length:")
+            if at < 0:
+                raise RuntimeError("response without Content-Length")
+            end = lower.find(b"\r\n", at + 2)
+            n = int(lower[at + 17 : end])
+            if n:
+                await reader.readexactly(n)
+            lat = time.perf_counter() - t0
+            if win.open and not win.closed:
+                win.latencies.append(lat)
+                win.statuses[status] = win.statuses.get(status, 0) + 1
+    finally:
+        writer.close()
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    u = urlsplit(args.url)
+    host, port = u.hostname or "127.0.0.1", u.port or 80
+    watched = {}
+    for item in args.watch:
+        name, _, pid = item.partition("=")
+        watched[name] = int(pid)
+    win = Window()
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(worker(host, port, u.path, f"{args.key_prefix}-c{c}", win, stop))
+        for c in range(args.concurrency)
+    ]
+    await asyncio.sleep(args.warmup)
+    c0 = {k: proc_cpu_s(p) for k, p in watched.items()}
+    self0 = time.process_time()
+    m0 = machine_jiffies()
+    t0 = time.perf_counter()
+    win.open = True
+    await asyncio.sleep(args.duration)
+    win.closed = True
+    wall = time.perf_counter() - t0
+    self1 = time.process_time()
+    m1 = machine_jiffies()
+    c1 = {k: proc_cpu_s(p) for k, p in watched.items()}
+    stop.set()
+    done, pending = await asyncio.wait(tasks, timeout=30)
+    for t in pending:
+        t.cancel()
+    errors = [repr(t.exception()) for t in done if not t.cancelled() and t.exception()]
+    lat_ms = [x * 1000 for x in win.latencies]
+    total = m1[1] - m0[1]
+    return {
+        "concurrency": args.concurrency,
+        "duration_s": wall,
+        "requests": len(lat_ms),
+        "rate": len(lat_ms) / wall,
+        "ok_rate": sum(v for s, v in win.statuses.items() if 200 <= s < 300) / wall,
+        "p50_ms": pct(lat_ms, 50),
+        "p99_ms": pct(lat_ms, 99),
+        "statuses": {str(k): v for k, v in sorted(win.statuses.items())},
+        "cpu": {
+            "loadgen": (self1 - self0) / wall,
+            **{k: (c1[k] - c0[k]) / wall for k in watched},
+        },
+        "machine_busy": (m1[0] - m0[0]) / total if total else math.nan,
+        "errors": errors[:3],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--url", required=True, help="http://127.0.0.1:PORT/v1/portal-link-jobs")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--key-prefix", default=f"lg{os.getpid()}")
+    p.add_argument("--watch", action="append", default=[], help="name=pid: report its CPU")
+    args = p.parse_args()
+    result = asyncio.run(main_async(args))
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,293 @@
+"""Fixtures for the acceptance tests: the daemon as a subprocess, with its outside world.
+
+Everything here is synchronous (the daemon harness blocks), so the fake portal runs in
+an event loop of its own on a thread (`portal_thread`), where tests can still read its
+records (`login_attempts`, `requests`) and flip its switches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import socket
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import pytest
+
+from outboxd.security import generate_key
+from outboxd.storage.db import sqlite_path
+from tests.fakes.portal import FakePortal, Student, sample_student
+from tests.support.daemon import DaemonProcess
+from tests.support.moto import MotoServer
+from tests.support.postgres import dump_all
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------- the fake portal, threaded
+
+
+class PortalThread:
+    """A FakePortal served from its own event loop on a daemon thread."""
+
+    def __init__(self, students: list[Student] | None = None) -> None:
+        self.portal = FakePortal(students)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.run(self.portal.start)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` (a plain function or a coroutine function) on the portal's loop."""
+
+        async def call() -> Any:
+            out = fn()
+            return await out if asyncio.iscoroutine(out) else out
+
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(call(), self._loop)
+        return fut.result(timeout=30)
+
+    def add_student(self, student: Student) -> None:
+        self.run(lambda: self.portal.students.__setitem__(student.sno, student))
+
+    def login_attempts(self, sno: str) -> int:
+        return int(self.run(lambda: self.portal.login_attempts.get(sno, 0)))
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {
+            "portal_base_url": self.portal.portal_base_url,
+            "info_base_url": self.portal.info_base_url,
+        }
+
+    def close(self) -> None:
+        try:
+            self.run(self.portal.stop)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+
+@pytest.fixture
+def portal_thread() -> Iterator[PortalThread]:
+    """The strict fake portal with the sample student, on loopback."""
+    p = PortalThread([sample_student()])
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+# ---------------------------------------------------------------- daemon configuration
+
+
+@pytest.fixture
+def secret_keys_file(tmp_path: Path) -> Path:
+    path = tmp_path / "outboxd.keys"
+    path.write_text(generate_key() + "\n", encoding="ascii")
+    path.chmod(0o600)
+    return path
+
+
+ConfigFactory = Callable[..., dict[str, Any]]
+
+
+def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`extra` over `base`, section by section (nested tables merged, the rest replaced)."""
+    out = dict(base)
+    for k, v in extra.items():
+        old = out.get(k)
+        out[k] = merge(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
+    return out
+
+
+@pytest.fixture
+def pipeline_config(
+    db_url: str,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    portal_thread: PortalThread,
+    secret_keys_file: Path,
+) -> ConfigFactory:
+    """A daemon config on the test's database, queues and fake portal, with small
+    timings so recovery is quick; keyword sections are merged over it."""
+
+    def factory(**sections: Any) -> dict[str, Any]:
+        base: dict[str, Any] = {
+            "server": {"host": "127.0.0.1", "port": 0},
+            "storage": {"url": db_url},
+            "sqs": {
+                "endpoint_url": moto_server.endpoint_url,
+                **queue_names,
+                "wait_time_s": 1,
+                "visibility_timeout_s": 2,
+                "max_receive_count": 5,
+            },
+            "relay": {
+                "interval_s": 0.2,
+                "publish_timeout_s": 1.0,
+                "backoff_base_s": 0.2,
+                "backoff_max_s": 1.0,
+            },
+            "consumer": {"heartbeat_s": 0.5, "backoff_base_s": 0},
+            "scrapers": {"suwon": {**portal_thread.urls, "timeout_s": 5.0, "min_interval_s": 0.0}},
+            "security": {"keys_file": str(secret_keys_file)},
+            "logging": {"level": "info", "format": "json"},
+            "daemon": {"shutdown_timeout_s": 5.0},
+        }
+        return merge(base, sections)
+
+    return factory
+
+
+DaemonFactory = Callable[..., DaemonProcess]
+
+
+@pytest.fixture
+def spawn_daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
+    """DaemonProcess objects (not started), all SIGKILLed at the end if still running."""
+    made: list[DaemonProcess] = []
+
+    def factory(config: Mapping[str, Any], name: str = "daemon") -> DaemonProcess:
+        d = DaemonProcess(tmp_path / name, config, name=name)
+        made.append(d)
+        return d
+
+    yield factory
+    for d in made:
+        d.kill()
+
+
+@pytest.fixture
+def private_moto(tmp_path: Path) -> Iterator[MotoServer]:
+    """A moto server of this test's own, to stop and start (an SQS outage)."""
+    server = MotoServer(tmp_path / "private-moto.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def restart_moto(server: MotoServer, timeout_s: float = 30.0) -> None:
+    """Start a stopped MotoServer again on its old port (empty: moto keeps no state)."""
+    deadline = time.monotonic() + timeout_s
+    while True:  # the old socket can linger for a moment
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", server.port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    server.start()
+
+
+# ---------------------------------------------------------------- HTTP
+
+
+@dataclass
+class Response:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+# What a client sees when the server dies mid-request or is not there.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    urllib.error.URLError,
+    ConnectionError,
+    http.client.RemoteDisconnected,
+    http.client.IncompleteRead,
+    TimeoutError,
+)
+
+
+def http_request(
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = 15.0,
+    raw: bytes | None = None,
+) -> Response:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    hdrs = {"Content-Type": "application/json"} if data is not None else {}
+    hdrs.update(headers or {})
+    if not url.startswith("http://127.0.0.1:"):
+        raise ValueError(f"tests talk to loopback daemons only, not {url!r}")
+    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)  # noqa: S310
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310
+            return Response(resp.status, dict(resp.headers.items()), resp.read())
+    except urllib.error.HTTPError as err:
+        with err:
+            return Response(err.code, dict(err.headers.items()), err.read())
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 30.0) -> T:
+    """Polls `check` until it returns something truthy; that value."""
+    deadline = time.monotonic() + timeout_s
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+# ---------------------------------------------------------------- the database, read directly
+
+
+def db_rows(db_url: str, query: str, *args: Any) -> list[dict[str, Any]]:
+    """Rows of `query` (`?` placeholders; rewritten to `$n` for Postgres) with a driver
+    of our own, so assertions never trust the store under test."""
+    if db_url.startswith("sqlite:///"):
+        conn = sqlite3.connect(sqlite_path(db_url, Path.cwd()), timeout=10)
+        conn.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in conn.execute(query, args).fetchall()]
+        finally:
+            conn.close()
+    parts = query.split("?")
+    pg_query = parts[0] + "".join(f"${i}{p}" for i, p in enumerate(parts[1:], start=1))
+
+    async def run() -> list[dict[str, Any]]:
+        conn = await asyncpg.connect(db_url, timeout=5)
+        try:
+            return [dict(r) for r in await conn.fetch(pg_query, *args)]
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())
+
+
+def db_bytes(db_url: str) -> bytes:
+    """Everything the database holds, as bytes: the SQLite file with its -wal and -shm
+    (free pages included), or every row of every Postgres table."""
+    if db_url.startswith("sqlite:///"):
+        path = sqlite_path(db_url, Path.cwd())
+        return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
+    return asyncio.run(dump_all(db_url)).encode("utf-8", "replace")

@@ -1,0 +1,230 @@
+"""The `outboxd` command as an operator runs it (SPEC §8): exit codes and output.
+
+Exit 0 on success, 2 on bad usage or config (one line naming the key), 1 otherwise.
+Every command runs as a subprocess against the test's database, without a daemon.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outboxd.security import KeyRing, hash_token
+from outboxd.storage.store import SqlStore
+from tests.support import postgres as pg
+from tests.support.ops import (
+    db_counts,
+    kill_at_publish,
+    kill_in_processing,
+    run_cli,
+    sql,
+    submit_job,
+    succeed,
+    write_config,
+)
+
+
+def config_for(tmp_path: Path, db_url: str, **extra: Any) -> str:
+    config: dict[str, Any] = {"storage": {"url": db_url}, **extra}
+    return str(write_config(tmp_path, config))
+
+
+@pytest.fixture
+def fresh_db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database nobody has migrated yet (the shared Postgres one already is)."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh' / 'outboxd.db'}"
+        return
+    request.getfixturevalue("pg_database")  # skips or fails like the others when unreachable
+    name, dsn = pg.create_database()
+    try:
+        yield dsn
+    finally:
+        pg.drop_database(name)
+
+
+def test_migrate_twice(fresh_db_url: str, tmp_path: Path) -> None:
+    if fresh_db_url.startswith("sqlite"):
+        (tmp_path / "fresh").mkdir()
+    config = config_for(tmp_path, fresh_db_url, storage={"url": fresh_db_url, "auto_migrate": False})
+    first = run_cli("migrate", "--config", config)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("applied: "), first.stdout
+    second = run_cli("migrate", "--config", config)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == "up to date"
+    # The schema is there: status can read every table.
+    status = run_cli("status", "--json", "--config", config)
+    assert status.returncode == 0, status.stderr
+
+
+async def test_status_human_output(
+    store: SqlStore, keys: KeyRing, db_url: str, tmp_path: Path
+) -> None:
+    await submit_job(store, keys, key="a")
+    await submit_job(store, keys, key="b")
+    await kill_at_publish(store, (await submit_job(store, keys, key="c")).id)
+    await succeed(store, (await submit_job(store, keys, key="d")).id)
+    truth = await db_counts(db_url)
+    done = run_cli("status", "--config", config_for(tmp_path, db_url))
+    assert done.returncode == 0, done.stderr
+    shown: dict[tuple[str, str], int] = {}
+    for line in done.stdout.splitlines():
+        m = re.fullmatch(r"(\w+)\s+([A-Z_]+)\s+(\d+)", line.strip())
+        if m:
+            shown[(m[1], m[2])] = int(m[3])
+    assert shown == {(t, s): n for t, per in truth.items() for s, n in per.items()}
+    assert re.search(r"oldest pending jobs\s+\d+\.\d s", done.stdout), done.stdout
+    assert re.search(r"oldest pending work_outbox\s+-", done.stdout), done.stdout
+    # The embedded SQS lives inside the daemon: status says so instead of failing.
+    assert "queues: not reachable" in done.stdout
+
+
+async def test_outbox_list_dead_and_redrive(
+    store: SqlStore, keys: KeyRing, db_url: str, tmp_path: Path
+) -> None:
+    config = config_for(tmp_path, db_url)
+    pending = await submit_job(store, keys, key="p")
+    dead_rows = [
+        await kill_at_publish(store, (await submit_job(store, keys, key=f"d{i}")).id, f"err {i}")
+        for i in range(2)
+    ]
+
+    listed = run_cli("outbox", "list", "--status", "DEAD", "--config", config)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split()[:4] == ["id", "kind", "status", "att"]
+    ids = [line.split()[0] for line in lines[1:] if line.strip()]
+    assert sorted(ids) == sorted(r.id for r in dead_rows)
+    assert all(" DEAD " in line for line in lines[1:])
+    assert "err 0" in listed.stdout and "err 1" in listed.stdout
+
+    as_json = run_cli("outbox", "list", "--status", "DEAD", "--json", "--config", config)
+    assert as_json.returncode == 0
+    import json
+
+    items = json.loads(as_json.stdout)
+    assert sorted(i["id"] for i in items) == sorted(r.id for r in dead_rows)
+    assert all(i["status"] == "DEAD" and i["kind"] == "job" for i in items)
+
+    target = dead_rows[0]
+    ok = run_cli("outbox", "redrive", target.id, "--config", config)
+    assert ok.returncode == 0, ok.stderr
+    assert target.id in ok.stdout
+    row = await store.get_relay_row(target.id)
+    assert row is not None and (row.status, row.attempt_count) == ("PENDING", 0)
+    job = await store.get_job(target.job_id or "")
+    assert job is not None and job.status == "QUEUED"
+
+    again = run_cli("outbox", "redrive", target.id, "--config", config)
+    assert again.returncode == 1
+    assert "not DEAD" in again.stderr and again.stdout == ""
+
+    pending_row = await store.latest_relay_row_for_job(pending.id)
+    assert pending_row is not None
+    not_dead = run_cli("outbox", "redrive", pending_row.id, "--config", config)
+    assert not_dead.returncode == 1
+    assert "PENDING" in not_dead.stderr
+
+    missing = run_cli("outbox", "redrive", str(uuid.uuid4()), "--config", config)
+    assert missing.returncode == 1
+    assert "no outbox row" in missing.stderr
+    assert "Traceback" not in missing.stderr + not_dead.stderr + again.stderr
+
+    # Only the one redrive changed anything.
+    remaining = run_cli("outbox", "list", "--status", "DEAD", "--json", "--config", config)
+    assert [i["id"] for i in json.loads(remaining.stdout)] == [dead_rows[1].id]
+
+
+async def test_jobs_redrive(store: SqlStore, keys: KeyRing, db_url: str, tmp_path: Path) -> None:
+    config = config_for(tmp_path, db_url)
+    job = await submit_job(store, keys)
+    await kill_in_processing(store, job.id)
+    ok = run_cli("jobs", "redrive", job.id, "--config", config)
+    assert ok.returncode == 0, ok.stderr
+    fresh = await store.get_job(job.id)
+    assert fresh is not None and fresh.status == "QUEUED" and fresh.error_code is None
+    latest = await store.latest_relay_row_for_job(job.id)
+    assert latest is not None and latest.status == "PENDING"
+    ph = "?" if db_url.startswith("sqlite") else "$1"
+    rows = await sql(db_url, f"SELECT COUNT(*) FROM relay_outbox WHERE job_id = {ph}", job.id)
+    assert rows[0][0] == 2
+
+    queued = run_cli("jobs", "redrive", job.id, "--config", config)
+    assert queued.returncode == 1 and "QUEUED" in queued.stderr
+    missing = run_cli("jobs", "redrive", "no-such-job", "--config", config)
+    assert missing.returncode == 1 and "no job" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[sqs]\nwait_time_s = 30\n', "sqs.wait_time_s"),
+        ('[server]\nbogus = 1\n', "server.bogus"),
+        ('[relay]\nbatch_size = "ten"\n', "relay.batch_size"),
+        ('[storage]\nurl = "mysql://x"\n', "storage.url"),
+        ("[server\n", "invalid TOML"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(tmp_path: Path, toml: str, key: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    for command in (["status"], ["migrate"], ["outbox", "list"], ["check-config"]):
+        done = run_cli(*command, "--config", str(path))
+        assert done.returncode == 2, (command, done.stderr)
+        err = done.stderr.strip()
+        assert len(err.splitlines()) == 1, err
+        assert key in err, err
+        assert done.stdout == ""
+
+
+def test_missing_config_file_exits_2(tmp_path: Path) -> None:
+    done = run_cli("status", "--config", str(tmp_path / "nope.toml"))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert "not found" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["frobnicate"],
+        [],
+        ["outbox"],
+        ["outbox", "purge"],
+        ["outbox", "list", "--status", "LOST"],
+        ["status", "--bogus"],
+        ["token", "create"],
+    ],
+)
+def test_bad_usage_exits_2(argv: list[str]) -> None:
+    done = run_cli(*argv)
+    assert done.returncode == 2, done
+    assert "usage:" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_check_config_keygen_and_token(tmp_path: Path, db_url: str) -> None:
+    ok = run_cli("check-config", "--config", config_for(tmp_path, db_url))
+    assert ok.returncode == 0 and ok.stdout.strip() == "config OK"
+
+    key = run_cli("keygen")
+    assert key.returncode == 0
+    assert len(key.stdout.splitlines()) == 1
+    KeyRing.from_lines(key.stdout.splitlines(), "keygen")  # the format keys_file holds
+
+    tok = run_cli("token", "create", "--user", "ops", "--role", "admin")
+    assert tok.returncode == 0
+    token, *entry = tok.stdout.splitlines()
+    assert entry[0] == "[[auth.tokens]]"
+    assert f'sha256 = "{hash_token(token)}"' in entry
+    assert 'role = "admin"' in entry and 'user = "ops"' in entry
+    # The printed entry is a valid config.
+    path = tmp_path / "with-token.toml"
+    path.write_text(f'[storage]\nurl = "{db_url}"\n\n' + "\n".join(entry) + "\n")
+    assert run_cli("check-config", "--config", str(path)).returncode == 0

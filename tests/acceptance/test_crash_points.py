@@ -1,0 +1,116 @@
+"""Kill -9 at each named crash point of a portal job's path, restart, lose nothing.
+
+For each point the daemon is started armed (`OUTBOXD_CRASH_AT`), a job is submitted,
+the process SIGKILLs itself at the point, and an unarmed daemon is started on the same
+database and queues. A client that got no answer retries with the same
+Idempotency-Key, as a real one would (one that got its 202 may retry too: harmless).
+Then: the job ends SUCCEEDED, its record fetched once and stored once, one job row for
+the key, its outbox row SENT, the queue and the DLQ empty.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from tests.acceptance.conftest import (
+    CONNECTION_ERRORS,
+    ConfigFactory,
+    DaemonFactory,
+    PortalThread,
+    Response,
+    db_rows,
+    http_request,
+    wait_for,
+)
+from tests.acceptance.test_pipeline_e2e import get_job, outbox_rows_of, post_job, wait_terminal
+from tests.fakes.portal import SAMPLE_SNO
+
+pytestmark = pytest.mark.slow
+
+# point -> the job's attempts once it succeeded (an attempt is counted when a run starts)
+POINTS = {
+    # The job and its outbox row are committed; the request's own publish never happens.
+    "after_commit_before_publish": 1,
+    # The message is on SQS, the row is not marked SENT: the relay publishes it again once
+    # its lease runs out, and the consumer drops the copy of a finished job.
+    "after_publish_before_sent": 1,
+    # A run started (attempt 1) and died before calling the portal: redelivered, rerun.
+    "during_handler": 2,
+    # SUCCEEDED is committed, the message not deleted: redelivered and deleted unrun.
+    "after_handler_before_delete": 1,
+}
+
+
+def queue_depth(base: str) -> dict[str, int]:
+    resp = http_request("GET", f"{base}/v1/admin/stats")
+    assert resp.status == 200, resp.text
+    depth: dict[str, int] = resp.json()["queues"]["jobs"]
+    return depth
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+def test_a_crash_loses_nothing_and_runs_nothing_twice(
+    point: str,
+    pipeline_config: ConfigFactory,
+    spawn_daemon: DaemonFactory,
+    portal_thread: PortalThread,
+    db_url: str,
+) -> None:
+    daemon = spawn_daemon(pipeline_config())
+    base = daemon.start(extra_env={"OUTBOXD_CRASH_AT": point})
+    key = f"crash-{point}"
+
+    first: Response | None
+    try:
+        first = post_job(base, key)
+    except CONNECTION_ERRORS:
+        first = None  # the process died while answering
+    assert daemon.wait_exit(timeout_s=30) == -signal.SIGKILL
+    assert f"crash point {point} reached" in daemon.all_output()
+    if point == "after_commit_before_publish":
+        assert first is None, "the crash point is inside the request"
+
+    # Whatever the client saw, the job was committed before any of the crash points.
+    rows = db_rows(db_url, "SELECT id FROM jobs WHERE idempotency_key = ?", key)
+    assert len(rows) == 1
+    job_id = rows[0]["id"]
+    if first is not None:
+        assert first.status == 202 and first.json()["jobId"] == job_id
+
+    base = daemon.start()  # unarmed, same database and queues
+    retry = post_job(base, key)
+    assert retry.status == 202, retry.text
+    assert retry.json()["jobId"] == job_id
+    assert retry.headers.get("Idempotent-Replayed") == "true"
+
+    job = wait_terminal(base, job_id, timeout_s=30)
+    assert job["status"] == "SUCCEEDED", job
+    assert job["attempts"] == POINTS[point]
+    assert job["error"] is None
+    assert job["result"]["student"]["studentNumber"] == SAMPLE_SNO
+
+    def settled() -> dict[str, Any] | None:
+        outbox = outbox_rows_of(base, job_id)
+        depth = queue_depth(base)
+        ok = [r["status"] for r in outbox] == ["SENT"] and depth == {
+            "visible": 0,
+            "inFlight": 0,
+            "dlq": 0,
+        }
+        return {"outbox": outbox, "depth": depth} if ok else None
+
+    # The relay's lease on a row published but not marked SENT must run out in a few
+    # seconds (relay.publish_timeout_s = 1), not in half a minute.
+    wait_for("the outbox row SENT and the queue drained", settled, timeout_s=20)
+
+    # Stored once: nothing ran again while the copies were drained.
+    assert get_job(base, job_id) == job
+    assert portal_thread.login_attempts(SAMPLE_SNO) == 1
+    assert db_rows(db_url, "SELECT COUNT(*) AS n FROM jobs") == [{"n": 1}]
+    assert db_rows(db_url, "SELECT COUNT(*) AS n FROM relay_outbox WHERE job_id = ?", job_id) == [
+        {"n": 1}
+    ]
+    assert daemon.terminate() == 0

@@ -1,0 +1,453 @@
+"""The administration API (SPEC §3 Administration) on both backends, in process, no queue.
+
+DEAD rows are made through the store's real transitions (claim + mark_relay_failed with
+dead=True; start_job_run + mark_job_dead), never with raw SQL.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestClient, TestServer
+
+from outboxd.daemon.api import create_app
+from outboxd.daemon.app import build_api_deps
+from outboxd.observability import Metrics
+from outboxd.security import KeyRing, generate_token, hash_token
+from outboxd.storage.store import SqlStore
+from tests.conftest import SettingsFactory
+from tests.support.ops import (
+    db_counts,
+    fail,
+    kill_at_publish,
+    kill_in_processing,
+    kill_task_at_publish,
+    sql,
+    submit_job,
+    succeed,
+)
+
+Client = TestClient[Any, Any]
+
+
+async def problem_of(resp: Any, status: int, code: str) -> dict[str, Any]:
+    assert resp.status == status, await resp.text()
+    assert resp.content_type == "application/problem+json"
+    body: dict[str, Any] = await resp.json()
+    assert body["code"] == code, body
+    assert body["status"] == status
+    return body
+
+
+async def walk(api: Client, path: str, limit: int, **query: str) -> list[list[dict[str, Any]]]:
+    """Every page of a keyset-paginated listing."""
+    pages: list[list[dict[str, Any]]] = []
+    cursor: str | None = None
+    while True:
+        params = {"limit": str(limit), **query}
+        if cursor is not None:
+            params["cursor"] = cursor
+        resp = await api.get(path, params=params)
+        assert resp.status == 200, await resp.text()
+        body = await resp.json()
+        pages.append(body["items"])
+        cursor = body["nextCursor"]
+        if cursor is None:
+            return pages
+        assert len(pages) < 100, "pagination does not end"
+
+
+# ------------------------------------------------------------------ outbox listing
+
+
+async def test_outbox_list_newest_first_with_keyset_pagination(
+    api: Client, store: SqlStore, keys: KeyRing, db_url: str
+) -> None:
+    jobs = [await submit_job(store, keys, key=f"k{i}") for i in range(4)]
+    # Seven task rows sharing one created_at: only the id tie-break keeps pages apart.
+    same_moment = time.time() + 5
+    for i in range(7):
+        await store.enqueue_task(
+            str(uuid.uuid4()), str(uuid.uuid4()), "noop", {}, f"tie-{i}", same_moment
+        )
+    await kill_at_publish(store, jobs[1].id)
+
+    expected = [
+        str(r[0])
+        for r in await sql(
+            db_url, "SELECT id FROM relay_outbox ORDER BY created_at DESC, id DESC"
+        )
+    ]
+    assert len(expected) == 11
+    for limit in (1, 3, 4, 11, 50):
+        pages = await walk(api, "/v1/admin/outbox", limit)
+        assert all(len(p) <= limit for p in pages)
+        assert all(len(p) == limit for p in pages[:-1])
+        ids = [item["id"] for page in pages for item in page]
+        assert ids == expected, f"limit={limit}: duplicates, gaps or wrong order"
+    assert len(await walk(api, "/v1/admin/outbox", 11)) == 1, "an exact fit has no next page"
+
+    items = [i for p in await walk(api, "/v1/admin/outbox", 50) for i in p]
+    job_items = [i for i in items if i["kind"] == "job"]
+    task_items = [i for i in items if i["kind"] == "task"]
+    assert {i["jobId"] for i in job_items} == {j.id for j in jobs}
+    assert all("taskId" not in i for i in job_items)
+    assert all("jobId" not in i and i["taskId"] for i in task_items)
+    for item in items:
+        assert set(item) >= {
+            "id",
+            "kind",
+            "status",
+            "attempts",
+            "nextAttemptAt",
+            "lastError",
+            "messageId",
+            "createdAt",
+        }
+        assert "payload" not in item and "sealed" not in item
+
+    dead_pages = await walk(api, "/v1/admin/outbox", 2, status="DEAD")
+    dead = [i for p in dead_pages for i in p]
+    assert [(i["jobId"], i["status"], i["lastError"]) for i in dead] == [
+        (jobs[1].id, "DEAD", "sqs down")
+    ]
+    pending = [i for p in await walk(api, "/v1/admin/outbox", 4, status="PENDING") for i in p]
+    assert len(pending) == 10 and all(i["status"] == "PENDING" for i in pending)
+    assert [i for p in await walk(api, "/v1/admin/outbox", 5, status="SENT") for i in p] == []
+
+
+async def test_rows_added_between_pages_do_not_shift_the_walk(
+    api: Client, store: SqlStore, keys: KeyRing
+) -> None:
+    first = [await submit_job(store, keys, key=f"a{i}") for i in range(5)]
+    resp = await api.get("/v1/admin/outbox", params={"limit": "2"})
+    page1 = await resp.json()
+    await submit_job(store, keys, key="late")  # newer than every row already listed
+    rest = await walk(api, "/v1/admin/outbox", 2, cursor=page1["nextCursor"])
+    seen = [i["jobId"] for i in page1["items"]] + [i["jobId"] for p in rest for i in p]
+    assert seen == [j.id for j in reversed(first)]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"cursor": "not-a-cursor!"},
+        {"cursor": "eyJ4Ijox"},  # base64 of a JSON object, not a cursor
+        {"limit": "0"},
+        {"limit": "501"},
+        {"limit": "ten"},
+        {"status": "LOST"},
+    ],
+)
+async def test_outbox_list_rejects_bad_parameters(api: Client, query: dict[str, str]) -> None:
+    resp = await api.get("/v1/admin/outbox", params=query)
+    body = await problem_of(resp, 400, "C01")
+    assert body["errors"][0]["field"] in query
+
+
+# ------------------------------------------------------------------ outbox redrive
+
+
+async def test_redrive_dead_outbox_row_back_to_pending_and_job_queued(
+    api: Client, store: SqlStore, keys: KeyRing
+) -> None:
+    job = await submit_job(store, keys)
+    dead = await kill_at_publish(store, job.id)
+    assert dead.attempt_count == 1
+
+    resp = await api.post(f"/v1/admin/outbox/{dead.id}/redrive")
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert body["id"] == dead.id and body["jobId"] == job.id
+    assert body["status"] == "PENDING" and body["attempts"] == 0 and body["lastError"] is None
+
+    row = await store.get_relay_row(dead.id)
+    assert row is not None and (row.status, row.attempt_count) == ("PENDING", 0)
+    fresh = await store.get_job(job.id)
+    assert fresh is not None and fresh.status == "QUEUED" and fresh.error_code is None
+    shown = await (await api.get(f"/v1/jobs/{job.id}")).json()
+    assert shown["status"] == "QUEUED" and shown["error"] is None
+
+    # Now PENDING: a second redrive is refused.
+    await problem_of(await api.post(f"/v1/admin/outbox/{dead.id}/redrive"), 409, "C11")
+
+
+async def test_redrive_dead_task_row(api: Client, store: SqlStore) -> None:
+    resp = await api.post("/v1/admin/tasks", json={"type": "noop", "payload": {}})
+    task_id = (await resp.json())["taskId"]
+    row = await kill_task_at_publish(store, task_id)
+    task = await store.get_task(task_id)
+    assert task is not None and task.status == "DEAD"
+    resp = await api.post(f"/v1/admin/outbox/{row.id}/redrive")
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["taskId"] == task_id
+    task = await store.get_task(task_id)
+    assert task is not None and task.status == "PENDING" and task.error is None
+
+
+async def test_redrive_of_a_non_dead_outbox_row_is_409(
+    api: Client, store: SqlStore, keys: KeyRing
+) -> None:
+    pending = await submit_job(store, keys, key="p")
+    row = await store.latest_relay_row_for_job(pending.id)
+    assert row is not None
+    await problem_of(await api.post(f"/v1/admin/outbox/{row.id}/redrive"), 409, "C11")
+    sent_job = await succeed(store, (await submit_job(store, keys, key="s")).id)
+    sent = await store.latest_relay_row_for_job(sent_job.id)
+    assert sent is not None and sent.status == "SENT"
+    await problem_of(await api.post(f"/v1/admin/outbox/{sent.id}/redrive"), 409, "C11")
+    # Nothing changed.
+    assert (await store.get_relay_row(row.id)) == row
+    await problem_of(await api.post(f"/v1/admin/outbox/{uuid.uuid4()}/redrive"), 404, "C04")
+
+
+# ------------------------------------------------------------------ job redrive
+
+
+@pytest.mark.parametrize("how", ["publish", "processing"])
+async def test_job_redrive_of_a_dead_job(
+    api: Client, store: SqlStore, keys: KeyRing, db_url: str, how: str
+) -> None:
+    job = await submit_job(store, keys)
+    old = await store.latest_relay_row_for_job(job.id)
+    assert old is not None
+    if how == "publish":
+        await kill_at_publish(store, job.id)
+    else:
+        await kill_in_processing(store, job.id)
+
+    resp = await api.post(f"/v1/admin/jobs/{job.id}/redrive")
+    assert resp.status == 202, await resp.text()
+    assert resp.headers["Location"] == f"/v1/jobs/{job.id}"
+    body = await resp.json()
+    assert body["jobId"] == job.id
+    assert body["status"] == "QUEUED"
+    assert body["error"] is None and body["finishedAt"] is None
+
+    latest = await store.latest_relay_row_for_job(job.id)
+    assert latest is not None and latest.id != old.id
+    assert (latest.status, latest.attempt_count, latest.kind) == ("PENDING", 0, "job")
+    rows = await sql(
+        db_url,
+        "SELECT status FROM relay_outbox WHERE job_id = "
+        + ("?" if db_url.startswith("sqlite") else "$1"),
+        job.id,
+    )
+    # The old row stays as history (DEAD or SENT); exactly one row carries the retry.
+    assert sorted(r[0] for r in rows) == sorted(
+        ["PENDING", "DEAD" if how == "publish" else "SENT"]
+    )
+    # The credentials stayed: the job can still run.
+    fresh = await store.get_job(job.id)
+    assert fresh is not None and fresh.sealed is not None
+
+    # QUEUED now: redriving again is a state error.
+    await problem_of(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
+
+
+async def test_job_redrive_of_non_dead_jobs_is_409(
+    api: Client, store: SqlStore, keys: KeyRing
+) -> None:
+    queued = await submit_job(store, keys, key="q")
+    succeeded = await succeed(store, (await submit_job(store, keys, key="s")).id)
+    failed = await fail(store, (await submit_job(store, keys, key="f")).id)
+    for job in (queued, succeeded, failed):
+        before = await store.get_job(job.id)
+        body = await problem_of(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
+        assert before is not None and before.status in body["detail"]
+        assert await store.get_job(job.id) == before
+    await problem_of(await api.post(f"/v1/admin/jobs/{uuid.uuid4()}/redrive"), 404, "C04")
+
+
+async def test_job_redrive_after_credentials_were_erased_is_409(
+    api: Client, store: SqlStore, keys: KeyRing
+) -> None:
+    job = await submit_job(store, keys)
+    await kill_in_processing(store, job.id)
+    # outbox.prune past security.dead_retention_s erases a DEAD job's ciphertext.
+    counts = await store.prune(finished_before=0, dead_before=time.time() + 60, batch=100)
+    assert counts["dead_credentials"] == 1
+    body = await problem_of(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
+    assert "credentials" in body["detail"]
+    fresh = await store.get_job(job.id)
+    assert fresh is not None and fresh.status == "DEAD"
+    latest = await store.latest_relay_row_for_job(job.id)
+    assert latest is not None and latest.status == "SENT", "no new outbox row was made"
+
+
+# ------------------------------------------------------------------ stats
+
+
+async def test_stats_counts_equal_the_database(
+    api: Client, store: SqlStore, keys: KeyRing, db_url: str
+) -> None:
+    await submit_job(store, keys, key="q1")
+    await submit_job(store, keys, key="q2")
+    await succeed(store, (await submit_job(store, keys, key="s")).id)
+    await fail(store, (await submit_job(store, keys, key="f")).id)
+    await kill_at_publish(store, (await submit_job(store, keys, key="d")).id)
+    assert (await api.post("/v1/websites", json={"domain": "example.com"})).status == 201
+    assert (await api.post("/v1/admin/tasks", json={"type": "noop"})).status == 202
+
+    resp = await api.get("/v1/admin/stats")
+    assert resp.status == 200, await resp.text()
+    stats = await resp.json()
+    assert stats["tables"] == await db_counts(db_url)
+    assert stats["tables"]["jobs"] == {"QUEUED": 2, "SUCCEEDED": 1, "FAILED": 1, "DEAD": 1}
+    ages = stats["oldestPendingAgeSeconds"]
+    assert set(ages) == {"jobs", "relay_outbox", "work_outbox", "task_runs"}
+    for table in ("jobs", "relay_outbox", "work_outbox", "task_runs"):
+        assert ages[table] is not None and 0 <= ages[table] < 60
+    assert stats["queues"] is None  # no queue configured in this app
+
+
+async def test_stats_on_an_empty_database(api: Client) -> None:
+    stats = await (await api.get("/v1/admin/stats")).json()
+    assert stats["tables"] == {"jobs": {}, "relay_outbox": {}, "work_outbox": {}, "task_runs": {}}
+    assert all(v is None for v in stats["oldestPendingAgeSeconds"].values())
+
+
+# ------------------------------------------------------------------ tasks
+
+
+async def test_enqueue_task_and_dedup(api: Client, store: SqlStore) -> None:
+    resp = await api.post(
+        "/v1/admin/tasks", json={"type": "outbox.prune", "payload": {"older_than_days": 3}}
+    )
+    assert resp.status == 202, await resp.text()
+    task_id = (await resp.json())["taskId"]
+    run = await store.get_task(task_id)
+    assert run is not None and run.type == "outbox.prune" and run.status == "PENDING"
+    assert dict(run.payload) == {"older_than_days": 3}
+    assert run.dedup_id == task_id  # no dedupId: the task id is its own
+
+    first = await api.post("/v1/admin/tasks", json={"type": "noop", "dedupId": "once"})
+    again = await api.post("/v1/admin/tasks", json={"type": "noop", "dedupId": "once"})
+    assert first.status == again.status == 202
+    assert (await first.json())["taskId"] == (await again.json())["taskId"]
+    page = await store.list_tasks(None, 50, None)
+    assert sorted(r.dedup_id for r in page.items) == sorted([task_id, "once"])
+    relay = await store.list_relay_rows(None, 50, None)
+    assert len(relay.items) == 2
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "rm -rf"},
+        {"type": "unknown.task"},
+        {"type": ""},
+        {},
+        {"type": "noop", "payload": []},
+        {"type": "noop", "extra": 1},
+        {"type": "noop", "dedupId": 5},
+    ],
+)
+async def test_enqueue_task_rejects_bad_bodies(
+    api: Client, store: SqlStore, body: dict[str, Any]
+) -> None:
+    await problem_of(await api.post("/v1/admin/tasks", json=body), 400, "C01")
+    assert (await store.list_tasks(None, 10, None)).items == []
+
+
+async def test_list_tasks_with_pagination_and_type_filter(api: Client, store: SqlStore) -> None:
+    ids = []
+    for i in range(5):
+        resp = await api.post("/v1/admin/tasks", json={"type": "noop", "dedupId": f"n{i}"})
+        ids.append((await resp.json())["taskId"])
+    resp = await api.post("/v1/admin/tasks", json={"type": "outbox.prune"})
+    prune_id = (await resp.json())["taskId"]
+    # Same enqueued_at for three more: the id tie-break keeps pages apart.
+    now = time.time() + 5
+    for i in range(3):
+        run, _ = await store.enqueue_task(
+            str(uuid.uuid4()), str(uuid.uuid4()), "noop", {}, f"tie{i}", now
+        )
+        ids.append(run.id)
+
+    everything = [i for p in await walk(api, "/v1/admin/tasks", 2) for i in p]
+    assert len(everything) == 9 and len({i["taskId"] for i in everything}) == 9
+    stamps = [(i["enqueuedAt"], i["taskId"]) for i in everything]
+    assert stamps == sorted(stamps, reverse=True), "newest first"
+    for item in everything:
+        assert set(item) == {
+            "taskId",
+            "type",
+            "dedupId",
+            "status",
+            "enqueuedAt",
+            "finishedAt",
+            "error",
+        }
+        assert item["status"] == "PENDING"
+    noops = [i for p in await walk(api, "/v1/admin/tasks", 3, type="noop") for i in p]
+    assert {i["taskId"] for i in noops} == set(ids)
+    prunes = [i for p in await walk(api, "/v1/admin/tasks", 3, type="outbox.prune") for i in p]
+    assert [i["taskId"] for i in prunes] == [prune_id]
+    await problem_of(await api.get("/v1/admin/tasks", params={"cursor": "%%%"}), 400, "C01")
+    await problem_of(await api.get("/v1/admin/tasks", params={"limit": "-1"}), 400, "C01")
+
+
+# ------------------------------------------------------------------ roles
+
+ADMIN_ROUTES = [
+    ("GET", "/v1/admin/outbox", None),
+    ("POST", "/v1/admin/outbox/{id}/redrive", None),
+    ("POST", "/v1/admin/jobs/{id}/redrive", None),
+    ("GET", "/v1/admin/stats", None),
+    ("POST", "/v1/admin/tasks", {"type": "noop"}),
+    ("GET", "/v1/admin/tasks", None),
+]
+
+
+@pytest_asyncio.fixture
+async def authed(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> AsyncIterator[tuple[Client, str, str]]:
+    user_token, admin_token = generate_token(), generate_token()
+    settings = make_settings(
+        auth={
+            "tokens": [
+                {"sha256": hash_token(user_token), "user": "bob", "role": "user"},
+                {"sha256": hash_token(admin_token), "user": "root", "role": "admin"},
+            ]
+        }
+    )
+    deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
+    client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+    await client.start_server()
+    yield client, user_token, admin_token
+    await client.close()
+
+
+async def test_admin_routes_are_403_for_a_user_token(
+    authed: tuple[Client, str, str], store: SqlStore, keys: KeyRing
+) -> None:
+    client, user_token, admin_token = authed
+    job = await submit_job(store, keys, user="bob")
+    row = await kill_at_publish(store, job.id)
+    for method, template, body in ADMIN_ROUTES:
+        path = template.replace("{id}", row.id if "outbox" in template else job.id)
+        as_user = await client.request(
+            method, path, json=body, headers={"Authorization": f"Bearer {user_token}"}
+        )
+        await problem_of(as_user, 403, "C03")
+        anonymous = await client.request(method, path, json=body)
+        await problem_of(anonymous, 401, "C02")
+        assert anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+    # Refused requests changed nothing.
+    assert (await store.get_relay_row(row.id)).status == "DEAD"  # type: ignore[union-attr]
+    assert (await store.list_tasks(None, 10, None)).items == []
+    # The admin token is allowed on the same routes.
+    for method, template, body in ADMIN_ROUTES:
+        if "redrive" in template:
+            continue
+        resp = await client.request(
+            method, template, json=body, headers={"Authorization": f"Bearer {admin_token}"}
+        )
+        assert resp.status in (200, 202), (template, await resp.text())

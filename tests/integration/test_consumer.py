@@ -1,0 +1,575 @@
+"""The consumer in-process against real SQS (moto), the strict fake portal and the real
+scraper, on both backends.
+
+What it must show (issue 3): success stores the full record and erases the credentials,
+and the message is deleted; a wrong password fails after exactly one login; transient
+503s are retried; a portal that always fails ends DEAD with the message in the DLQ
+while other jobs go on; a duplicate delivery of a finished job is deleted unrun; the
+heartbeat keeps a slow job from being redelivered; a job whose lease is held elsewhere
+is not run twice at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest_asyncio
+
+from outboxd.config import Settings
+from outboxd.daemon.consumer import Consumer
+from outboxd.daemon.relay import Relay, message_body
+from outboxd.observability import Metrics
+from outboxd.queue.sqs import (
+    BatchResult,
+    OutgoingMessage,
+    QueueKind,
+    ReceivedMessage,
+    SqsQueues,
+)
+from outboxd.scrapers.suwon import SuwonScraper
+from outboxd.security import KeyRing
+from outboxd.storage.ports import JobRecord, NewPortalJob
+from outboxd.storage.store import SqlStore, open_store
+from tests.conftest import SettingsFactory
+from tests.fakes.portal import (
+    SAMPLE_PASSWORD,
+    SAMPLE_SNO,
+    Course,
+    FakePortal,
+    Semester,
+    Student,
+    sample_student,
+)
+from tests.support.moto import MotoServer
+
+BROKEN_SNO = "20209999"
+BROKEN_PASSWORD = "pw-broken-record"
+
+
+def broken_student(sno: str = BROKEN_SNO, password: str = BROKEN_PASSWORD) -> Student:
+    """A student whose record the info system serves malformed (an unknown semester
+    code): PORTAL_BAD_RESPONSE on every attempt, for this student only."""
+    return Student(
+        sno=sno,
+        password=password,
+        name="박고장",
+        college="IT대학",
+        department="컴퓨터학부",
+        major="컴퓨터SW",
+        status="재학",
+        year=2,
+        semesters=[
+            Semester(
+                year="2021",
+                code="99",
+                credits_attempted=3,
+                credits_earned=3,
+                gpa=4.0,
+                percentile=90,
+                rank="1/2",
+                courses=[Course("X1", "x", 3, "A0", 4.0, "전공선택", "컴퓨터학부")],
+            )
+        ],
+    )
+
+
+# ---------------------------------------------------------------- test doubles (real classes)
+
+
+class RecordingPublisher:
+    """SqsQueues' send_batch, keeping every body as it was sent (to grep for secrets)."""
+
+    def __init__(self, inner: SqsQueues) -> None:
+        self.inner = inner
+        self.bodies: list[str] = []
+
+    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        self.bodies.extend(m.body for m in messages)
+        return await self.inner.send_batch(kind, messages)
+
+
+class RecordingReceiver:
+    """SqsQueues for the consumer, recording every job message received and deleted."""
+
+    def __init__(self, inner: SqsQueues) -> None:
+        self.inner = inner
+        self.received: list[ReceivedMessage] = []
+        self.deleted: list[str] = []
+
+    async def receive(
+        self,
+        kind: QueueKind,
+        max_messages: int,
+        wait_time_s: int | None = None,
+        visibility_timeout_s: int | None = None,
+    ) -> list[ReceivedMessage]:
+        got = await self.inner.receive(kind, max_messages, wait_time_s, visibility_timeout_s)
+        if kind == "jobs":
+            self.received.extend(got)
+        return got
+
+    async def delete(self, kind: QueueKind, receipt_handle: str) -> None:
+        await self.inner.delete(kind, receipt_handle)
+        self.deleted.append(receipt_handle)
+
+    async def change_visibility(self, kind: QueueKind, receipt_handle: str, timeout_s: int) -> None:
+        await self.inner.change_visibility(kind, receipt_handle, timeout_s)
+
+    async def receive_dlq(
+        self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
+    ) -> list[ReceivedMessage]:
+        return await self.inner.receive_dlq(kind, max_messages, visibility_timeout_s)
+
+    def receives_of(self, job_id: str) -> list[ReceivedMessage]:
+        return [m for m in self.received if json.loads(m.body).get("jobId") == job_id]
+
+
+# ---------------------------------------------------------------- the rig
+
+
+@dataclass
+class Rig:
+    settings: Settings
+    store: SqlStore
+    keys: KeyRing
+    queues: SqsQueues
+    portal: FakePortal
+    receiver: RecordingReceiver
+    publisher: RecordingPublisher
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    scrapers: list[SuwonScraper] = field(default_factory=list)
+
+    def start_consumer(self, store: SqlStore | None = None) -> Consumer:
+        scraper = SuwonScraper(self.settings.scrapers.suwon)
+        self.scrapers.append(scraper)
+        consumer = Consumer(
+            store or self.store,
+            self.receiver,
+            scraper,
+            self.keys,
+            self.settings.consumer,
+            self.settings.sqs,
+            Metrics(),
+            self.settings.security.dead_retention_s,
+        )
+        self.tasks.append(asyncio.create_task(consumer.run(self.stop)))
+        return consumer
+
+    async def create(self, username: str, password: str) -> tuple[str, str]:
+        """A job and its outbox row, committed as the API does: (job id, outbox id)."""
+        job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
+        canonical = {"portal": "suwon", "username": username, "password": password}
+        sealed = self.keys.seal_json(
+            {"username": username, "password": password}, associated_data=job_id
+        )
+        await self.store.create_portal_job(
+            NewPortalJob(
+                job_id=job_id,
+                outbox_id=outbox_id,
+                user_id="alice",
+                idempotency_key=f"key-{job_id}",
+                fingerprint=self.keys.fingerprint(canonical),
+                portal="suwon",
+                key_id=sealed.key_id,
+                sealed=sealed.ciphertext,
+            ),
+            now=time.time(),
+        )
+        return job_id, outbox_id
+
+    async def submit(self, username: str, password: str) -> str:
+        """Create and publish a job through the relay's request path; the job id."""
+        job_id, outbox_id = await self.create(username, password)
+        relay = Relay(self.store, self.publisher, self.settings.relay, Metrics())
+        assert await relay.publish_now(outbox_id)
+        return job_id
+
+    async def job(self, job_id: str) -> JobRecord:
+        job = await self.store.get_job(job_id)
+        assert job is not None
+        return job
+
+    async def wait_status(self, job_id: str, *statuses: str, timeout_s: float = 25) -> JobRecord:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = await self.job(job_id)
+            if job.status in statuses:
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} is {job.status}, wanted {statuses}: {job}")
+            await asyncio.sleep(0.1)
+
+    async def wait_until(
+        self, what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 15
+    ) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await check():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.1)
+
+    async def wait_queue_empty(self, dlq: int = 0) -> None:
+        async def empty() -> bool:
+            d = await self.queues.depth("jobs")
+            return (d.visible, d.in_flight, d.dlq_visible) == (0, 0, dlq)
+
+        await self.wait_until(f"the jobs queue to be empty with {dlq} in the DLQ", empty)
+
+    async def close(self) -> None:
+        self.stop.set()
+        for t in self.tasks:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(t, 15)
+        for s in self.scrapers:
+            await s.close()
+
+
+RigFactory = Callable[..., Awaitable[Rig]]
+
+
+@pytest_asyncio.fixture
+async def portal() -> AsyncIterator[FakePortal]:
+    async with FakePortal([sample_student(), broken_student()]) as p:
+        yield p
+
+
+@pytest_asyncio.fixture
+async def make_rig(
+    make_settings: SettingsFactory,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    store: SqlStore,
+    keys: KeyRing,
+    portal: FakePortal,
+) -> AsyncIterator[RigFactory]:
+    """Builds the rig once per test; keyword sections override the small test settings."""
+    rigs: list[Rig] = []
+    opened: list[SqsQueues] = []
+
+    async def factory(**sections: dict[str, Any]) -> Rig:
+        base: dict[str, dict[str, Any]] = {
+            "sqs": {
+                "endpoint_url": moto_server.endpoint_url,
+                **queue_names,
+                "wait_time_s": 1,
+                "visibility_timeout_s": 3,
+                "max_receive_count": 3,
+            },
+            "consumer": {"max_concurrency": 4, "heartbeat_s": 1.0, "backoff_base_s": 0},
+            "relay": {"publish_timeout_s": 3.0},
+            "scrapers": {
+                "suwon": {
+                    "portal_base_url": portal.portal_base_url,
+                    "info_base_url": portal.info_base_url,
+                    "timeout_s": 5.0,
+                    "min_interval_s": 0.0,
+                }
+            },
+        }
+        for name, values in sections.items():
+            base[name] = {**base.get(name, {}), **values}
+        settings = make_settings(**base)
+        queues = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
+        await queues.start()
+        opened.append(queues)
+        rig = Rig(
+            settings=settings,
+            store=store,
+            keys=keys,
+            queues=queues,
+            portal=portal,
+            receiver=RecordingReceiver(queues),
+            publisher=RecordingPublisher(queues),
+        )
+        rigs.append(rig)
+        return rig
+
+    yield factory
+    for rig in rigs:
+        await rig.close()
+    for q in opened:
+        await q.close()
+
+
+# ---------------------------------------------------------------- tests
+
+
+async def test_success_stores_the_record_erases_credentials_and_deletes_the_message(
+    make_rig: RigFactory,
+) -> None:
+    rig = await make_rig()
+    rig.start_consumer()
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+
+    assert job.status == "SUCCEEDED", job
+    assert job.error_code is None and job.error_message is None
+    assert job.attempts == 1 and job.finished_at is not None
+    result = job.result
+    assert result is not None
+    assert result["student"] == {
+        "studentNumber": SAMPLE_SNO,
+        "name": "김수원",
+        "college": "IT대학",
+        "department": "컴퓨터학부",
+        "major": "컴퓨터SW",
+        "status": "재학",
+        "year": 3,
+    }
+    assert [(s["year"], s["term"]) for s in result["semesters"]] == [
+        (2020, "1"),
+        (2020, "summer"),
+        (2020, "2"),
+    ]
+    assert [[c["code"] for c in s["courses"]] for s in result["semesters"]] == [
+        ["CS101", "GE110"],
+        ["GE201"],
+        ["CS201", "CS230"],
+    ]
+    first = result["semesters"][0]
+    assert (first["creditsAttempted"], first["gpa"], first["rank"]) == (18, 4.12, "6/33")
+    assert first["courses"][0] == {
+        "code": "CS101",
+        "title": "자료구조",
+        "credits": 3,
+        "grade": "A+",
+        "gradePoints": 4.5,
+        "category": "전공필수",
+        "department": "컴퓨터학부",
+    }
+    assert result["totals"] == {
+        "creditsAttempted": 40,
+        "creditsEarned": 40,
+        "gpa": 3.99,
+        "percentile": 92.1,
+    }
+    assert job.progress == {"step": "GRADES", "done": 3, "total": 3}
+    # Credentials erased: no ciphertext, no key id, in the row itself.
+    assert job.sealed is None and job.key_id is None
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+
+    await rig.wait_queue_empty()
+    receives = rig.receiver.receives_of(job_id)
+    assert len(receives) == 1
+    assert receives[0].receipt_handle in rig.receiver.deleted
+    assert all(SAMPLE_PASSWORD not in b for b in rig.publisher.bodies)
+
+
+async def test_wrong_password_fails_after_exactly_one_login(make_rig: RigFactory) -> None:
+    rig = await make_rig()
+    rig.start_consumer()
+    wrong = f"pw-{uuid.uuid4()}"
+    job_id = await rig.submit(SAMPLE_SNO, wrong)
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+
+    assert job.status == "FAILED"
+    assert job.error_code == "PORTAL_AUTH_FAILED"
+    assert job.error_message and wrong not in job.error_message
+    assert job.sealed is None and job.key_id is None and job.result is None
+    await rig.wait_queue_empty()
+    # Longer than a poll: a retry would have logged in again by now.
+    await asyncio.sleep(1.5)
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+    assert len(rig.receiver.receives_of(job_id)) == 1
+    assert (await rig.job(job_id)).status == "FAILED"
+
+
+async def test_two_503s_then_success(make_rig: RigFactory) -> None:
+    rig = await make_rig(sqs={"max_receive_count": 3})
+    rig.portal.fail_next_n_with_503(2)
+    rig.start_consumer()
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+
+    assert job.status == "SUCCEEDED", job
+    assert job.error_code is None and job.result is not None
+    assert job.attempts == 3
+    assert [m.receive_count for m in rig.receiver.receives_of(job_id)] == [1, 2, 3]
+    await rig.wait_queue_empty()
+
+
+async def test_a_portal_that_always_fails_ends_dead_with_the_message_in_the_dlq(
+    make_rig: RigFactory,
+) -> None:
+    rig = await make_rig(sqs={"max_receive_count": 2})
+    rig.portal.always_fail_503 = True
+    rig.start_consumer()
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+
+    assert job.status == "DEAD"
+    assert job.error_code == "RETRIES_EXHAUSTED"
+    assert job.error_message is not None and "PORTAL_UNAVAILABLE" in job.error_message
+    assert job.attempts == 2
+    assert job.sealed is not None  # kept so the job can be redriven
+    await rig.wait_queue_empty(dlq=1)
+    dead = await rig.queues.read_all("jobs", dlq=True)
+    assert [json.loads(b)["jobId"] for b in dead] == [job_id]
+
+    # The consumer goes on: the next job, once the portal is back, succeeds.
+    rig.portal.always_fail_503 = False
+    other = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+    assert (await rig.wait_status(other, "SUCCEEDED", "FAILED", "DEAD")).status == "SUCCEEDED"
+    assert (await rig.job(job_id)).status == "DEAD"
+
+
+async def test_one_job_dying_does_not_affect_the_others(make_rig: RigFactory) -> None:
+    rig = await make_rig(sqs={"max_receive_count": 2})
+    rig.start_consumer()
+    doomed = await rig.submit(BROKEN_SNO, BROKEN_PASSWORD)
+    good = [await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD) for _ in range(2)]
+
+    dead = await rig.wait_status(doomed, "SUCCEEDED", "FAILED", "DEAD")
+    done = [await rig.wait_status(j, "SUCCEEDED", "FAILED", "DEAD") for j in good]
+
+    assert dead.status == "DEAD" and dead.error_code == "RETRIES_EXHAUSTED"
+    assert dead.error_message is not None and "PORTAL_BAD_RESPONSE" in dead.error_message
+    assert [j.status for j in done] == ["SUCCEEDED", "SUCCEEDED"]
+    assert all(j.attempts == 1 and j.sealed is None for j in done)
+    await rig.wait_queue_empty(dlq=1)
+    assert [json.loads(b)["jobId"] for b in await rig.queues.read_all("jobs", dlq=True)] == [doomed]
+
+
+async def test_a_duplicate_delivery_of_a_finished_job_is_deleted_without_running(
+    make_rig: RigFactory,
+) -> None:
+    rig = await make_rig()
+    rig.start_consumer()
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+    finished = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    assert finished.status == "SUCCEEDED"
+    await rig.wait_queue_empty()
+    requests_before = len(rig.portal.requests)
+
+    row = await rig.store.latest_relay_row_for_job(job_id)
+    assert row is not None
+    sent = await rig.queues.send_batch("jobs", [OutgoingMessage("dup", message_body(row))])
+    assert "dup" in sent.successful
+
+    async def duplicate_seen() -> bool:
+        return len(rig.receiver.receives_of(job_id)) == 2
+
+    await rig.wait_until("the duplicate to be received", duplicate_seen)
+    await rig.wait_queue_empty()
+    assert rig.receiver.receives_of(job_id)[1].receipt_handle in rig.receiver.deleted
+    assert len(rig.portal.requests) == requests_before
+    assert await rig.job(job_id) == finished
+
+
+async def test_heartbeat_keeps_a_slow_job_from_being_redelivered(make_rig: RigFactory) -> None:
+    # Every portal request takes 0.35 s (well inside the 5 s scraper timeout); the 11
+    # requests of a job take about twice the 2 s visibility timeout.
+    rig = await make_rig(sqs={"visibility_timeout_s": 2}, consumer={"heartbeat_s": 0.5})
+    rig.portal.delay_s = 0.35
+    rig.start_consumer()
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+
+    assert job.status == "SUCCEEDED", job
+    assert job.finished_at is not None and job.finished_at - job.created_at > 3.0
+    assert job.attempts == 1
+    assert len(rig.receiver.receives_of(job_id)) == 1, "the message was redelivered"
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+    assert rig.portal.in_flight_max == 1
+    await rig.wait_queue_empty()
+
+
+async def test_a_job_whose_lease_is_held_elsewhere_is_not_run_until_it_expires(
+    make_rig: RigFactory,
+) -> None:
+    rig = await make_rig(sqs={"max_receive_count": 3})
+    job_id, outbox_id = await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD)
+    # Another worker (a process that then died) holds the job for 3 more seconds.
+    held = await rig.store.start_job_run(job_id, time.time(), 3.0)
+    assert held is not None and held.lease_until is not None
+    relay = Relay(rig.store, rig.publisher, rig.settings.relay, Metrics())
+    assert await relay.publish_now(outbox_id)
+    rig.start_consumer()
+
+    async def seen() -> bool:
+        return len(rig.receiver.receives_of(job_id)) >= 1
+
+    await rig.wait_until("the message to be received", seen)
+    await asyncio.sleep(max(0.0, held.lease_until - time.time() - 0.5))
+    assert rig.portal.requests == [], "the job ran while another worker held its lease"
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    assert job.status == "SUCCEEDED", job
+    assert job.attempts == 2  # the other worker's attempt, then ours
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+    await rig.wait_queue_empty()
+
+
+async def test_two_consumers_with_a_duplicate_message_run_the_job_once(
+    backend: str, db_url: str, make_rig: RigFactory, tmp_path: Any
+) -> None:
+    rig = await make_rig(sqs={"max_receive_count": 5})
+    rig.portal.delay_s = 0.15  # about 2 s per job: long enough to overlap
+    job_id, outbox_id = await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD)
+    relay = Relay(rig.store, rig.publisher, rig.settings.relay, Metrics())
+    assert await relay.publish_now(outbox_id)
+    row = await rig.store.get_relay_row(outbox_id)
+    assert row is not None
+    # The same job's message twice, as after a relay crash between publish and SENT.
+    await rig.queues.send_batch("jobs", [OutgoingMessage("again", message_body(row))])
+    other_store: SqlStore | None = None
+    if backend == "postgres":
+        other_store = await open_store(db_url, tmp_path, 3, 5.0)  # a second instance
+    try:
+        rig.start_consumer()
+        rig.start_consumer(other_store)
+        job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+        assert job.status == "SUCCEEDED" and job.attempts == 1
+        assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+        assert rig.portal.in_flight_max == 1
+        await rig.wait_queue_empty()
+        assert len(rig.receiver.receives_of(job_id)) >= 2
+    finally:
+        await rig.close()
+        if other_store is not None:
+            await other_store.close()
+
+
+async def test_no_password_in_any_message_or_the_finished_row(make_rig: RigFactory) -> None:
+    """Bodies captured at send time and the queues afterwards hold ids only."""
+    rig = await make_rig(sqs={"max_receive_count": 2})
+    secret = f"pw-{uuid.uuid4()}"
+    rig.portal.students["20207777"] = Student(
+        sno="20207777",
+        password=secret,
+        name="이비밀",
+        college="IT대학",
+        department="컴퓨터학부",
+        major="컴퓨터SW",
+        status="재학",
+        year=1,
+    )
+    rig.portal.students["20208888"] = broken_student("20208888", secret)
+    rig.start_consumer()
+    ok = await rig.submit("20207777", secret)
+    wrong = await rig.submit(SAMPLE_SNO, secret)
+    dead = await rig.submit("20208888", secret)
+    for job_id, status in ((ok, "SUCCEEDED"), (wrong, "FAILED"), (dead, "DEAD")):
+        job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+        assert job.status == status
+        assert secret not in repr(job)
+    await rig.wait_queue_empty(dlq=1)
+    bodies = rig.publisher.bodies + [m.body for m in rig.receiver.received]
+    bodies += await rig.queues.read_all("jobs", dlq=True)
+    assert len(rig.publisher.bodies) == 3
+    for body in bodies:
+        assert secret not in body
+        assert set(json.loads(body)) == {"type", "jobId", "outboxId"}

@@ -1,0 +1,412 @@
+"""The relay against a real SQS (the session's moto), on both backends.
+
+What it must show (issue 3): pending rows go out in batches of at most 10 and are
+marked SENT with their MessageId (job -> RUNNING); no row is ever SENT without a
+message id; failed entries back off (growing, jittered) with `last_error` and end
+DEAD after `relay.max_attempts` (job DEAD, RETRIES_EXHAUSTED); `publish_now`; an
+SQS outage, and SQS coming back empty (queues recreated); concurrent relays never
+claim one row twice; message bodies carry ids only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from outboxd.config import RelaySettings, Settings
+from outboxd.daemon.relay import Relay
+from outboxd.observability import Metrics
+from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
+from outboxd.security import KeyRing
+from outboxd.storage.ports import NewPortalJob, RelayRow
+from outboxd.storage.store import SqlStore, open_store
+from tests.conftest import SettingsFactory
+from tests.support.moto import MotoServer
+
+FAIL_REASON = "InternalError: simulated per-entry failure"
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@dataclass
+class Clock:
+    """A clock the test moves by hand, so backoff windows are exact."""
+
+    now: float = field(default_factory=time.time)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RecordingPublisher:
+    """A real publisher in front of SqsQueues: records every batch it is handed and
+    fails (as SQS's `Failed` entries would) the entries `fail` names a reason for."""
+
+    def __init__(
+        self, inner: SqsQueues, fail: Callable[[OutgoingMessage], str | None] | None = None
+    ) -> None:
+        self.inner = inner
+        self.fail = fail
+        self.batches: list[list[OutgoingMessage]] = []
+
+    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        self.batches.append(list(messages))
+        failed: dict[str, str] = {}
+        passing: list[OutgoingMessage] = []
+        for m in messages:
+            reason = self.fail(m) if self.fail is not None else None
+            if reason:
+                failed[m.entry_id] = reason
+            else:
+                passing.append(m)
+        if not passing:
+            return BatchResult(successful={}, failed=failed)
+        result = await self.inner.send_batch(kind, passing)
+        return BatchResult(successful=dict(result.successful), failed={**result.failed, **failed})
+
+    @property
+    def bodies(self) -> list[str]:
+        return [m.body for batch in self.batches for m in batch]
+
+
+async def new_job(store: SqlStore, keys: KeyRing, password: str, now: float) -> tuple[str, str]:
+    """A portal job committed with its outbox row, as the API would: (job id, outbox id)."""
+    job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
+    canonical = {"portal": "suwon", "username": "20201234", "password": password}
+    sealed = keys.seal_json({"username": "20201234", "password": password}, associated_data=job_id)
+    intake = await store.create_portal_job(
+        NewPortalJob(
+            job_id=job_id,
+            outbox_id=outbox_id,
+            user_id="alice",
+            idempotency_key=f"key-{job_id}",
+            fingerprint=keys.fingerprint(canonical),
+            portal="suwon",
+            key_id=sealed.key_id,
+            sealed=sealed.ciphertext,
+        ),
+        now=now,
+    )
+    assert intake.created
+    return job_id, outbox_id
+
+
+async def drain(queues: SqsQueues, kind: QueueKind = "jobs") -> list[tuple[str, str]]:
+    """Every message now in the queue as (MessageId, body), deleting them."""
+    out: list[tuple[str, str]] = []
+    empty = 0
+    while empty < 2:
+        batch = await queues.receive(kind, 10, wait_time_s=0, visibility_timeout_s=30)
+        if not batch:
+            empty += 1
+            continue
+        for m in batch:
+            out.append((m.message_id, m.body))
+            await queues.delete(kind, m.receipt_handle)
+    return out
+
+
+async def all_rows(store: SqlStore) -> list[RelayRow]:
+    page = await store.list_relay_rows(None, 500, None)
+    assert page.next_cursor is None
+    return list(page.items)
+
+
+def assert_no_sent_without_message_id(rows: Sequence[RelayRow]) -> None:
+    bad = [r.id for r in rows if r.status == "SENT" and not r.queue_message_id]
+    assert bad == [], f"rows SENT without a queue message id: {bad}"
+
+
+def relay_settings(**overrides: Any) -> RelaySettings:
+    base: dict[str, Any] = {
+        "interval_s": 0.1,
+        "batch_size": 10,
+        "max_attempts": 3,
+        "backoff_base_s": 10.0,
+        "backoff_max_s": 1000.0,
+        "publish_timeout_s": 2.0,
+    }
+    base.update(overrides)
+    return RelaySettings(**base)
+
+
+@pytest.fixture
+def settings(
+    make_settings: SettingsFactory, moto_server: MotoServer, queue_names: dict[str, str]
+) -> Settings:
+    return make_settings(
+        sqs={"endpoint_url": moto_server.endpoint_url, **queue_names, "wait_time_s": 0}
+    )
+
+
+@pytest_asyncio.fixture
+async def queues(settings: Settings) -> AsyncIterator[SqsQueues]:
+    q = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
+    await q.start()
+    try:
+        yield q
+    finally:
+        await q.close()
+
+
+# ---------------------------------------------------------------- tests
+
+
+async def test_pending_rows_go_out_in_batches_and_are_marked_sent(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    password = f"pw-{uuid.uuid4()}"
+    clock = Clock()
+    made = [await new_job(store, keys, password, clock.now) for _ in range(23)]
+    job_of = {outbox_id: job_id for job_id, outbox_id in made}
+    pub = RecordingPublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+
+    claimed = [await relay.relay_once() for _ in range(4)]
+
+    assert claimed == [10, 10, 3, 0]
+    assert [len(b) for b in pub.batches] == [10, 10, 3]
+    rows = await all_rows(store)
+    assert {r.id for r in rows} == set(job_of)
+    for r in rows:
+        assert r.status == "SENT", r
+        assert r.queue_message_id, r
+        assert r.sent_at is not None and r.claimed_until is None
+        assert r.attempt_count == 1 and r.last_error is None
+        job = await store.get_job(job_of[r.id])
+        assert job is not None and job.status == "RUNNING"
+    assert_no_sent_without_message_id(rows)
+
+    received = await drain(queues)
+    assert len(received) == 23
+    message_id_of = {r.id: r.queue_message_id for r in rows}
+    for message_id, body in received:
+        data = json.loads(body)
+        # Ids only: no credentials, no payload, nothing the database does not already hold.
+        assert set(data) == {"type", "jobId", "outboxId"}
+        assert data["type"] == "portal_link"
+        assert data["jobId"] == job_of[data["outboxId"]]
+        assert message_id_of[data["outboxId"]] == message_id
+        assert password not in body and "20201234" not in body
+    assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(job_of)
+    assert all(password not in b for b in pub.bodies)
+
+
+async def test_failed_entries_back_off_with_jitter_then_die(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    clock = Clock()
+    made = [await new_job(store, keys, "pw-x", clock.now) for _ in range(10)]
+    failing = {outbox_id for _, outbox_id in made[:6]}
+    pub = RecordingPublisher(queues, fail=lambda m: FAIL_REASON if m.entry_id in failing else None)
+    settings = relay_settings(max_attempts=3, backoff_base_s=10.0, backoff_max_s=1000.0)
+    relay = Relay(store, pub, settings, Metrics(), clock=clock)
+
+    # Attempt 1: the four good entries are SENT, the six failed ones back off 5-10 s.
+    assert await relay.relay_once() == 10
+    delays: dict[int, dict[str, float]] = {}
+    rows = {r.id: r for r in await all_rows(store)}
+    for job_id, outbox_id in made:
+        r = rows[outbox_id]
+        job = await store.get_job(job_id)
+        assert job is not None
+        if outbox_id in failing:
+            assert r.status == "RETRYABLE_FAILED"
+            assert r.queue_message_id is None and r.sent_at is None
+            assert r.last_error is not None and "simulated" in r.last_error
+            assert r.attempt_count == 1
+            assert job.status == "QUEUED"
+        else:
+            assert r.status == "SENT" and r.queue_message_id
+            assert job.status == "RUNNING"
+    delays[1] = {i: rows[i].next_attempt_at - clock.now for i in failing}
+    assert all(5.0 <= d <= 10.0 for d in delays[1].values()), delays[1]
+    # Jitter: rows that failed together do not all come back in the same instant.
+    assert len({round(d, 3) for d in delays[1].values()}) > 1
+    assert_no_sent_without_message_id(list(rows.values()))
+
+    # Not due yet: nothing is claimed before next_attempt_at.
+    clock.now += 4.9
+    assert await relay.relay_once() == 0
+
+    # Attempt 2: the step doubles (10-20 s).
+    clock.now += 5.2
+    assert await relay.relay_once() == 6
+    rows = {r.id: r for r in await all_rows(store)}
+    delays[2] = {i: rows[i].next_attempt_at - clock.now for i in failing}
+    assert all(10.0 <= d <= 20.0 for d in delays[2].values()), delays[2]
+    assert all(rows[i].attempt_count == 2 and rows[i].status == "RETRYABLE_FAILED" for i in failing)
+    assert sum(delays[2].values()) > sum(delays[1].values())
+
+    # Attempt 3 = relay.max_attempts: DEAD, and the job with it.
+    clock.now += 20.1
+    assert await relay.relay_once() == 6
+    rows = {r.id: r for r in await all_rows(store)}
+    for job_id, outbox_id in made:
+        if outbox_id not in failing:
+            continue
+        r = rows[outbox_id]
+        assert r.status == "DEAD" and r.attempt_count == 3 and r.queue_message_id is None
+        assert r.last_error is not None and "simulated" in r.last_error
+        job = await store.get_job(job_id)
+        assert job is not None and job.status == "DEAD"
+        assert job.error_code == "RETRIES_EXHAUSTED"
+        assert job.sealed is not None  # kept for a redrive
+    clock.now += 10_000
+    assert await relay.relay_once() == 0
+    assert_no_sent_without_message_id(list(rows.values()))
+    # Only the four good rows ever reached the queue, once each.
+    received = await drain(queues)
+    assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(
+        o for _, o in made if o not in failing
+    )
+
+
+async def test_sqs_outage_backs_off_and_queues_are_recreated_when_sqs_returns(
+    store: SqlStore, keys: KeyRing, make_settings: SettingsFactory, tmp_path: Path
+) -> None:
+    """A real outage (the server process gone), then SQS back *empty* on the same port:
+    the relay records the failure, backs off, and once SQS answers recreates the queues
+    (sqs.create_queues) and delivers without anyone restarting anything."""
+    moto = MotoServer(tmp_path / "private-moto.log")
+    moto.start()
+    names = {"jobs_queue": f"o{uuid.uuid4().hex[:10]}-jobs", "tasks_queue": "o-tasks.fifo"}
+    sqs = make_settings(sqs={"endpoint_url": moto.endpoint_url, **names, "wait_time_s": 0}).sqs
+    queues = SqsQueues(sqs, moto.endpoint_url)
+    await queues.start()
+    try:
+        job_id, outbox_id = await new_job(store, keys, "pw-outage", time.time())
+        relay = Relay(
+            store,
+            queues,
+            relay_settings(
+                max_attempts=10, backoff_base_s=0.2, backoff_max_s=0.5, publish_timeout_s=1.0
+            ),
+            Metrics(),
+        )
+        moto.stop()
+        before = time.time()
+        assert await relay.relay_once() == 1
+        row = await store.get_relay_row(outbox_id)
+        assert row is not None and row.status == "RETRYABLE_FAILED"
+        assert row.queue_message_id is None and row.last_error
+        assert row.next_attempt_at > before
+        job = await store.get_job(job_id)
+        assert job is not None and job.status == "QUEUED"
+
+        moto.start()  # same port, no queues any more
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            await relay.relay_once()
+            row = await store.get_relay_row(outbox_id)
+            assert row is not None
+            if row.status != "RETRYABLE_FAILED":
+                break
+            await asyncio.sleep(0.2)
+        assert row.status == "SENT", row
+        assert row.queue_message_id
+        received = await drain(queues)
+        assert [json.loads(b)["outboxId"] for _, b in received] == [outbox_id]
+        assert received[0][0] == row.queue_message_id
+    finally:
+        await queues.close()
+        moto.stop()
+
+
+async def test_publish_now_sends_one_request_row_once(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    clock = Clock()
+    job_id, outbox_id = await new_job(store, keys, "pw-now", clock.now)
+    pub = RecordingPublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+
+    assert await relay.publish_now(outbox_id) is True
+    row = await store.get_relay_row(outbox_id)
+    job = await store.get_job(job_id)
+    assert row is not None and row.status == "SENT" and row.queue_message_id
+    assert job is not None and job.status == "RUNNING"
+    # Already SENT: neither publish_now nor the loop sends it again.
+    assert await relay.publish_now(outbox_id) is False
+    assert await relay.relay_once() == 0
+    assert len(pub.batches) == 1
+
+    # A row another holder has claimed is left to that holder.
+    _, other = await new_job(store, keys, "pw-now", clock.now)
+    assert await store.claim_relay_row(other, clock.now, 30.0) is not None
+    assert await relay.publish_now(other) is False
+    held = await store.get_relay_row(other)
+    assert held is not None and held.status == "PENDING" and held.queue_message_id is None
+
+    # A failed request publish leaves the row for the relay, RETRYABLE_FAILED.
+    _, failing = await new_job(store, keys, "pw-now", clock.now)
+    flaky = RecordingPublisher(queues, fail=lambda m: FAIL_REASON)
+    assert (
+        await Relay(store, flaky, relay_settings(), Metrics(), clock=clock).publish_now(failing)
+        is False
+    )
+    failed_row = await store.get_relay_row(failing)
+    assert failed_row is not None and failed_row.status == "RETRYABLE_FAILED"
+    assert failed_row.next_attempt_at > clock.now
+
+    received = await drain(queues)
+    assert [(json.loads(b)["outboxId"], mid) for mid, b in received] == [
+        (outbox_id, row.queue_message_id)
+    ]
+
+
+async def test_concurrent_relays_never_claim_the_same_row(
+    backend: str,
+    db_url: str,
+    store: SqlStore,
+    keys: KeyRing,
+    queues: SqsQueues,
+    tmp_path: Path,
+) -> None:
+    """Postgres: four relays on four separate SqlStore instances (as four daemons would
+    be). SQLite (one instance per file, SPEC §1): four relays sharing the store."""
+    now = time.time()
+    made = [await new_job(store, keys, "pw-many", now) for _ in range(47)]
+    stores: list[SqlStore] = []
+    if backend == "postgres":
+        stores = [await open_store(db_url, tmp_path, 3, 5.0) for _ in range(4)]
+    publishers = [RecordingPublisher(queues) for _ in range(4)]
+    relays = [
+        Relay(
+            stores[i] if stores else store, publishers[i], relay_settings(batch_size=5), Metrics()
+        )
+        for i in range(4)
+    ]
+
+    async def run(relay: Relay) -> None:
+        while await relay.relay_once():
+            pass
+
+    try:
+        await asyncio.gather(*(run(r) for r in relays))
+    finally:
+        for s in stores:
+            await s.close()
+
+    claimed = [m.entry_id for p in publishers for batch in p.batches for m in batch]
+    assert sorted(claimed) == sorted(o for _, o in made), "a row was claimed twice or never"
+    assert sum(1 for p in publishers if p.batches) >= 2, "the relays did not overlap at all"
+    rows = await all_rows(store)
+    assert all(r.status == "SENT" and r.attempt_count == 1 for r in rows)
+    assert_no_sent_without_message_id(rows)
+    received = await drain(queues)
+    per_outbox: dict[str, int] = {}
+    for _, body in received:
+        oid = json.loads(body)["outboxId"]
+        per_outbox[oid] = per_outbox.get(oid, 0) + 1
+    assert per_outbox == {o: 1 for _, o in made}

@@ -1,0 +1,186 @@
+"""`POST /v1/websites` and `GET /v1/websites/{domain}` on both backends (SPEC §3, websites).
+
+Registration is the work outbox's transaction boundary: a new website and its one
+PENDING work row commit together; an existing one (in any spelling) is returned as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from outboxd.storage.db import Query
+from outboxd.storage.store import SqlStore
+
+Client = TestClient[Any, Any]
+
+
+async def scalar(store: SqlStore, sql: str) -> Any:
+    async with store.db.reader() as c:
+        row = await c.fetchrow(Query("test", sql, ()), {})
+    assert row is not None
+    return next(iter(row.values()))
+
+
+async def counts(store: SqlStore) -> tuple[int, int]:
+    websites = int(await scalar(store, "SELECT COUNT(*) AS n FROM websites"))
+    work = int(await scalar(store, "SELECT COUNT(*) AS n FROM work_outbox"))
+    return websites, work
+
+
+def assert_problem(body: dict[str, Any], status: int, code: str) -> None:
+    assert body["status"] == status
+    assert body["code"] == code
+    for key in ("type", "title", "detail", "requestId"):
+        assert key in body, body
+
+
+async def test_new_website_is_201_with_a_pending_classification(
+    api: Client, store: SqlStore
+) -> None:
+    resp = await api.post(
+        "/v1/websites", json={"domain": "Example.COM", "faviconUrl": "https://example.com/f.ico"}
+    )
+    assert resp.status == 201, await resp.text()
+    body = await resp.json()
+    assert set(body) == {"id", "domain", "faviconUrl", "category", "classification"}
+    assert isinstance(body["id"], str) and body["id"]
+    assert body["domain"] == "example.com"
+    assert body["faviconUrl"] == "https://example.com/f.ico"
+    assert body["category"] is None
+    assert body["classification"] == {"status": "PENDING", "attempts": 0, "lastError": None}
+    assert await counts(store) == (1, 1)
+    status = await scalar(store, "SELECT status FROM work_outbox")
+    assert status == "PENDING"
+
+
+async def test_favicon_may_be_absent_or_null(api: Client) -> None:
+    a = await api.post("/v1/websites", json={"domain": "a.example"})
+    b = await api.post("/v1/websites", json={"domain": "b.example", "faviconUrl": None})
+    assert (a.status, b.status) == (201, 201)
+    assert (await a.json())["faviconUrl"] is None
+    assert (await b.json())["faviconUrl"] is None
+
+
+@pytest.mark.parametrize("spelling", ["example.com", "EXAMPLE.com", "example.com.", "Example.Com."])
+async def test_same_domain_again_is_200_with_the_same_id(
+    api: Client, store: SqlStore, spelling: str
+) -> None:
+    first = await api.post("/v1/websites", json={"domain": "example.com"})
+    assert first.status == 201
+    again = await api.post("/v1/websites", json={"domain": spelling})
+    assert again.status == 200, await again.text()
+    one, two = await first.json(), await again.json()
+    assert two["id"] == one["id"]
+    assert two["domain"] == "example.com"
+    assert two["classification"] == {"status": "PENDING", "attempts": 0, "lastError": None}
+    assert await counts(store) == (1, 1)
+
+
+async def test_idna_spellings_are_one_website(api: Client, store: SqlStore) -> None:
+    first = await api.post("/v1/websites", json={"domain": "Bücher.example"})
+    assert first.status == 201
+    assert (await first.json())["domain"] == "xn--bcher-kva.example"
+    again = await api.post("/v1/websites", json={"domain": "xn--bcher-kva.example."})
+    assert again.status == 200
+    assert (await again.json())["id"] == (await first.json())["id"]
+    assert await counts(store) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "domain",
+    [
+        "https://example.com",
+        "example.com/path",
+        "example.com:8080",
+        "127.0.0.1",
+        "::1",
+        "a..b",
+        "a" * 64 + ".com",
+        "",
+        "example.com..",
+        "user@example.com",
+    ],
+)
+async def test_invalid_domain_is_400_c01_naming_domain_and_stores_nothing(
+    api: Client, store: SqlStore, domain: str
+) -> None:
+    resp = await api.post("/v1/websites", json={"domain": domain})
+    assert resp.status == 400, await resp.text()
+    assert resp.content_type == "application/problem+json"
+    body = await resp.json()
+    assert_problem(body, 400, "C01")
+    assert [e["field"] for e in body["errors"]] == ["domain"]
+    assert await counts(store) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{}, {"domain": None}, {"domain": 42}, {"domain": ["example.com"]}],
+    ids=["missing", "null", "number", "list"],
+)
+async def test_domain_missing_or_not_a_string_is_400(
+    api: Client, store: SqlStore, payload: dict[str, Any]
+) -> None:
+    resp = await api.post("/v1/websites", json=payload)
+    assert resp.status == 400
+    body = await resp.json()
+    assert_problem(body, 400, "C01")
+    assert [e["field"] for e in body["errors"]] == ["domain"]
+    assert await counts(store) == (0, 0)
+
+
+async def test_unknown_fields_are_400(api: Client, store: SqlStore) -> None:
+    resp = await api.post("/v1/websites", json={"domain": "example.com", "category": "news"})
+    assert resp.status == 400
+    body = await resp.json()
+    assert_problem(body, 400, "C01")
+    assert [e["field"] for e in body["errors"]] == ["category"]
+    assert await counts(store) == (0, 0)
+
+
+async def test_non_json_body_is_rejected(api: Client, store: SqlStore) -> None:
+    resp = await api.post("/v1/websites", data="domain=example.com")
+    assert resp.status in (400, 415)
+    assert (await resp.json())["code"] == "C01"
+    assert await counts(store) == (0, 0)
+
+
+async def test_get_returns_the_same_body_in_any_spelling(api: Client) -> None:
+    created = await (await api.post("/v1/websites", json={"domain": "Bücher.example"})).json()
+    for spelling in ("xn--bcher-kva.example", "XN--BCHER-KVA.example.", "bücher.example"):
+        resp = await api.get(f"/v1/websites/{spelling}")
+        assert resp.status == 200, spelling
+        assert await resp.json() == created
+
+
+@pytest.mark.parametrize("domain", ["unknown.example", "not a domain", "127.0.0.1"])
+async def test_get_unknown_is_404_c04(api: Client, domain: str) -> None:
+    await api.post("/v1/websites", json={"domain": "known.example"})
+    resp = await api.get(f"/v1/websites/{domain}")
+    assert resp.status == 404
+    assert resp.content_type == "application/problem+json"
+    assert_problem(await resp.json(), 404, "C04")
+
+
+async def test_twenty_concurrent_registrations_make_one_website_and_one_work_row(
+    api: Client, store: SqlStore
+) -> None:
+    spellings = ["race.example", "RACE.example", "race.example.", "Race.Example."]
+
+    async def register(i: int) -> tuple[int, str]:
+        resp = await api.post("/v1/websites", json={"domain": spellings[i % len(spellings)]})
+        return resp.status, (await resp.json())["id"]
+
+    results = await asyncio.gather(*(register(i) for i in range(20)))
+    statuses = sorted(status for status, _ in results)
+    assert statuses == [200] * 19 + [201], statuses
+    assert len({website_id for _, website_id in results}) == 1
+    assert await counts(store) == (1, 1)
+    ids = await scalar(
+        store, "SELECT COUNT(*) AS n FROM work_outbox o JOIN websites w ON w.id = o.website_id"
+    )
+    assert ids == 1

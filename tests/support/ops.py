@@ -1,0 +1,168 @@
+"""Helpers for the administration and operations tests: raw database reads and real DEAD rows.
+
+Counts are read with a driver of our own (sqlite3 / asyncpg), so assertions about what the
+API, /metrics or the CLI report never trust the code under test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from outboxd.security import KeyRing
+from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
+from outboxd.storage.db import sqlite_path
+from outboxd.storage.ports import JobRecord, RelayFailure, RelayRow
+from outboxd.storage.store import SqlStore
+
+TABLES = ("jobs", "relay_outbox", "work_outbox", "task_runs")
+
+
+async def sql(db_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Rows of `query` (`?` placeholders on SQLite, `$1` on Postgres) on a connection of its own."""
+    if db_url.startswith("sqlite:///"):
+        path = sqlite_path(db_url, Path.cwd())
+
+        def run() -> list[tuple[Any, ...]]:
+            conn = sqlite3.connect(path, timeout=10)
+            try:
+                return [tuple(r) for r in conn.execute(query, args).fetchall()]
+            finally:
+                conn.close()
+
+        return await asyncio.to_thread(run)
+    conn = await asyncpg.connect(db_url, timeout=5)
+    try:
+        return [tuple(r) for r in await conn.fetch(query, *args)]
+    finally:
+        await conn.close()
+
+
+def sql_sync(db_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
+    return asyncio.run(sql(db_url, query, *args))
+
+
+async def db_counts(db_url: str) -> dict[str, dict[str, int]]:
+    """{table: {status: count}} straight from the database."""
+    out: dict[str, dict[str, int]] = {}
+    for table in TABLES:
+        rows = await sql(db_url, f"SELECT status, COUNT(*) FROM {table} GROUP BY status")
+        out[table] = {str(s): int(n) for s, n in rows}
+    return out
+
+
+
+
+async def submit_job(
+    store: SqlStore, keys: KeyRing, user: str = "alice", key: str | None = None
+) -> JobRecord:
+    """A QUEUED job with a PENDING relay row, made the way the API makes it (no queue)."""
+    service = PortalJobService(store, keys, None)
+    sub = await service.submit(
+        user, key or uuid.uuid4().hex, PortalLinkRequest("suwon", "20201234", "pw-" + user)
+    )
+    return sub.job
+
+
+async def kill_at_publish(store: SqlStore, job_id: str, error: str = "sqs down") -> RelayRow:
+    """The job's relay row exhausts its publish attempts: row DEAD, job DEAD."""
+    latest = await store.latest_relay_row_for_job(job_id)
+    assert latest is not None
+    now = time.time()
+    claimed = await store.claim_relay_row(latest.id, now, 30.0)
+    assert claimed is not None
+    await store.mark_relay_failed([RelayFailure(claimed, error, now + 1, dead=True)], now)
+    row = await store.get_relay_row(latest.id)
+    assert row is not None and row.status == "DEAD"
+    job = await store.get_job(job_id)
+    assert job is not None and job.status == "DEAD"
+    return row
+
+
+async def kill_task_at_publish(store: SqlStore, task_id: str) -> RelayRow:
+    page = await store.list_relay_rows(None, 500, None)
+    row = next(r for r in page.items if r.task_id == task_id)
+    now = time.time()
+    claimed = await store.claim_relay_row(row.id, now, 30.0)
+    assert claimed is not None
+    await store.mark_relay_failed([RelayFailure(claimed, "sqs down", now + 1, dead=True)], now)
+    return row
+
+
+async def kill_in_processing(store: SqlStore, job_id: str) -> JobRecord:
+    """Published, then every processing attempt failed: relay row SENT, job DEAD."""
+    latest = await store.latest_relay_row_for_job(job_id)
+    assert latest is not None
+    now = time.time()
+    claimed = await store.claim_relay_row(latest.id, now, 30.0)
+    assert claimed is not None
+    assert await store.mark_relay_sent([(claimed, "msg-" + uuid.uuid4().hex[:8])], now)
+    running = await store.start_job_run(job_id, now, 30.0)
+    assert running is not None
+    dead = await store.mark_job_dead(job_id, ("RETRIES_EXHAUSTED", "portal down"), now)
+    assert dead is not None and dead.status == "DEAD"
+    return dead
+
+
+async def succeed(store: SqlStore, job_id: str) -> JobRecord:
+    latest = await store.latest_relay_row_for_job(job_id)
+    assert latest is not None
+    now = time.time()
+    claimed = await store.claim_relay_row(latest.id, now, 30.0)
+    assert claimed is not None
+    await store.mark_relay_sent([(claimed, "msg-" + uuid.uuid4().hex[:8])], now)
+    running = await store.start_job_run(job_id, now, 30.0)
+    assert running is not None
+    done = await store.finish_job(running, "SUCCEEDED", now, result={"ok": True})
+    assert done is not None
+    return done
+
+
+async def fail(store: SqlStore, job_id: str) -> JobRecord:
+    latest = await store.latest_relay_row_for_job(job_id)
+    assert latest is not None
+    now = time.time()
+    claimed = await store.claim_relay_row(latest.id, now, 30.0)
+    assert claimed is not None
+    await store.mark_relay_sent([(claimed, "msg-" + uuid.uuid4().hex[:8])], now)
+    running = await store.start_job_run(job_id, now, 30.0)
+    assert running is not None
+    done = await store.finish_job(
+        running, "FAILED", now, error=("PORTAL_AUTH_FAILED", "wrong password")
+    )
+    assert done is not None
+    return done
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
+    from tests.support.daemon import dump_toml
+
+    path = tmp_path / f"cli-{uuid.uuid4().hex[:6]}.toml"
+    path.write_text(dump_toml(config))
+    return path
+
+
+def run_cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """`python -m outboxd ARGS` with no OUTBOXD_* variables inherited."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
+    return subprocess.run(
+        [sys.executable, "-m", "outboxd", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        cwd=ROOT,
+        check=False,
+    )
