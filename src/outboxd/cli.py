@@ -171,8 +171,10 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     if isinstance(q, dict):
         for name, depth in q.items():
             print(f"queue {name:<8} {depth}")
-    else:
+    elif settings.sqs.endpoint_url == "embedded":
         print("queues: not reachable from here (embedded SQS lives inside the daemon)")
+    else:
+        print("queues: not reachable (SQS did not answer)")
     return EXIT_OK
 
 

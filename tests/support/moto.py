@@ -39,7 +39,8 @@ class MotoServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"moto exited early; see {self.log_path}")
             try:
-                with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1):
+                url = f"{self.endpoint_url}/moto-api/"  # always http://127.0.0.1
+                with urllib.request.urlopen(url, timeout=1):  # noqa: S310
                     return self.endpoint_url
             except OSError:
                 time.sleep(0.1)

@@ -27,7 +27,7 @@ from outboxd.services.portal_jobs import (
     PortalJobService,
     PortalLinkRequest,
 )
-from outboxd.services.tasks import TaskService
+from outboxd.services.tasks import BUILTIN_TASKS, TaskService
 from outboxd.services.websites import InvalidDomain, WebsiteService, normalize_domain
 from outboxd.storage.ports import (
     JobRecord,
@@ -421,7 +421,7 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
             "same Idempotency-Key",
             headers={"Retry-After": "1"},
         ) from None
-    if sub.job.user_id == user and not sub.replayed:
+    if not sub.replayed:
         deps.metrics.jobs_accepted.inc()
     headers = {"Location": f"/v1/jobs/{sub.job.id}"}
     if sub.replayed:
@@ -597,15 +597,15 @@ async def admin_enqueue_task(request: web.Request) -> web.Response:
     _check_fields(body, {"type", "payload", "dedupId"})
     type_ = _string(body, "type", 100)
     assert type_ is not None
-    from outboxd.services.tasks import BUILTIN_TASKS
-
     if type_ not in BUILTIN_TASKS:
         _fail("type", "must be one of: " + ", ".join(BUILTIN_TASKS))
     payload = body.get("payload", {})
     if not isinstance(payload, dict):
         _fail("payload", "must be a JSON object")
     dedup = _string(body, "dedupId", 128, nullable=True)
-    run, _created = await deps.tasks.enqueue(type_, payload, dedup)
+    run, created = await deps.tasks.enqueue(type_, payload, dedup)
+    if not created and run.type != type_:
+        raise ApiError(409, "C11", "dedupId is already used by a task of another type")
     return web.json_response({"taskId": run.id}, status=202)
 
 

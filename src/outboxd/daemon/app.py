@@ -262,7 +262,6 @@ async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
     except (OutboxdError, OSError, ValueError) as exc:
         log.error("daemon_failed", error=exc)
         return 1
-    notifier.stopping()
     log.info("daemon_stopped", exit_code=code)
     return code
 

@@ -99,9 +99,13 @@ class Consumer:
         self._metrics = metrics
         self._dead_retention_s = dead_retention_s
         self._clock = clock
-        # Handler slots shared by the jobs and tasks loops (max_concurrency in all).
-        self._slots = asyncio.Condition()
-        self._busy = 0
+        # Separate slot pools: a long poll holds its slots while it waits, so a
+        # shared pool would let an idle jobs queue starve the tasks queue. Tasks
+        # are maintenance work on a FIFO queue: one at a time is enough.
+        self._slots: dict[QueueKind, _Slots] = {
+            "jobs": _Slots(consumer_settings.max_concurrency),
+            "tasks": _Slots(1),
+        }
         self._controllers: dict[str, TaskController] = {
             "noop": self._task_noop,
             "outbox.prune": self._task_prune,
@@ -127,38 +131,25 @@ class Consumer:
         while not stop.is_set():
             # Ask SQS for no more messages than there are free handler slots,
             # so nothing received waits (invisible) behind a busy handler.
-            free = await self._reserve_slots()
+            slots = self._slots[kind]
+            free = await slots.reserve()
             try:
                 messages = await _until_stopped(
                     self._queues.receive(kind, free, self._sqs.wait_time_s), stop
                 )
             except QueueError as exc:
-                await self._release_slots(free)
+                await slots.release(free)
                 failures += 1
                 log.warning("receive_failed", queue=kind, error=exc)
                 await _pause(stop, min(30.0, 0.5 * 2 ** min(failures, 6)))
                 continue
             failures = 0
             if messages is None:  # stopping: nothing was taken
-                await self._release_slots(free)
+                await slots.release(free)
                 break
-            await self._release_slots(free - len(messages))
+            await slots.release(free - len(messages))
             for msg in messages:
                 tg.create_task(self._handle(kind, msg))
-
-    async def _reserve_slots(self) -> int:
-        async with self._slots:
-            await self._slots.wait_for(lambda: self._busy < self._cs.max_concurrency)
-            free = min(10, self._cs.max_concurrency - self._busy)
-            self._busy += free
-            return free
-
-    async def _release_slots(self, n: int) -> None:
-        if n <= 0:
-            return
-        async with self._slots:
-            self._busy -= n
-            self._slots.notify_all()
 
     async def _handle(self, kind: QueueKind, msg: ReceivedMessage) -> None:
         started = time.perf_counter()
@@ -176,7 +167,7 @@ class Consumer:
         except Exception as exc:
             log.exception("handler_crashed", queue=kind, message_id=msg.message_id, error=exc)
         finally:
-            await asyncio.shield(self._release_slots(1))
+            await asyncio.shield(self._slots[kind].release(1))
             self._metrics.handler_duration.labels(kind, outcome).observe(
                 time.perf_counter() - started
             )
@@ -424,6 +415,30 @@ class Consumer:
                 marked += 1
                 log.error("job_dead", job_id=job_id, message_id=msg.message_id, source="dlq")
         return marked
+
+
+class _Slots:
+    """Handler slots of one queue: a receive asks for no more messages than are free,
+    so nothing received waits invisible behind a busy handler."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._busy = 0
+        self._cond = asyncio.Condition()
+
+    async def reserve(self) -> int:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._busy < self._capacity)
+            free = min(10, self._capacity - self._busy)
+            self._busy += free
+            return free
+
+    async def release(self, n: int) -> None:
+        if n <= 0:
+            return
+        async with self._cond:
+            self._busy -= n
+            self._cond.notify_all()
 
 
 @dataclass

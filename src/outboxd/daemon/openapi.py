@@ -835,6 +835,7 @@ def _paths() -> dict[str, Schema]:
                 "responses": _responses(
                     {"202": _json_response("Enqueued.", "TaskAccepted")},
                     "BadRequest",
+                    "InvalidState",
                     "PayloadTooLarge",
                     "UnsupportedMediaType",
                     *_ADMIN_ERRORS,

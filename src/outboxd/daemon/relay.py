@@ -71,8 +71,13 @@ class Relay:
         self._clock = clock
         self._rng = random.Random()
         # Long enough that a slow but successful publish is marked SENT by its
-        # own holder before anyone else may take the row.
-        self._lease_s = max(30.0, settings.publish_timeout_s * 3)
+        # own holder before anyone else may take the row: the publish itself is cut
+        # at publish_timeout_s, the rest is a few short transactions. Not longer: it
+        # is also how long a row published by a process that then died waits to go
+        # out again. Should a holder overrun it anyway, the worst case is a second
+        # copy of the message (the consumer drops it); the version guard refuses
+        # the stale holder's SENT.
+        self._lease_s = max(2.0, settings.publish_timeout_s * 5)
 
     async def publish_now(self, outbox_id: str) -> bool:
         """Publish one row for the request that created it; True when it is SENT."""

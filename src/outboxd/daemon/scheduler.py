@@ -38,7 +38,14 @@ def schedule_of(entry: ScheduleEntry) -> tuple[Schedule, ZoneInfo]:
 
 def dedup_id(name: str, fire_at: datetime) -> str:
     utc = fire_at.astimezone(UTC)
-    spec = "seconds" if utc.microsecond == 0 else "milliseconds"
+    # Only as precise as needed, but never less: two fire times must never share an id.
+    spec = (
+        "seconds"
+        if utc.microsecond == 0
+        else "milliseconds"
+        if utc.microsecond % 1000 == 0
+        else "microseconds"
+    )
     return f"{name}-{utc.replace(tzinfo=None).isoformat(timespec=spec)}Z"
 
 

@@ -403,6 +403,13 @@ class SqlStore:
 
     async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow:
         async with self.db.transaction() as c:
+            before = await c.fetchrow(self.q["select_relay_row"], {"id": outbox_id})
+            if before is not None and before["job_id"] is not None:
+                latest = await self._latest_relay(c, before["job_id"])
+                if latest is not None and latest.id != outbox_id:
+                    # The job was redriven whole since: reviving this row too
+                    # would publish the job twice.
+                    raise InvalidState("the job has a newer outbox row; redrive the job instead")
             row = await c.fetchrow(self.q["relay_redrive"], {"id": outbox_id, "now": now})
             if row is None:
                 current = await c.fetchrow(self.q["select_relay_row"], {"id": outbox_id})
@@ -610,6 +617,7 @@ class SqlStore:
             ("prune_relay_sent", finished_before),
             ("prune_work_completed", finished_before),
             ("prune_finished_jobs", finished_before),
+            ("prune_finished_tasks", finished_before),
             ("prune_dead_credentials", dead_before),
         ):
             total = 0

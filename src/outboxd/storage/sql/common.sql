@@ -263,6 +263,11 @@ DELETE FROM relay_outbox WHERE id IN (
 DELETE FROM work_outbox WHERE id IN (
     SELECT id FROM work_outbox WHERE status = 'COMPLETED' AND attempted_at < :before LIMIT :limit);
 
+-- name: prune_finished_tasks
+DELETE FROM task_runs WHERE id IN (
+    SELECT id FROM task_runs WHERE status IN ('SUCCEEDED', 'FAILED') AND finished_at < :before
+     LIMIT :limit);
+
 -- name: prune_dead_credentials
 UPDATE jobs SET sealed = NULL, key_id = NULL, version = version + 1
  WHERE id IN (SELECT id FROM jobs WHERE status = 'DEAD' AND sealed IS NOT NULL
