@@ -89,7 +89,11 @@ async def test_dead_jobs_redriven_by_api_and_cli_succeed(
                 for _ in range(2):
                     async with http.post(
                         f"{base}/v1/portal-link-jobs",
-                        json={"portal": "suwon", "username": SAMPLE_SNO, "password": SAMPLE_PASSWORD},
+                        json={
+                            "portal": "suwon",
+                            "username": SAMPLE_SNO,
+                            "password": SAMPLE_PASSWORD,
+                        },
                         headers={"Idempotency-Key": uuid.uuid4().hex},
                     ) as resp:
                         assert resp.status == 202, await resp.text()

@@ -88,7 +88,8 @@ def _operations() -> list[Any]:
             if method not in {"get", "post", "put", "patch", "delete"}:
                 continue
             params = [
-                p for p in list(item.get("parameters", [])) + list(op.get("parameters", []))
+                p
+                for p in list(item.get("parameters", [])) + list(op.get("parameters", []))
                 if not p.get("$ref", "").endswith("/X-Request-Id")
             ]
             rank = (_FIRST.index(path) if path in _FIRST and method == "post" else 9, path)

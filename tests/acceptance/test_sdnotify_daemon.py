@@ -3,6 +3,7 @@ WATCHDOG=1 at half of WATCHDOG_USEC, STOPPING=1 on SIGTERM, exit 0."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -65,7 +66,7 @@ class NotifyListener:
         if not found:
             return None
         try:
-            with urllib.request.urlopen(f"{found[-1]}/healthz", timeout=2) as resp:
+            with urllib.request.urlopen(f"{found[-1]}/healthz", timeout=2) as resp:  # noqa: S310
                 return int(resp.status)
         except OSError:
             return -1
@@ -109,7 +110,7 @@ def daemon_config(moto: MotoServer) -> dict[str, Any]:
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
     """AF_UNIX paths are limited to ~107 bytes; pytest's tmp_path can be longer."""
-    base = Path("/tmp") / f"obx-{uuid.uuid4().hex[:8]}"  # noqa: S108
+    base = Path("/tmp") / f"obx-{uuid.uuid4().hex[:8]}"
     base.mkdir()
     yield base
     for p in sorted(base.rglob("*"), reverse=True):
@@ -124,9 +125,7 @@ def test_ready_watchdog_and_stopping(
     listener = NotifyListener(short_dir / "notify.sock", daemon.stderr_path)
     usec = 400_000  # WATCHDOG=1 every 0.2 s
     try:
-        daemon.start(
-            extra_env={"NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": str(usec)}
-        )
+        daemon.start(extra_env={"NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": str(usec)})
         ready = listener.wait_for("READY=1")
         # READY came after the API answered.
         assert ready.healthz == 200, ready
@@ -138,7 +137,7 @@ def test_ready_watchdog_and_stopping(
         time.sleep(1.5)
         pings = listener.with_line("WATCHDOG=1")
         assert len(pings) >= 4, [d.lines for d in listener.received]
-        gaps = [b.at - a.at for a, b in zip(pings, pings[1:], strict=False)]
+        gaps = [b.at - a.at for a, b in itertools.pairwise(pings)]
         assert max(gaps) < 0.2 * 4, gaps  # about every 0.2 s, never stalled
         assert not listener.with_line("STOPPING=1")
 

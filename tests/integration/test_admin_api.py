@@ -79,9 +79,7 @@ async def test_outbox_list_newest_first_with_keyset_pagination(
 
     expected = [
         str(r[0])
-        for r in await sql(
-            db_url, "SELECT id FROM relay_outbox ORDER BY created_at DESC, id DESC"
-        )
+        for r in await sql(db_url, "SELECT id FROM relay_outbox ORDER BY created_at DESC, id DESC")
     ]
     assert len(expected) == 11
     for limit in (1, 3, 4, 11, 50):
@@ -142,6 +140,8 @@ async def test_rows_added_between_pages_do_not_shift_the_walk(
         {"limit": "501"},
         {"limit": "ten"},
         {"status": "LOST"},
+        {"status": ""},
+        {"stauts": "DEAD"},  # a misspelt filter must not list everything
     ],
 )
 async def test_outbox_list_rejects_bad_parameters(api: Client, query: dict[str, str]) -> None:
@@ -239,9 +239,7 @@ async def test_job_redrive_of_a_dead_job(
         job.id,
     )
     # The old row stays as history (DEAD or SENT); exactly one row carries the retry.
-    assert sorted(r[0] for r in rows) == sorted(
-        ["PENDING", "DEAD" if how == "publish" else "SENT"]
-    )
+    assert sorted(r[0] for r in rows) == sorted(["PENDING", "DEAD" if how == "publish" else "SENT"])
     # The credentials stayed: the job can still run.
     fresh = await store.get_job(job.id)
     assert fresh is not None and fresh.sealed is not None
@@ -391,6 +389,7 @@ async def test_list_tasks_with_pagination_and_type_filter(api: Client, store: Sq
     assert [i["taskId"] for i in prunes] == [prune_id]
     await problem_of(await api.get("/v1/admin/tasks", params={"cursor": "%%%"}), 400, "C01")
     await problem_of(await api.get("/v1/admin/tasks", params={"limit": "-1"}), 400, "C01")
+    await problem_of(await api.get("/v1/admin/tasks", params={"typ": "noop"}), 400, "C01")
 
 
 # ------------------------------------------------------------------ roles

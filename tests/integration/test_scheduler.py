@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from structlog.testing import capture_logs
@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from outboxd.config import ScheduleEntry, SchedulerSettings
 from outboxd.daemon.scheduler import Scheduler
 from outboxd.services.tasks import TaskService
-from outboxd.storage.ports import RelayRow, TaskRun
+from outboxd.storage.ports import RelayRow, TaskRun, TaskStore
 from outboxd.storage.store import SqlStore, open_store
 
 
@@ -101,6 +101,20 @@ async def test_fractional_every_s_uses_millisecond_dedup_ids(store: SqlStore) ->
     assert [r.dedup_id for r in await task_runs(store)] == ["fast-2024-03-10T12:00:00.250Z"]
 
 
+async def test_sub_millisecond_fire_times_keep_distinct_dedup_ids(store: SqlStore) -> None:
+    """Fire times 0.5 ms apart must not collapse onto one millisecond-precision id."""
+    clock = Clock(ts("2024-03-10T12:00:00"))
+    s = scheduler(store, clock, every("tiny", 0.0005))
+    for us in (500, 1000, 1500):
+        clock.now = ts("2024-03-10T12:00:00") + us / 1_000_000
+        assert await s.tick() == 1, us
+    assert {r.dedup_id for r in await task_runs(store)} == {
+        "tiny-2024-03-10T12:00:00.000500Z",
+        "tiny-2024-03-10T12:00:00.001Z",
+        "tiny-2024-03-10T12:00:00.001500Z",
+    }
+
+
 async def test_two_instances_on_one_store_enqueue_a_fire_time_once(
     store: SqlStore, db_url: str, tmp_path: Path
 ) -> None:
@@ -159,7 +173,9 @@ async def test_a_failed_enqueue_is_logged_and_retried_next_tick(
     proxy = SwitchableStore(await closed_store(db_url, tmp_path))
     clock = Clock(ts("2024-03-10T12:00:01"))
     s = Scheduler(
-        SchedulerSettings(jobs=(every("retry-me", 10),)), TaskService(proxy, clock), clock
+        SchedulerSettings(jobs=(every("retry-me", 10),)),
+        TaskService(cast(TaskStore, proxy), clock),
+        clock,
     )
     clock.now = ts("2024-03-10T12:00:10.5")
     with capture_logs() as logs:
@@ -192,7 +208,9 @@ async def test_an_outage_spanning_fire_times_keeps_only_the_latest(
 ) -> None:
     proxy = SwitchableStore(await closed_store(db_url, tmp_path))
     clock = Clock(ts("2024-03-10T12:00:01"))
-    s = Scheduler(SchedulerSettings(jobs=(every("o", 10),)), TaskService(proxy, clock), clock)
+    s = Scheduler(
+        SchedulerSettings(jobs=(every("o", 10),)), TaskService(cast(TaskStore, proxy), clock), clock
+    )
     clock.now = ts("2024-03-10T12:00:10")
     with capture_logs():
         assert await s.tick() == 0

@@ -60,8 +60,6 @@ async def db_counts(db_url: str) -> dict[str, dict[str, int]]:
     return out
 
 
-
-
 async def submit_job(
     store: SqlStore, keys: KeyRing, user: str = "alice", key: str | None = None
 ) -> JobRecord:
