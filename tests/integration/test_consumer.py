@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
@@ -514,7 +515,7 @@ async def test_a_job_whose_lease_is_held_elsewhere_is_not_run_until_it_expires(
 
 
 async def test_two_consumers_with_a_duplicate_message_run_the_job_once(
-    backend: str, db_url: str, make_rig: RigFactory, tmp_path: Any
+    backend: str, db_url: str, make_rig: RigFactory, tmp_path: Path
 ) -> None:
     rig = await make_rig(sqs={"max_receive_count": 5})
     rig.portal.delay_s = 0.15  # about 2 s per job: long enough to overlap

@@ -336,15 +336,19 @@ async def test_publish_now_sends_one_request_row_once(
     job = await store.get_job(job_id)
     assert row is not None and row.status == "SENT" and row.queue_message_id
     assert job is not None and job.status == "RUNNING"
-    # Already SENT: neither publish_now nor the loop sends it again.
-    assert await relay.publish_now(outbox_id) is False
+    # Already SENT (a replayed request): reported SENT, not sent again, nor by the loop.
+    assert await relay.publish_now(outbox_id) is True
     assert await relay.relay_once() == 0
     assert len(pub.batches) == 1
 
-    # A row another holder has claimed is left to that holder.
+    # A row another holder has claimed (and never finishes: it died) is left to that
+    # holder; the request waits at most one publish timeout (and a second) for it.
     _, other = await new_job(store, keys, "pw-now", clock.now)
     assert await store.claim_relay_row(other, clock.now, 30.0) is not None
-    assert await relay.publish_now(other) is False
+    started = time.monotonic()
+    quick = Relay(store, pub, relay_settings(publish_timeout_s=0.5), Metrics(), clock=clock)
+    assert await quick.publish_now(other) is False
+    assert time.monotonic() - started < 3.0
     held = await store.get_relay_row(other)
     assert held is not None and held.status == "PENDING" and held.queue_message_id is None
 
@@ -410,3 +414,39 @@ async def test_concurrent_relays_never_claim_the_same_row(
         oid = json.loads(body)["outboxId"]
         per_outbox[oid] = per_outbox.get(oid, 0) + 1
     assert per_outbox == {o: 1 for _, o in made}
+
+
+class SlowPublisher(RecordingPublisher):
+    """Signals when a batch arrives, then takes `delay_s` to send it."""
+
+    def __init__(self, inner: SqsQueues, delay_s: float) -> None:
+        super().__init__(inner)
+        self.delay_s = delay_s
+        self.entered = asyncio.Event()
+
+    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        self.entered.set()
+        await asyncio.sleep(self.delay_s)
+        return await super().send_batch(kind, messages)
+
+
+async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """The relay loop can claim a request's row between the request's commit and its own
+    publish. SQS is fine and the row goes out: the request must say so (SENT), not
+    answer QUEUED, nor 503 C08 with `api.require_dispatch`."""
+    job_id, outbox_id = await new_job(store, keys, "pw-race", time.time())
+    loop_publisher = SlowPublisher(queues, delay_s=0.5)
+    loop = Relay(store, loop_publisher, relay_settings(), Metrics())
+    request = Relay(store, RecordingPublisher(queues), relay_settings(), Metrics())
+
+    loop_pass = asyncio.create_task(loop.relay_once())
+    await asyncio.wait_for(loop_publisher.entered.wait(), 10)  # the loop holds the row
+
+    assert await request.publish_now(outbox_id) is True
+    row = await store.get_relay_row(outbox_id)
+    assert row is not None and row.status == "SENT" and row.queue_message_id
+    assert await loop_pass == 1
+    received = await drain(queues)
+    assert [json.loads(b)["jobId"] for _, b in received] == [job_id]

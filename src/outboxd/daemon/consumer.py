@@ -64,6 +64,9 @@ class ConsumerStore(JobStore, TaskStore, PruneStore, Protocol):
 
 
 TaskController = Callable[[TaskRun], Awaitable[None]]
+# The DLQ sweep only peeks: a short visibility puts every message back at once,
+# so DLQ depth (stats, /metrics, an operator's look) is never under-reported for long.
+DLQ_PEEK_VISIBILITY_S = 2
 
 
 @dataclass(frozen=True)
@@ -390,7 +393,7 @@ class Consumer:
 
     async def sweep_dlq_once(self) -> int:
         marked = 0
-        messages: Sequence[ReceivedMessage] = await self._queues.receive_dlq("jobs", 10, 600)
+        messages: Sequence[ReceivedMessage] = await self._queues.receive_dlq("jobs", 10, DLQ_PEEK_VISIBILITY_S)
         for msg in messages:
             job_id = _message_id_field(msg.body, "jobId")
             if job_id is None:

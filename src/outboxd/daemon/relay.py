@@ -84,9 +84,26 @@ class Relay:
         crash_point("after_commit_before_publish")
         row = await self._store.claim_relay_row(outbox_id, self._clock(), self._lease_s)
         if row is None:
-            return False  # another holder (the relay loop) has it, or it is SENT already
+            # SENT already, or another holder has it: most often the relay loop, which
+            # can claim the row between the request's commit and this call.
+            return await self._outcome_of_other_holder(outbox_id)
         sent = await self._publish([row])
         return sent == 1
+
+    async def _outcome_of_other_holder(self, outbox_id: str) -> bool:
+        """True once the row is SENT. Waits for a holder that is publishing it now (at
+        most one publish timeout, plus a second for the holder to record the outcome),
+        so the request's answer, and `api.require_dispatch`, reflect that publish
+        rather than a moment in the middle of it."""
+        deadline = time.monotonic() + self._settings.publish_timeout_s + 1.0
+        while True:
+            row = await self._store.get_relay_row(outbox_id)
+            if row is None or row.status == "SENT":
+                return row is not None
+            in_flight = row.claimed_until is not None and row.claimed_until > self._clock()
+            if not in_flight or time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("relay_started", interval_s=self._settings.interval_s)
