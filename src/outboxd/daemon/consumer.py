@@ -393,7 +393,9 @@ class Consumer:
 
     async def sweep_dlq_once(self) -> int:
         marked = 0
-        messages: Sequence[ReceivedMessage] = await self._queues.receive_dlq("jobs", 10, DLQ_PEEK_VISIBILITY_S)
+        messages: Sequence[ReceivedMessage] = await self._queues.receive_dlq(
+            "jobs", 10, DLQ_PEEK_VISIBILITY_S
+        )
         for msg in messages:
             job_id = _message_id_field(msg.body, "jobId")
             if job_id is None:

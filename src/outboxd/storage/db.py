@@ -1,8 +1,8 @@
-"""Database drivers: the only module that imports aiosqlite or asyncpg.
+"""Database drivers: the only module that imports sqlite3 or asyncpg.
 
-Both drivers offer the same small surface (`transaction()` for writes,
-`reader()` for reads, rows as dicts) and turn driver errors into the project's
-own exceptions, so everything above speaks one dialect of failure.
+Both drivers offer the same small surface — `run(body)` for a write
+transaction, `read(body)` for reads, rows as dicts — and turn driver errors into
+the project's own exceptions, so everything above speaks one dialect of failure.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import contextlib
 import re
 import sqlite3
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
-import aiosqlite
 import asyncpg
 import structlog
 
@@ -97,8 +97,41 @@ class Connection(Protocol):
     async def execute(self, q: Query, params: Params) -> int: ...
 
 
+@dataclass(frozen=True)
+class Op:
+    """One statement of a transaction body: `fetch` answers rows, `execute` a row count."""
+
+    mode: Literal["fetch", "execute"]
+    q: Query
+    params: Params
+
+
+def fetch(q: Query, params: Params) -> Op:
+    return Op("fetch", q, params)
+
+
+def execute(q: Query, params: Params) -> Op:
+    return Op("execute", q, params)
+
+
+T = TypeVar("T")
+# A transaction body is a generator: it yields the statements it needs, gets
+# each one's result back, and returns the transaction's value. The logic is
+# written once; SQLite runs the whole body in its thread in one hop, Postgres
+# awaits each statement on one connection.
+TxBody = Callable[[], Generator[Op, Any, T]]
+
+
 class Database(Protocol):
     backend: Backend
+
+    async def run(self, body: TxBody[T]) -> T:
+        """Run `body` in one write transaction (committed, or rolled back on error)."""
+        ...
+
+    async def read(self, body: TxBody[T]) -> T:
+        """Run `body` outside a write transaction (reads only)."""
+        ...
 
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
     def reader(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
@@ -131,41 +164,133 @@ def _sqlite_error(exc: sqlite3.Error) -> StorageError:
         w in text.lower() for w in _SQLITE_UNAVAILABLE
     ):
         return StorageUnavailable(f"sqlite: {text}")
-    if isinstance(exc, sqlite3.DatabaseError) and "raise" not in text.lower():
-        return StorageError(f"sqlite: {text}")
     return StorageError(f"sqlite: {text}")
 
 
-class _SqliteConn:
-    def __init__(self, conn: aiosqlite.Connection) -> None:
-        self._conn = conn
+def _sqlite_op(conn: sqlite3.Connection, op: Op) -> Any:
+    cur = conn.execute(op.q.sql, dict(op.params))
+    try:
+        if op.mode == "fetch":
+            return [dict(r) for r in cur.fetchall()]
+        return cur.rowcount
+    finally:
+        cur.close()
 
-    async def fetch(self, q: Query, params: Params) -> list[Row]:
+
+def _drive_sync(conn: sqlite3.Connection, body: TxBody[T]) -> T:
+    gen = body()
+    result: Any = None
+    while True:
         try:
-            async with self._conn.execute(q.sql, dict(params)) as cur:
-                rows = await cur.fetchall()
+            op = gen.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        result = _sqlite_op(conn, op)
+
+
+class _SqliteThread:
+    """One sqlite3 connection owned by one thread; work reaches it as whole functions.
+
+    aiosqlite hops to its thread once per call (execute, fetch, close, commit):
+    a job's transaction would cost a dozen hops. Here a transaction is one hop.
+    """
+
+    def __init__(self, path: Path, busy_timeout_s: float, name: str) -> None:
+        self._path = path
+        self._busy_timeout_s = busy_timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._conn: sqlite3.Connection | None = None
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def job() -> T:
+            if self._conn is None:
+                raise StorageUnavailable("sqlite: database is closed")
+            try:
+                return fn(self._conn)
+            except sqlite3.Error as exc:
+                raise _sqlite_error(exc) from exc
+
+        loop = asyncio.get_running_loop()
+        # A cancelled caller does not stop the thread: the function runs to its
+        # end (commit or rollback), so the connection is never left mid-transaction.
+        return await loop.run_in_executor(self._executor, job)
+
+    async def open(self) -> None:
+        def connect() -> None:
+            conn = sqlite3.connect(
+                str(self._path),
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self._busy_timeout_s,
+            )
+            conn.row_factory = sqlite3.Row
+            # WAL lets readers run beside the writer; FULL makes every COMMIT
+            # durable before the API answers 202, also across a power cut.
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            self._conn = conn
+
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, connect)
         except sqlite3.Error as exc:
             raise _sqlite_error(exc) from exc
-        return [dict(r) for r in rows]
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(Exception):
+            await loop.run_in_executor(self._executor, shut)
+        self._executor.shutdown(wait=False)
+
+
+def _write_tx(body: TxBody[T]) -> Callable[[sqlite3.Connection], T]:
+    def tx(conn: sqlite3.Connection) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            value = _drive_sync(conn, body)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return value
+
+    return tx
+
+
+class _SqliteConn:
+    """The statement-at-a-time Connection, for callers that are not a TxBody."""
+
+    def __init__(self, thread: _SqliteThread) -> None:
+        self._thread = thread
+
+    async def fetch(self, q: Query, params: Params) -> list[Row]:
+        rows: list[Row] = await self._thread.call(lambda c: _sqlite_op(c, fetch(q, params)))
+        return rows
 
     async def fetchrow(self, q: Query, params: Params) -> Row | None:
         rows = await self.fetch(q, params)
         return rows[0] if rows else None
 
     async def execute(self, q: Query, params: Params) -> int:
-        try:
-            async with self._conn.execute(q.sql, dict(params)) as cur:
-                return int(cur.rowcount)
-        except sqlite3.Error as exc:
-            raise _sqlite_error(exc) from exc
+        n: int = await self._thread.call(lambda c: _sqlite_op(c, execute(q, params)))
+        return n
 
 
 class SqliteDatabase:
     """One writer connection (SQLite has one writer anyway) and one reader (WAL).
 
-    Writes are serialised by an asyncio lock around `BEGIN IMMEDIATE … COMMIT`;
-    waiting longer than `acquire_timeout_s` for it answers StorageUnavailable
-    rather than letting requests pile up without bound.
+    Writes are serialised by an asyncio lock; waiting longer than
+    `acquire_timeout_s` for it answers StorageUnavailable rather than letting
+    requests pile up without bound. Another process holding the file's write
+    lock is waited for up to the same time (busy timeout).
     """
 
     backend: Backend = "sqlite"
@@ -173,110 +298,88 @@ class SqliteDatabase:
     def __init__(self, path: Path, acquire_timeout_s: float) -> None:
         self.path = path
         self._acquire_timeout_s = acquire_timeout_s
-        self._writer: aiosqlite.Connection | None = None
-        self._reader: aiosqlite.Connection | None = None
+        self._writer = _SqliteThread(path, acquire_timeout_s, "outboxd-sqlite-w")
+        self._reader = _SqliteThread(path, acquire_timeout_s, "outboxd-sqlite-r")
         self._write_lock = asyncio.Lock()
-        self._read_lock = asyncio.Lock()
+        self._open = False
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self._writer = await self._connect()
-            self._reader = await self._connect()
-        except sqlite3.Error as exc:
-            raise _sqlite_error(exc) from exc
-
-    async def _connect(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(str(self.path), isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        busy_ms = int(self._acquire_timeout_s * 1000)
-        # WAL lets readers run beside the writer; FULL makes every COMMIT
-        # durable before the API answers 202, also across a power cut.
-        for pragma in (
-            "PRAGMA journal_mode=WAL",
-            f"PRAGMA busy_timeout={busy_ms}",
-            "PRAGMA synchronous=FULL",
-            "PRAGMA foreign_keys=ON",
-        ):
-            await conn.execute(pragma)
-        return conn
+        await self._writer.open()
+        await self._reader.open()
+        self._open = True
 
     @contextlib.asynccontextmanager
-    async def _locked(self, lock: asyncio.Lock) -> AsyncIterator[None]:
+    async def _write_turn(self) -> AsyncIterator[None]:
+        if not self._open:
+            raise StorageUnavailable("sqlite: database is closed")
         try:
-            await asyncio.wait_for(lock.acquire(), self._acquire_timeout_s)
+            await asyncio.wait_for(self._write_lock.acquire(), self._acquire_timeout_s)
         except TimeoutError:
             raise StorageUnavailable("sqlite: timed out waiting for the database") from None
         try:
             yield
         finally:
-            lock.release()
+            self._write_lock.release()
+
+    async def run(self, body: TxBody[T]) -> T:
+        async with self._write_turn():
+            return await self._writer.call(_write_tx(body))
+
+    async def read(self, body: TxBody[T]) -> T:
+        if not self._open:
+            raise StorageUnavailable("sqlite: database is closed")
+        return await self._reader.call(lambda conn: _drive_sync(conn, body))
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
-        conn = self._writer
-        if conn is None:
-            raise StorageUnavailable("sqlite: database is closed")
-        async with self._locked(self._write_lock):
+        async with self._write_turn():
+            await self._writer.call(lambda c: c.execute("BEGIN IMMEDIATE"))
             try:
-                await conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise _sqlite_error(exc) from exc
-            try:
-                yield _SqliteConn(conn)
+                yield _SqliteConn(self._writer)
             except BaseException:
-                # The shield: a cancelled request must not leave the shared
-                # writer inside an open transaction.
-                with contextlib.suppress(sqlite3.Error):
-                    await asyncio.shield(conn.rollback())
+                with contextlib.suppress(StorageError):
+                    await asyncio.shield(self._writer.call(lambda c: c.execute("ROLLBACK")))
                 raise
-            try:
-                await asyncio.shield(conn.commit())
-            except sqlite3.Error as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    await conn.rollback()
-                raise _sqlite_error(exc) from exc
+            await asyncio.shield(self._writer.call(lambda c: c.execute("COMMIT")))
 
     @contextlib.asynccontextmanager
     async def reader(self) -> AsyncIterator[Connection]:
-        conn = self._reader
-        if conn is None:
+        if not self._open:
             raise StorageUnavailable("sqlite: database is closed")
-        async with self._locked(self._read_lock):
-            yield _SqliteConn(conn)
+        yield _SqliteConn(self._reader)
 
     async def migrate(self) -> list[str]:
-        conn = self._writer
-        assert conn is not None
-        applied: list[str] = []
-        async with self._locked(self._write_lock):
+        def apply(conn: sqlite3.Connection) -> list[str]:
+            applied: list[str] = []
+            conn.execute("BEGIN IMMEDIATE")
             try:
-                await conn.execute("BEGIN IMMEDIATE")
-                await conn.execute(
+                conn.execute(
                     "CREATE TABLE IF NOT EXISTS schema_migrations ("
                     "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
                 )
-                async with conn.execute("SELECT version FROM schema_migrations") as cur:
-                    done = {r[0] for r in await cur.fetchall()}
+                done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
                 for version, name, script in load_migrations("sqlite"):
                     if version in done:
                         continue
                     for stmt in _split_statements(script):
-                        await conn.execute(stmt)
-                    await conn.execute(
+                        conn.execute(stmt)
+                    conn.execute(
                         "INSERT INTO schema_migrations VALUES (?, ?, strftime('%s','now'))",
                         (version, name),
                     )
                     applied.append(name)
-                await conn.commit()
-            except sqlite3.Error as exc:
-                await conn.rollback()
-                raise _sqlite_error(exc) from exc
-        return applied
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+            return applied
+
+        async with self._write_turn():
+            return await self._writer.call(apply)
 
     async def ping(self) -> None:
-        async with self.reader() as conn:
-            await conn.fetch(Query("ping", "SELECT 1", ()), {})
+        await self._reader.call(lambda c: c.execute("SELECT 1").fetchall())
         # In WAL mode reads succeed while another process holds the write lock,
         # yet then every write answers 503: ready means writes can start too.
         # A throwaway connection in a thread: a cancelled probe leaves no
@@ -298,11 +401,9 @@ class SqliteDatabase:
             raise _sqlite_error(exc) from exc
 
     async def close(self) -> None:
-        for conn in (self._writer, self._reader):
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.close()
-        self._writer = self._reader = None
+        self._open = False
+        await self._writer.close()
+        await self._reader.close()
 
 
 # ---------------------------------------------------------------------------
@@ -334,6 +435,21 @@ def _pg_error(exc: BaseException) -> StorageError:
 def _pg_status_count(status: str) -> int:
     tail = status.rsplit(" ", 1)[-1]
     return int(tail) if tail.isdigit() else 0
+
+
+async def _drive_async(conn: Connection, body: TxBody[T]) -> T:
+    gen = body()
+    result: Any = None
+    while True:
+        try:
+            op = gen.send(result)
+        except StopIteration as stop:
+            value: T = stop.value
+            return value
+        if op.mode == "fetch":
+            result = await conn.fetch(op.q, op.params)
+        else:
+            result = await conn.execute(op.q, op.params)
 
 
 class _PgConn:
@@ -420,6 +536,14 @@ class PostgresDatabase:
     async def reader(self) -> AsyncIterator[Connection]:
         async with self._acquire() as conn:
             yield _PgConn(conn)
+
+    async def run(self, body: TxBody[T]) -> T:
+        async with self.transaction() as conn:
+            return await _drive_async(conn, body)
+
+    async def read(self, body: TxBody[T]) -> T:
+        async with self.reader() as conn:
+            return await _drive_async(conn, body)
 
     async def migrate(self) -> list[str]:
         applied: list[str] = []

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.storage import ports
-from outboxd.storage.db import Connection, Database, Row, load_queries, open_database
+from outboxd.storage.db import Database, Op, Row, execute, fetch, load_queries, open_database
 from outboxd.storage.ports import (
     JobIntake,
     JobRecord,
@@ -143,6 +144,9 @@ def decode_cursor(cursor: str | None) -> tuple[float | None, str | None]:
 
 
 class SqlStore:
+    """Every storage port. Each method is one transaction body (see `db.TxBody`),
+    so SQLite runs it in one thread hop and Postgres on one connection."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
         self.q = load_queries(db.backend)
@@ -154,12 +158,63 @@ class SqlStore:
     async def close(self) -> None:
         await self.db.close()
 
+    # ------------------------------------------------------------ shared steps
+
+    def _one(self, name: str, params: Mapping[str, Any]) -> Generator[Op, Any, Row | None]:
+        rows = yield fetch(self.q[name], params)
+        return rows[0] if rows else None
+
+    def _count(self, name: str, params: Mapping[str, Any]) -> Generator[Op, Any, int]:
+        n: int = yield execute(self.q[name], params)
+        return n
+
+    def _relay_row(self, job_id: str) -> Generator[Op, Any, RelayRow | None]:
+        row = yield from self._one("select_latest_relay_for_job", {"job_id": job_id})
+        return _relay(row) if row else None
+
+    def _insert_relay(
+        self,
+        outbox_id: str,
+        kind: str,
+        job_id: str | None,
+        task_id: str | None,
+        dedup_id: str,
+        now: float,
+    ) -> Generator[Op, Any, RelayRow]:
+        row = yield from self._one(
+            "insert_relay_row",
+            {
+                "id": outbox_id,
+                "kind": kind,
+                "job_id": job_id,
+                "task_id": task_id,
+                "dedup_id": dedup_id,
+                "now": now,
+            },
+        )
+        assert row is not None
+        return _relay(row)
+
+    async def _job_row(self, name: str, params: Mapping[str, Any]) -> JobRecord | None:
+        def body() -> Generator[Op, Any, JobRecord | None]:
+            row = yield from self._one(name, params)
+            return _job(row) if row else None
+
+        return await self.db.run(body)
+
+    async def _changed(self, name: str, params: Mapping[str, Any]) -> bool:
+        def body() -> Generator[Op, Any, bool]:
+            n = yield from self._count(name, params)
+            return n == 1
+
+        return await self.db.run(body)
+
     # ------------------------------------------------------------ jobs
 
     async def create_portal_job(self, new: NewPortalJob, now: float) -> JobIntake:
-        async with self.db.transaction() as c:
-            inserted = await c.fetchrow(
-                self.q["insert_job"],
+        def body() -> Generator[Op, Any, JobIntake]:
+            inserted = yield from self._one(
+                "insert_job",
                 {
                     "id": new.job_id,
                     "kind": "portal_link",
@@ -173,74 +228,48 @@ class SqlStore:
                 },
             )
             if inserted is not None:
-                await c.execute(
-                    self.q["insert_relay_row"],
-                    {
-                        "id": new.outbox_id,
-                        "kind": "job",
-                        "job_id": new.job_id,
-                        "task_id": None,
-                        "dedup_id": new.job_id,
-                        "now": now,
-                    },
+                outbox = yield from self._insert_relay(
+                    new.outbox_id, "job", new.job_id, None, new.job_id, now
                 )
-                job_id, created = new.job_id, True
-            else:
-                row = await c.fetchrow(
-                    self.q["select_job_by_key"],
-                    {"user_id": new.user_id, "idempotency_key": new.idempotency_key},
-                )
-                if row is None:  # pragma: no cover - the conflict row cannot vanish in the tx
-                    raise NotFound("idempotency key row vanished")
-                job_id, created = row["id"], False
-            job = await self._job(c, job_id)
-            outbox = await self._latest_relay(c, job_id)
-        return JobIntake(job=job, outbox=outbox, created=created)
+                return JobIntake(job=_job(inserted), outbox=outbox, created=True)
+            row = yield from self._one(
+                "select_job_by_key",
+                {"user_id": new.user_id, "idempotency_key": new.idempotency_key},
+            )
+            if row is None:  # pragma: no cover - the conflict row cannot vanish in the tx
+                raise NotFound("idempotency key row vanished")
+            latest = yield from self._relay_row(row["id"])
+            return JobIntake(job=_job(row), outbox=latest, created=False)
 
-    async def _job(self, c: Connection, job_id: str) -> JobRecord:
-        row = await c.fetchrow(self.q["select_job"], {"id": job_id})
-        if row is None:
-            raise NotFound(f"job {job_id}")
-        return _job(row)
-
-    async def _latest_relay(self, c: Connection, job_id: str) -> RelayRow | None:
-        row = await c.fetchrow(self.q["select_latest_relay_for_job"], {"job_id": job_id})
-        return _relay(row) if row else None
+        return await self.db.run(body)
 
     async def get_job(self, job_id: str) -> JobRecord | None:
-        async with self.db.reader() as c:
-            row = await c.fetchrow(self.q["select_job"], {"id": job_id})
-        return _job(row) if row else None
+        def body() -> Generator[Op, Any, JobRecord | None]:
+            row = yield from self._one("select_job", {"id": job_id})
+            return _job(row) if row else None
+
+        return await self.db.read(body)
 
     async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None:
-        async with self.db.reader() as c:
-            return await self._latest_relay(c, job_id)
+        return await self.db.read(lambda: self._relay_row(job_id))
 
     async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None:
-        async with self.db.transaction() as c:
-            row = await c.fetchrow(
-                self.q["start_job_run"],
-                {"id": job_id, "now": now, "lease_until": now + lease_s},
-            )
-        return _job(row) if row else None
+        return await self._job_row(
+            "start_job_run", {"id": job_id, "now": now, "lease_until": now + lease_s}
+        )
 
     async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool:
-        async with self.db.transaction() as c:
-            n = await c.execute(
-                self.q["extend_job_lease"],
-                {"id": job.id, "version": job.version, "lease_until": lease_until},
-            )
-        return n == 1
+        return await self._changed(
+            "extend_job_lease", {"id": job.id, "version": job.version, "lease_until": lease_until}
+        )
 
     async def update_job_progress(
         self, job: JobRecord, progress: Mapping[str, Any], now: float
     ) -> bool:
-        async with self.db.transaction() as c:
-            n = await c.execute(
-                self.q["update_job_progress"],
-                {"id": job.id, "version": job.version, "progress": _dump(progress), "now": now},
-            )
-        return n == 1
+        return await self._changed(
+            "update_job_progress",
+            {"id": job.id, "version": job.version, "progress": _dump(progress), "now": now},
+        )
 
     async def finish_job(
         self,
@@ -250,59 +279,51 @@ class SqlStore:
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
     ) -> JobRecord | None:
-        async with self.db.transaction() as c:
-            row = await c.fetchrow(
-                self.q["finish_job"],
-                {
-                    "id": job.id,
-                    "version": job.version,
-                    "status": status,
-                    "result": _dump(result),
-                    "error_code": error[0] if error else None,
-                    "error_message": error[1] if error else None,
-                    "now": now,
-                },
-            )
-        return _job(row) if row else None
+        return await self._job_row(
+            "finish_job",
+            {
+                "id": job.id,
+                "version": job.version,
+                "status": status,
+                "result": _dump(result),
+                "error_code": error[0] if error else None,
+                "error_message": error[1] if error else None,
+                "now": now,
+            },
+        )
 
     async def job_retry_later(
         self, job: JobRecord, error: tuple[str, str], now: float
     ) -> JobRecord | None:
-        async with self.db.transaction() as c:
-            row = await c.fetchrow(
-                self.q["job_retry_later"],
-                {
-                    "id": job.id,
-                    "version": job.version,
-                    "error_code": error[0],
-                    "error_message": error[1],
-                    "now": now,
-                },
-            )
-        return _job(row) if row else None
+        return await self._job_row(
+            "job_retry_later",
+            {
+                "id": job.id,
+                "version": job.version,
+                "error_code": error[0],
+                "error_message": error[1],
+                "now": now,
+            },
+        )
 
     async def release_job_lease(self, job: JobRecord, now: float) -> bool:
-        async with self.db.transaction() as c:
-            n = await c.execute(
-                self.q["release_job_lease"], {"id": job.id, "version": job.version, "now": now}
-            )
-        return n == 1
+        return await self._changed(
+            "release_job_lease", {"id": job.id, "version": job.version, "now": now}
+        )
 
     async def mark_job_dead(
         self, job_id: str, error: tuple[str, str], now: float
     ) -> JobRecord | None:
-        async with self.db.transaction() as c:
-            row = await c.fetchrow(
-                self.q["job_dead"],
-                {"id": job_id, "error_code": error[0], "error_message": error[1], "now": now},
-            )
-        return _job(row) if row else None
+        return await self._job_row(
+            "job_dead",
+            {"id": job_id, "error_code": error[0], "error_message": error[1], "now": now},
+        )
 
     async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
-        async with self.db.transaction() as c:
-            row = await c.fetchrow(self.q["redrive_job"], {"id": job_id, "now": now})
+        def body() -> Generator[Op, Any, JobRecord]:
+            row = yield from self._one("redrive_job", {"id": job_id, "now": now})
             if row is None:
-                current = await c.fetchrow(self.q["select_job"], {"id": job_id})
+                current = yield from self._one("select_job", {"id": job_id})
                 if current is None:
                     raise NotFound(f"job {job_id}")
                 if current["status"] == "DEAD":
@@ -310,65 +331,64 @@ class SqlStore:
                 raise InvalidState(f"job is {current['status']}, not DEAD")
             # Any DEAD outbox row of the job stays as history; the fresh row
             # carries the retry.
-            await c.execute(
-                self.q["insert_relay_row"],
-                {
-                    "id": outbox_id,
-                    "kind": "job",
-                    "job_id": job_id,
-                    "task_id": None,
-                    "dedup_id": job_id,
-                    "now": now,
-                },
-            )
-        return _job(row)
+            yield from self._insert_relay(outbox_id, "job", job_id, None, job_id, now)
+            return _job(row)
+
+        return await self.db.run(body)
 
     # ------------------------------------------------------------ relay
 
     async def claim_relay_due(self, now: float, limit: int, lease_s: float) -> list[RelayRow]:
-        async with self.db.transaction() as c:
-            rows = await c.fetch(
+        def body() -> Generator[Op, Any, list[RelayRow]]:
+            rows = yield fetch(
                 self.q["claim_relay_due"],
                 {"now": now, "limit": limit, "claimed_until": now + lease_s},
             )
-        return sorted((_relay(r) for r in rows), key=lambda r: r.next_attempt_at)
+            return sorted((_relay(r) for r in rows), key=lambda r: r.next_attempt_at)
+
+        return await self.db.run(body)
 
     async def claim_relay_row(self, outbox_id: str, now: float, lease_s: float) -> RelayRow | None:
-        async with self.db.transaction() as c:
-            row = await c.fetchrow(
-                self.q["claim_relay_one"],
-                {"id": outbox_id, "now": now, "claimed_until": now + lease_s},
+        def body() -> Generator[Op, Any, RelayRow | None]:
+            row = yield from self._one(
+                "claim_relay_one", {"id": outbox_id, "now": now, "claimed_until": now + lease_s}
             )
-        return _relay(row) if row else None
+            return _relay(row) if row else None
+
+        return await self.db.run(body)
 
     async def mark_relay_sent(
         self, sent: Sequence[tuple[RelayRow, str]], now: float
     ) -> list[RelayRow]:
-        done: list[RelayRow] = []
         if not sent:
-            return done
-        async with self.db.transaction() as c:
+            return []
+
+        def body() -> Generator[Op, Any, list[RelayRow]]:
+            done: list[RelayRow] = []
             for row, message_id in sent:
-                updated = await c.fetchrow(
-                    self.q["relay_sent"],
+                updated = yield from self._one(
+                    "relay_sent",
                     {"id": row.id, "version": row.version, "message_id": message_id, "now": now},
                 )
                 if updated is None:
                     continue  # a newer holder (or a redrive) owns the row now
                 done.append(_relay(updated))
                 if row.job_id is not None:
-                    await c.execute(self.q["job_running_if_queued"], {"id": row.job_id, "now": now})
+                    yield execute(self.q["job_running_if_queued"], {"id": row.job_id, "now": now})
                 elif row.task_id is not None:
-                    await c.execute(self.q["task_sent"], {"id": row.task_id})
-        return done
+                    yield execute(self.q["task_sent"], {"id": row.task_id})
+            return done
+
+        return await self.db.run(body)
 
     async def mark_relay_failed(self, failures: Sequence[RelayFailure], now: float) -> None:
         if not failures:
             return
-        async with self.db.transaction() as c:
+
+        def body() -> Generator[Op, Any, None]:
             for f in failures:
-                updated = await c.fetchrow(
-                    self.q["relay_failed"],
+                updated = yield from self._one(
+                    "relay_failed",
                     {
                         "id": f.row.id,
                         "version": f.row.version,
@@ -380,7 +400,7 @@ class SqlStore:
                 if updated is None or not f.dead:
                     continue
                 if f.row.job_id is not None:
-                    await c.execute(
+                    yield execute(
                         self.q["job_dead"],
                         {
                             "id": f.row.job_id,
@@ -391,44 +411,50 @@ class SqlStore:
                         },
                     )
                 elif f.row.task_id is not None:
-                    await c.execute(
+                    yield execute(
                         self.q["task_dead"],
                         {"id": f.row.task_id, "error": f.error[:1000], "now": now},
                     )
 
+        await self.db.run(body)
+
     async def get_relay_row(self, outbox_id: str) -> RelayRow | None:
-        async with self.db.reader() as c:
-            row = await c.fetchrow(self.q["select_relay_row"], {"id": outbox_id})
-        return _relay(row) if row else None
+        def body() -> Generator[Op, Any, RelayRow | None]:
+            row = yield from self._one("select_relay_row", {"id": outbox_id})
+            return _relay(row) if row else None
+
+        return await self.db.read(body)
 
     async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow:
-        async with self.db.transaction() as c:
-            before = await c.fetchrow(self.q["select_relay_row"], {"id": outbox_id})
-            if before is not None and before["job_id"] is not None:
-                latest = await self._latest_relay(c, before["job_id"])
+        def body() -> Generator[Op, Any, RelayRow]:
+            before = yield from self._one("select_relay_row", {"id": outbox_id})
+            if before is None:
+                raise NotFound(f"outbox row {outbox_id}")
+            if before["job_id"] is not None:
+                latest = yield from self._relay_row(before["job_id"])
                 if latest is not None and latest.id != outbox_id:
                     # The job was redriven whole since: reviving this row too
                     # would publish the job twice.
                     raise InvalidState("the job has a newer outbox row; redrive the job instead")
-            row = await c.fetchrow(self.q["relay_redrive"], {"id": outbox_id, "now": now})
+            row = yield from self._one("relay_redrive", {"id": outbox_id, "now": now})
             if row is None:
-                current = await c.fetchrow(self.q["select_relay_row"], {"id": outbox_id})
-                if current is None:
-                    raise NotFound(f"outbox row {outbox_id}")
-                raise InvalidState(f"outbox row is {current['status']}, not DEAD")
+                raise InvalidState(f"outbox row is {before['status']}, not DEAD")
             relay = _relay(row)
             if relay.job_id is not None:
-                await c.execute(self.q["job_requeue_if_dead"], {"id": relay.job_id, "now": now})
+                yield execute(self.q["job_requeue_if_dead"], {"id": relay.job_id, "now": now})
             elif relay.task_id is not None:
-                await c.execute(self.q["task_requeue"], {"id": relay.task_id})
-        return relay
+                yield execute(self.q["task_requeue"], {"id": relay.task_id})
+            return relay
+
+        return await self.db.run(body)
 
     async def list_relay_rows(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[RelayRow]:
         created, row_id = decode_cursor(cursor)
-        async with self.db.reader() as c:
-            rows = await c.fetch(
+
+        def body() -> Generator[Op, Any, list[Row]]:
+            rows: list[Row] = yield fetch(
                 self.q["list_relay"],
                 {
                     "status": status,
@@ -437,6 +463,9 @@ class SqlStore:
                     "limit": limit + 1,
                 },
             )
+            return rows
+
+        rows = await self.db.read(body)
         items = [_relay(r) for r in rows[:limit]]
         nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
         return Page(items=items, next_cursor=nxt)
@@ -452,9 +481,9 @@ class SqlStore:
         dedup_id: str,
         now: float,
     ) -> tuple[TaskRun, bool]:
-        async with self.db.transaction() as c:
-            inserted = await c.fetchrow(
-                self.q["insert_task_run"],
+        def body() -> Generator[Op, Any, tuple[TaskRun, bool]]:
+            inserted = yield from self._one(
+                "insert_task_run",
                 {
                     "id": task_id,
                     "type": type_,
@@ -464,40 +493,36 @@ class SqlStore:
                 },
             )
             if inserted is not None:
-                await c.execute(
-                    self.q["insert_relay_row"],
-                    {
-                        "id": outbox_id,
-                        "kind": "task",
-                        "job_id": None,
-                        "task_id": task_id,
-                        "dedup_id": dedup_id,
-                        "now": now,
-                    },
-                )
-            row = await c.fetchrow(self.q["select_task_by_dedup"], {"dedup_id": dedup_id})
-        assert row is not None
-        return _task(row), inserted is not None
+                yield from self._insert_relay(outbox_id, "task", None, task_id, dedup_id, now)
+            row = yield from self._one("select_task_by_dedup", {"dedup_id": dedup_id})
+            assert row is not None
+            return _task(row), inserted is not None
+
+        return await self.db.run(body)
 
     async def get_task(self, task_id: str) -> TaskRun | None:
-        async with self.db.reader() as c:
-            row = await c.fetchrow(self.q["select_task"], {"id": task_id})
-        return _task(row) if row else None
+        def body() -> Generator[Op, Any, TaskRun | None]:
+            row = yield from self._one("select_task", {"id": task_id})
+            return _task(row) if row else None
+
+        return await self.db.read(body)
 
     async def finish_task(
         self, task_id: str, status: Literal["SUCCEEDED", "FAILED"], error: str | None, now: float
     ) -> TaskRun | None:
-        async with self.db.transaction() as c:
-            row = await c.fetchrow(
-                self.q["finish_task"],
-                {"id": task_id, "status": status, "error": error, "now": now},
+        def body() -> Generator[Op, Any, TaskRun | None]:
+            row = yield from self._one(
+                "finish_task", {"id": task_id, "status": status, "error": error, "now": now}
             )
-        return _task(row) if row else None
+            return _task(row) if row else None
+
+        return await self.db.run(body)
 
     async def list_tasks(self, type_: str | None, limit: int, cursor: str | None) -> Page[TaskRun]:
         created, row_id = decode_cursor(cursor)
-        async with self.db.reader() as c:
-            rows = await c.fetch(
+
+        def body() -> Generator[Op, Any, list[Row]]:
+            rows: list[Row] = yield fetch(
                 self.q["list_tasks"],
                 {
                     "type": type_,
@@ -506,6 +531,9 @@ class SqlStore:
                     "limit": limit + 1,
                 },
             )
+            return rows
+
+        rows = await self.db.read(body)
         items = [_task(r) for r in rows[:limit]]
         nxt = encode_cursor(items[-1].enqueued_at, items[-1].id) if len(rows) > limit else None
         return Page(items=items, next_cursor=nxt)
@@ -515,28 +543,34 @@ class SqlStore:
     async def register_website(
         self, website_id: str, work_id: str, domain: str, favicon_url: str | None, now: float
     ) -> tuple[Website, bool]:
-        async with self.db.transaction() as c:
-            inserted = await c.fetchrow(
-                self.q["insert_website"],
+        def body() -> Generator[Op, Any, tuple[Website, bool]]:
+            inserted = yield from self._one(
+                "insert_website",
                 {"id": website_id, "domain": domain, "favicon_url": favicon_url, "now": now},
             )
             if inserted is not None:
-                await c.execute(
+                yield execute(
                     self.q["insert_work_row"], {"id": work_id, "website_id": website_id, "now": now}
                 )
-            row = await c.fetchrow(self.q["select_website_by_domain"], {"domain": domain})
-        assert row is not None
-        return _website(row), inserted is not None
+            row = yield from self._one("select_website_by_domain", {"domain": domain})
+            assert row is not None
+            return _website(row), inserted is not None
+
+        return await self.db.run(body)
 
     async def get_website(self, domain: str) -> Website | None:
-        async with self.db.reader() as c:
-            row = await c.fetchrow(self.q["select_website_by_domain"], {"domain": domain})
-        return _website(row) if row else None
+        def body() -> Generator[Op, Any, Website | None]:
+            row = yield from self._one("select_website_by_domain", {"domain": domain})
+            return _website(row) if row else None
+
+        return await self.db.read(body)
 
     async def website_by_id(self, website_id: str) -> Website | None:
-        async with self.db.reader() as c:
-            row = await c.fetchrow(self.q["select_website"], {"id": website_id})
-        return _website(row) if row else None
+        def body() -> Generator[Op, Any, Website | None]:
+            row = yield from self._one("select_website", {"id": website_id})
+            return _website(row) if row else None
+
+        return await self.db.read(body)
 
     async def claim_work(
         self, now: float, retry_delay_s: float, processing_timeout_s: float
@@ -546,59 +580,61 @@ class SqlStore:
             "retry_before": now - retry_delay_s,
             "stale_before": now - processing_timeout_s,
         }
-        async with self.db.transaction() as c:
+
+        def body() -> Generator[Op, Any, WorkRow | None]:
             # Three scans in priority order, each one small partial index:
             # never tried, then retries that waited long enough, then rows
             # whose holder died.
             for name in ("claim_work_fresh", "claim_work_retry", "claim_work_stale"):
-                row = await c.fetchrow(self.q[name], params)
+                row = yield from self._one(name, params)
                 if row is not None:
                     return _work(row)
-        return None
+            return None
+
+        return await self.db.run(body)
 
     async def complete_work(self, row: WorkRow, category: str | None, now: float) -> bool:
-        async with self.db.transaction() as c:
-            n = await c.execute(self.q["work_completed"], {"id": row.id, "version": row.version})
+        def body() -> Generator[Op, Any, bool]:
+            n = yield from self._count("work_completed", {"id": row.id, "version": row.version})
             if n != 1:
                 return False  # a newer holder owns the row: its result will win
             if category is not None:
-                await c.execute(
+                yield execute(
                     self.q["set_website_category"],
                     {"id": row.website_id, "category": category, "now": now},
                 )
-        return True
+            return True
+
+        return await self.db.run(body)
 
     async def fail_work(self, row: WorkRow, error: str, final: bool, now: float) -> bool:
-        async with self.db.transaction() as c:
-            n = await c.execute(
-                self.q["work_failed"],
-                {
-                    "id": row.id,
-                    "version": row.version,
-                    "status": "FAILED" if final else "PENDING",
-                    "last_error": error[:1000],
-                    "now": now,
-                },
-            )
-        return n == 1
+        return await self._changed(
+            "work_failed",
+            {
+                "id": row.id,
+                "version": row.version,
+                "status": "FAILED" if final else "PENDING",
+                "last_error": error[:1000],
+                "now": now,
+            },
+        )
 
     async def give_back_work(self, row: WorkRow) -> bool:
-        async with self.db.transaction() as c:
-            n = await c.execute(self.q["work_give_back"], {"id": row.id, "version": row.version})
-        return n == 1
+        return await self._changed("work_give_back", {"id": row.id, "version": row.version})
 
     # ------------------------------------------------------------ stats and pruning
 
     async def status_counts(self) -> list[StatusCount]:
-        out: list[StatusCount] = []
-        async with self.db.reader() as c:
+        def body() -> Generator[Op, Any, list[StatusCount]]:
+            out: list[StatusCount] = []
             for table, qname in (
                 ("jobs", "count_jobs"),
                 ("relay_outbox", "count_relay"),
                 ("work_outbox", "count_work"),
                 ("task_runs", "count_tasks"),
             ):
-                for r in await c.fetch(self.q[qname], {}):
+                rows = yield fetch(self.q[qname], {})
+                for r in rows:
                     oldest = r["oldest"]
                     out.append(
                         StatusCount(
@@ -608,7 +644,9 @@ class SqlStore:
                             float(oldest) if oldest is not None else None,
                         )
                     )
-        return out
+            return out
+
+        return await self.db.read(body)
 
     async def prune(self, finished_before: float, dead_before: float, batch: int) -> dict[str, int]:
         """Delete old history in batches of `batch` rows, one short transaction each."""
@@ -622,8 +660,9 @@ class SqlStore:
         ):
             total = 0
             while True:
-                async with self.db.transaction() as c:
-                    n = await c.execute(self.q[name], {"before": before, "limit": batch})
+                n = await self.db.run(
+                    partial(self._count, name, {"before": before, "limit": batch})
+                )
                 total += n
                 if n < batch:
                     break

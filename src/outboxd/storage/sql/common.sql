@@ -9,11 +9,12 @@ INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, statu
 VALUES (:id, :kind, :portal, :user_id, :idempotency_key, :fingerprint, 'QUEUED',
         :key_id, :sealed, :now, :now)
 ON CONFLICT (user_id, idempotency_key) DO NOTHING
-RETURNING id;
+RETURNING *;
 
 -- name: insert_relay_row
 INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id, created_at)
-VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :now, :dedup_id, :now);
+VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :now, :dedup_id, :now)
+RETURNING *;
 
 -- name: select_job
 SELECT * FROM jobs WHERE id = :id;
