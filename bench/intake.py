@@ -353,7 +353,7 @@ async def main_async() -> int:
     args = p.parse_args()
     backends = await backends_arg(args.backends)
     quick = args.quick
-    trials, dur, warm = (1, 2.0, 0.5) if quick else (3, 5.0, 1.0)
+    trials, dur, warm = (1, 2.0, 0.5) if quick else (3, 4.0, 1.0)
     concs = [1, 16, 64]
     emit(f"\n## Intake  ({machine_line()})")
     emit(f"trials={trials} × {dur:g} s per point after {warm:g} s warm-up; pool_size={POOL}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -23,7 +22,7 @@ from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession
 from botocore.exceptions import BotoCoreError, ClientError
 
-from outboxd.config import SqsSettings
+from outboxd.config import SqsSettings, is_loopback_host
 
 QueueKind = Literal["jobs", "tasks"]
 KINDS: tuple[QueueKind, ...] = ("jobs", "tasks")
@@ -124,14 +123,7 @@ def is_loopback_endpoint(endpoint_url: str | None) -> bool:
     if endpoint_url is None:
         return False
     host = urlsplit(endpoint_url).hostname
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return host is not None and is_loopback_host(host)
 
 
 def _short(text: str) -> str:
