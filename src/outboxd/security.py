@@ -212,7 +212,9 @@ class TokenVerifier:
         return bool(self._entries)
 
     def verify(self, token: str) -> Principal | None:
-        digest = hashlib.sha256(token.encode("utf-8")).digest()
+        # A header's non-UTF-8 bytes arrive surrogate-escaped: hash them as the bytes they
+        # were (they match no configured token) instead of failing to encode.
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         found: Principal | None = None
         # Compare against every entry, never stopping early, so timing says
         # nothing about which entry (if any) matched.

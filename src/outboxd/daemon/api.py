@@ -271,6 +271,12 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
         value = json.loads(text)
     except (json.JSONDecodeError, RecursionError):
         _fail("body", "is not valid JSON")
+    try:
+        # JSON can spell lone UTF-16 surrogates ("\ud800"): valid JSON, not valid Unicode;
+        # no cipher, HMAC or database driver can encode them.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        _fail("body", "holds a string that is not valid Unicode (a lone surrogate)")
     if not isinstance(value, dict):
         _fail("body", "must be a JSON object")
     return value

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,9 +280,21 @@ async def _serve(
     stack.push_async_callback(store.close)
     keys = load_keys(settings, env)
     endpoint = await stack.enter_async_context(sqs_endpoint(settings))
+
+    async def republish() -> None:
+        n = await store.republish_unfinished(time.time())
+        log.warning("outbox_republished_after_queue_loss", rows=n)
+
     queues = SqsQueues(
-        settings.sqs, endpoint, max_connections=settings.consumer.max_concurrency * 2 + 16
+        settings.sqs,
+        endpoint,
+        max_connections=settings.consumer.max_concurrency * 2 + 16,
+        on_recreated=republish,
     )
+    if settings.sqs.endpoint_url == "embedded":
+        # The embedded server starts empty every time: what the last run had published
+        # and not finished is gone from it.
+        await republish()
     stack.push_async_callback(queues.close)
     queue_readiness = QueueReadiness(queues)
     await queue_readiness.start_once()

@@ -186,7 +186,9 @@ class SqsQueues:
         endpoint_url: str | None,
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        on_recreated: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
+        self._on_recreated = on_recreated
         if endpoint_url == "embedded":
             raise ValueError('endpoint_url "embedded" must be resolved to a URL by the caller')
         if not settings.tasks_queue.endswith(".fifo"):
@@ -368,6 +370,10 @@ class SqsQueues:
             async with self._recreate_lock:
                 log.warning("sqs_queue_missing_recreating", error=str(exc))
                 await self.ensure_queues()
+                # A queue that was gone took its messages along: what they carried must
+                # be published again, or those jobs stay RUNNING forever.
+                if self._on_recreated is not None:
+                    await self._on_recreated()
         return await call()
 
     async def _ensure_queue(self, name: str, attributes: dict[str, str]) -> str:

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import structlog
 
-from outboxd.errors import OutboxdError
+from outboxd.errors import OutboxdError, StorageError
 from outboxd.security import KeyRing
 from outboxd.storage.ports import JobRecord, JobStore, NewPortalJob, RelayRow, RelayStore
 
@@ -117,10 +117,18 @@ class PortalJobService:
             if self._require_dispatch:
                 raise DispatchFailed(job, outbox)
             return job, outbox
-        ok = await self._dispatcher.publish_now(outbox.id)
-        # Re-read: the answer shows what is durable, not what we hoped.
-        fresh_job = await self._store.get_job(job.id) or job
-        fresh_outbox = await self._store.get_relay_row(outbox.id) or outbox
+        try:
+            ok = await self._dispatcher.publish_now(outbox.id)
+            # Re-read: the answer shows what is durable, not what we hoped.
+            fresh_job = await self._store.get_job(job.id) or job
+            fresh_outbox = await self._store.get_relay_row(outbox.id) or outbox
+        except StorageError as exc:
+            # The job and its outbox row are committed: the relay delivers it. A 503
+            # now would tell the client nothing was accepted.
+            log.warning("dispatch_after_commit_failed", job_id=job.id, error=exc)
+            if self._require_dispatch:
+                raise DispatchFailed(job, outbox) from None
+            return job, outbox
         if not ok and self._require_dispatch and fresh_outbox.status != "SENT":
             raise DispatchFailed(fresh_job, fresh_outbox)
         return fresh_job, fresh_outbox

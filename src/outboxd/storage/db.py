@@ -418,6 +418,9 @@ _PG_UNAVAILABLE: tuple[type[BaseException], ...] = (
     asyncpg.TooManyConnectionsError,
     asyncpg.AdminShutdownError,
     asyncpg.ConnectionDoesNotExistError,
+    # A connection whose backend died while it sat idle in the pool is left mid-error:
+    # its next statement raises this ("cannot switch to state ...").
+    asyncpg.InternalClientError,
 )
 # Lock id for migrations: any constant agreed by every instance.
 _MIGRATION_LOCK_ID = 0x6F7574626F7864  # "outboxd"
@@ -501,17 +504,20 @@ class PostgresDatabase:
 
     @contextlib.asynccontextmanager
     async def _acquire(self) -> AsyncIterator[Any]:
-        if self._pool is None:
+        pool = self._pool
+        if pool is None:
             raise StorageUnavailable("postgres: pool is closed")
         try:
-            conn = await self._pool.acquire(timeout=self._timeout_s)
+            conn = await pool.acquire(timeout=self._timeout_s)
         except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
             raise _pg_error(exc) from exc
         try:
             yield conn
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._pool.release(conn))
+                # To the pool that lent it: close() drops self._pool first, and a
+                # connection never given back holds pool.close() for its full timeout.
+                await asyncio.shield(pool.release(conn))
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:

@@ -648,6 +648,10 @@ class SqlStore:
 
         return await self.db.read(body)
 
+    async def republish_unfinished(self, now: float) -> int:
+        """SENT rows of unfinished jobs and tasks back to PENDING (their messages were lost)."""
+        return await self.db.run(partial(self._count, "relay_republish_unfinished", {"now": now}))
+
     async def prune(self, finished_before: float, dead_before: float, batch: int) -> dict[str, int]:
         """Delete old history in batches of `batch` rows, one short transaction each."""
         totals: dict[str, int] = {}

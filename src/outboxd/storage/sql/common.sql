@@ -114,6 +114,16 @@ UPDATE relay_outbox
  WHERE id = :id AND version = :version
 RETURNING *;
 
+-- name: relay_republish_unfinished
+-- The queue lost its messages (an SQS-compatible server that restarted empty): every
+-- SENT row whose job or task has not finished goes out again. Delivery is at least
+-- once; the consumer drops copies of finished work and the job lease stops two runs.
+UPDATE relay_outbox
+   SET status = 'PENDING', next_attempt_at = :now, claimed_until = NULL, version = version + 1
+ WHERE status = 'SENT'
+   AND (job_id IN (SELECT id FROM jobs WHERE status IN ('QUEUED', 'RUNNING'))
+        OR task_id IN (SELECT id FROM task_runs WHERE status IN ('PENDING', 'SENT')));
+
 -- name: relay_redrive
 UPDATE relay_outbox
    SET status = 'PENDING', attempt_count = 0, next_attempt_at = :now, last_error = NULL,

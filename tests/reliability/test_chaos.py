@@ -1,0 +1,73 @@
+"""Chaos under load (short profile): SIGKILL/restart cycles while jobs and websites pour
+in; afterwards nothing accepted is lost and no effect happened twice.
+
+The harness is `tests/reliability/chaos.py` (also the long profile:
+`python -m tests.reliability.chaos --backend postgres --cycles 100 --seed N --daemons 2`).
+The seed is random unless OUTBOXD_CHAOS_SEED is set; it is printed with the table, so a
+failing run can be replayed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.chaos import ChaosParams, run_chaos
+from tests.reliability.harness import Fakes
+from tests.support.moto import MotoServer
+
+pytestmark = pytest.mark.slow
+
+CYCLES = int(os.environ.get("OUTBOXD_CHAOS_CYCLES", "10"))
+
+
+@pytest.fixture
+def fakes(tmp_path: Path) -> Iterator[Fakes]:
+    f = Fakes(tmp_path / "fakes", n_students=1500)
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("backend", "daemons"),
+    [
+        ("sqlite", 1),
+        pytest.param("postgres", 1, marks=pytest.mark.postgres),
+        pytest.param("postgres", 2, marks=pytest.mark.postgres),
+    ],
+    ids=["sqlite-1", "postgres-1", "postgres-2"],
+)
+def test_kill_and_restart_under_load_loses_nothing_and_applies_nothing_twice(
+    backend: str,
+    daemons: int,
+    db_url: str,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    fakes: Fakes,
+    tmp_path: Path,
+) -> None:
+    seed = int(os.environ.get("OUTBOXD_CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
+    params = ChaosParams(
+        backend=backend,
+        db_url=db_url,
+        sqs_endpoint=moto_server.endpoint_url,
+        queue_names=queue_names,
+        workdir=tmp_path,
+        cycles=CYCLES,
+        seed=seed,
+        daemons=daemons,
+    )
+    report = run_chaos(params, fakes)
+    print("\n" + report.table())
+    assert report.kills >= CYCLES
+    assert report.jobs.accepted >= 20 and report.sites.accepted >= 10, report.table()
+    assert report.jobs.lost == 0 and report.sites.lost == 0, report.table()
+    assert report.jobs.duplicated == 0 and report.sites.duplicated == 0, report.table()
+    assert report.ok, report.table()

@@ -1,0 +1,276 @@
+"""Graceful shutdown with work in flight (a slow portal, a slow AI provider).
+
+- SIGTERM while jobs and a classification are running and can finish within
+  `daemon.shutdown_timeout_s`: they finish (SUCCEEDED / COMPLETED, no PROCESSING row, no
+  job lease left), the process exits 0 within the timeout.
+- SIGTERM while a job cannot finish in time: exit 0 right after the timeout, the job's
+  lease released and its message visible again at once, so a restarted daemon picks it
+  up well within a visibility timeout; it then succeeds. A classification cut short is
+  finished after a restart too.
+- A second SIGTERM exits at once; a restart still finishes everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outboxd.storage.db import PostgresDatabase, Query
+from tests.reliability.harness import (
+    Db,
+    Fakes,
+    daemon_config,
+    http,
+    log_events,
+    new_daemon,
+    student_number,
+    wait_until,
+    write_keys_file,
+)
+from tests.support.daemon import DaemonProcess
+from tests.support.moto import MotoServer
+
+pytestmark = pytest.mark.slow
+
+MakeDaemon = Callable[..., DaemonProcess]
+
+
+@pytest.fixture
+def fakes(tmp_path: Path) -> Iterator[Fakes]:
+    f = Fakes(tmp_path / "fakes", n_students=10)
+    try:
+        yield f
+    finally:
+        f.close()
+
+
+@pytest.fixture
+def make_daemon(
+    tmp_path: Path,
+    db_url: str,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    fakes: Fakes,
+) -> Iterator[MakeDaemon]:
+    made: list[DaemonProcess] = []
+    keys = write_keys_file(tmp_path / "keys")
+
+    def factory(name: str = "d", **sections: Any) -> DaemonProcess:
+        config = daemon_config(
+            db_url, moto_server.endpoint_url, queue_names, fakes, keys, **sections
+        )
+        d = new_daemon(tmp_path, config, name)
+        made.append(d)
+        return d
+
+    yield factory
+    for d in made:
+        d.kill()
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Db]:
+    d = Db(db_url)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+def submit(base: str, n: int) -> str:
+    resp = http(
+        "POST",
+        base,
+        "/v1/portal-link-jobs",
+        {"portal": "suwon", "username": student_number(n), "password": f"pw-{n}"},
+        {"Idempotency-Key": f"shutdown-{n}"},
+    )
+    assert resp.status == 202, resp.text
+    return str(resp.json()["jobId"])
+
+
+def register(base: str, domain: str) -> None:
+    resp = http("POST", base, "/v1/websites", {"domain": domain})
+    assert resp.status == 201, resp.text
+
+
+def started(daemon: DaemonProcess, job_id: str) -> list[dict[str, Any]]:
+    return [
+        e for e in log_events([daemon]) if e["event"] == "job_started" and e["job_id"] == job_id
+    ]
+
+
+def sigterm_and_time(daemon: DaemonProcess, timeout_s: float = 30) -> tuple[int, float]:
+    t0 = time.monotonic()
+    code = daemon.terminate(timeout_s=timeout_s)
+    return code, time.monotonic() - t0
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_lets_work_in_flight_finish(make_daemon: MakeDaemon, fakes: Fakes, db: Db) -> None:
+    # A job is about ten portal requests: ~1.2 s each; a classification 1 s.
+    fakes.set_portal(delay_s=0.12)
+    fakes.set_ai(delay_s=1.0)
+    daemon = make_daemon(
+        sqs={"visibility_timeout_s": 10},
+        consumer={"heartbeat_s": 2.0},
+        scrapers={"classifier": {"timeout_s": 2.5}},
+        claimer={"processing_timeout_s": 5.0},
+        daemon={"shutdown_timeout_s": 6.0},
+    )
+    base = daemon.start()
+    jobs = [submit(base, i) for i in range(2)]
+    register(base, "inflight.example")
+    wait_until("both jobs running", lambda: all(started(daemon, j) for j in jobs), 15, 0.05)
+    wait_until(
+        "the website claimed",
+        lambda: db.scalar("SELECT status FROM work_outbox") == "PROCESSING",
+        15,
+        0.05,
+    )
+
+    code, took = sigterm_and_time(daemon)
+    print(f"\nshutdown with 2 jobs and 1 classification in flight: exit {code} in {took:.2f}s")
+
+    assert code == 0
+    assert took < 6.0 + 2.0
+    events = {e["event"] for e in log_events([daemon])}
+    assert "shutdown_deadline_cancel" not in events
+    rows = db.rows("SELECT id, status, lease_until FROM jobs")
+    assert {r["status"] for r in rows} == {"SUCCEEDED"}, rows
+    assert all(r["lease_until"] is None for r in rows)
+    assert db.rows("SELECT status FROM work_outbox") == [{"status": "COMPLETED"}]
+    assert db.scalar("SELECT category FROM websites") is not None
+    assert {r["status"] for r in db.rows("SELECT status FROM relay_outbox")} == {"SENT"}
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_releases_what_cannot_finish_and_a_restart_picks_it_up(
+    make_daemon: MakeDaemon, fakes: Fakes, db: Db
+) -> None:
+    visibility_s = 10
+    processing_timeout_s = 5.0
+    fakes.set_portal(delay_s=1.0)  # a job takes ~10 s: it cannot finish in 1.5 s
+    fakes.set_ai(delay_s=3.0)
+    daemon = make_daemon(
+        sqs={"visibility_timeout_s": visibility_s},
+        consumer={"heartbeat_s": 2.0},
+        scrapers={"suwon": {"timeout_s": 3.0}, "classifier": {"timeout_s": 4.0}},
+        claimer={"processing_timeout_s": processing_timeout_s},
+        daemon={"shutdown_timeout_s": 1.5},
+    )
+    base = daemon.start()
+    job_id = submit(base, 1)
+    register(base, "slowai.example")
+    wait_until("the job running", lambda: started(daemon, job_id), 15, 0.05)
+    wait_until(
+        "the website claimed",
+        lambda: db.scalar("SELECT status FROM work_outbox") == "PROCESSING",
+        15,
+        0.05,
+    )
+
+    code, took = sigterm_and_time(daemon)
+    print(f"\nshutdown with unfinishable work: exit {code} in {took:.2f}s")
+    assert code == 0
+    # Postgres: +5 s while the pool waits for a connection that is never given back
+    # (the test_closing_the_postgres_pool_waits_for_nothing below).
+    assert took < 1.5 + 2.5 + (5.0 if db.url.startswith("postgres") else 0.0)
+    job = db.rows("SELECT status, lease_until, attempts FROM jobs WHERE id = ?", job_id)[0]
+    assert job["status"] == "RUNNING" and job["lease_until"] is None, job  # released
+    assert any(e["event"] == "job_released" for e in log_events([daemon]))
+    work_after_exit = db.rows("SELECT status, attempt_count FROM work_outbox")[0]
+    print(f"work row after exit: {work_after_exit}")
+
+    # The outside world is fast again; a restart must pick the job up at once, not after
+    # the 10 s visibility timeout nor the job lease (both given back at shutdown).
+    fakes.set_portal(delay_s=0.0)
+    fakes.set_ai(delay_s=0.0)
+    restart = time.monotonic()
+    base = daemon.start()
+    t_start = wait_until(
+        "the job picked up again",
+        lambda: len(started(daemon, job_id)) >= 2 and time.monotonic(),
+        visibility_s,
+        0.05,
+    )
+    print(f"picked up {t_start - restart:.2f}s after the restart (visibility {visibility_s}s)")
+    wait_until(
+        "the job to succeed",
+        lambda: db.scalar("SELECT status FROM jobs WHERE id = ?", job_id) == "SUCCEEDED",
+        20,
+    )
+    # The classification cut short is finished too (after its processing timeout at most).
+    wait_until(
+        "the website classified",
+        lambda: db.scalar("SELECT status FROM work_outbox") == "COMPLETED",
+        processing_timeout_s + 10,
+    )
+    assert db.scalar("SELECT version FROM websites") == 1
+    assert http("GET", base, f"/v1/jobs/{job_id}").json()["error"] is None
+    assert daemon.terminate() == 0
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_second_sigterm_exits_at_once_and_nothing_is_lost(
+    make_daemon: MakeDaemon, fakes: Fakes, db: Db
+) -> None:
+    fakes.set_portal(delay_s=1.0)
+    daemon = make_daemon(
+        sqs={"visibility_timeout_s": 3},
+        consumer={"heartbeat_s": 1.0},
+        scrapers={"suwon": {"timeout_s": 3.0}},
+        daemon={"shutdown_timeout_s": 20.0},
+    )
+    base = daemon.start()
+    job_id = submit(base, 2)
+    wait_until("the job running", lambda: started(daemon, job_id), 15, 0.05)
+    assert daemon.proc is not None
+    daemon.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    daemon.proc.send_signal(signal.SIGTERM)
+    code = daemon.wait_exit(timeout_s=10)
+    took = time.monotonic() - t0
+    print(f"\nsecond SIGTERM: exit {code} after {took:.2f}s")
+    assert took < 1.0
+    assert code != -signal.SIGKILL
+    assert any(e["event"] == "second_signal_exit" for e in log_events([daemon]))
+
+    fakes.set_portal(delay_s=0.0)
+    daemon.start()
+    wait_until(
+        "the job to succeed after a restart",
+        lambda: db.scalar("SELECT status FROM jobs WHERE id = ?", job_id) == "SUCCEEDED",
+        30,
+    )
+    assert daemon.terminate() == 0
+
+
+@pytest.mark.postgres
+async def test_closing_the_postgres_pool_waits_for_nothing(pg_database: str) -> None:
+    db = PostgresDatabase(pg_database, 5, 2.0)
+    await db.open()
+    done = asyncio.Event()
+
+    async def short_transaction() -> None:
+        async with db.transaction() as c:
+            await asyncio.sleep(0.05)
+            await c.fetch(Query("one", "SELECT 1", ()), {})
+        done.set()
+
+    task = asyncio.create_task(short_transaction())
+    await asyncio.sleep(0.01)  # the transaction holds its connection now
+    started = time.monotonic()
+    await db.close()
+    took = time.monotonic() - started
+    await task
+    assert done.is_set()
+    assert took < 1.0, f"close() took {took:.2f}s for a transaction that ended after 0.05 s"
