@@ -36,7 +36,9 @@ async def bare_handler(request: web.Request) -> web.Response:
     return web.json_response({"jobId": str(uuid.uuid4()), "status": "QUEUED"}, status=202)
 
 
-async def build_outboxd_app(args: argparse.Namespace, cleanups: list[Any]) -> web.Application:
+async def build_outboxd_app(
+    args: argparse.Namespace, cleanups: list[Any], info: dict[str, Any]
+) -> web.Application:
     from outboxd.config import Settings
     from outboxd.daemon.api import create_app
     from outboxd.daemon.app import build_api_deps, open_configured_store
@@ -72,17 +74,19 @@ async def build_outboxd_app(args: argparse.Namespace, cleanups: list[Any]) -> we
         await queues.start()
         cleanups.append(queues.close)
         relay = Relay(store, queues, settings.relay, metrics)
+        info["jobs_queue_url"] = queues.queue_url("jobs")
     deps = build_api_deps(settings, store, keys, metrics, queues=queues, dispatcher=relay)
     return create_app(deps)
 
 
 async def serve(args: argparse.Namespace) -> None:
     cleanups: list[Any] = []
+    info: dict[str, Any] = {}
     if args.mode == "bare":
         app = web.Application()
         app.router.add_post("/v1/portal-link-jobs", bare_handler)
     else:
-        app = await build_outboxd_app(args, cleanups)
+        app = await build_outboxd_app(args, cleanups, info)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -91,7 +95,8 @@ async def serve(args: argparse.Namespace) -> None:
     port = int(sockets[0].getsockname()[1])
     port_file = Path(args.port_file)
     tmp = port_file.with_name(port_file.name + ".tmp")
-    tmp.write_text(json.dumps({"base_url": f"http://127.0.0.1:{port}", "pid": os.getpid()}))
+    info.update(base_url=f"http://127.0.0.1:{port}", pid=os.getpid())
+    tmp.write_text(json.dumps(info))
     tmp.replace(port_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -414,7 +414,7 @@ async def main_async() -> int:
                     "load s",
                 ],
                 rows,
-                "trips: database round trips (statements, or hops to aiosqlite's thread) of one "
+                "trips: database round trips (statements, or hops to the SQLite thread) of one "
                 "claim+complete / one idle claim.",
             )
         )

@@ -162,7 +162,7 @@ async def bare_pg(dsn: str, pool_size: int, prefix: str) -> AsyncIterator[Op]:
         p = params.next()
         async with pool.acquire() as conn, conn.transaction():
             await conn.fetchrow(ins_job.sql, *ins_job.positional(p))
-            await conn.execute(ins_relay.sql, *ins_relay.positional(_relay_params(p)))
+            await conn.fetchrow(ins_relay.sql, *ins_relay.positional(_relay_params(p)))
 
     try:
         yield op
@@ -198,7 +198,7 @@ async def bare_sqlite_aiosqlite(path: Path, prefix: str) -> AsyncIterator[Op]:
         async with lock:
             await conn.execute("BEGIN IMMEDIATE")
             await conn.execute_fetchall(ins_job, p)
-            await conn.execute(ins_relay, _relay_params(p))
+            await conn.execute_fetchall(ins_relay, _relay_params(p))
             await conn.execute("COMMIT")
 
     try:
@@ -227,7 +227,7 @@ async def bare_sqlite_one_hop(path: Path, prefix: str) -> AsyncIterator[Op]:
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(ins_job, p).fetchall()
-            conn.execute(ins_relay, _relay_params(p))
+            conn.execute(ins_relay, _relay_params(p)).fetchall()
         except BaseException:
             conn.execute("ROLLBACK")
             raise

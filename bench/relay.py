@@ -38,6 +38,7 @@ from bench.common import (
     machine_line,
     median,
     open_migrated_store,
+    purge_queue,
     quiet_logging,
     ratio,
     save,
@@ -136,8 +137,16 @@ def _settings(endpoint: str, tag: str) -> Any:
 
 
 async def run_relay(
-    store: Any, publisher: Any, backend: str, url: str, n: int, pids: dict[str, int]
+    store: Any,
+    publisher: Any,
+    backend: str,
+    url: str,
+    n: int,
+    pids: dict[str, int],
+    parallel: int = 1,
 ) -> dict[str, Any]:
+    """relay_once until the outbox is empty; `parallel` loops at once (what-if: the daemon
+    runs one)."""
     from outboxd.config import RelaySettings
     from outboxd.daemon.relay import Relay
     from outboxd.observability import Metrics
@@ -147,11 +156,16 @@ async def run_relay(
     win = CpuWindow({"self": os.getpid(), **pids})
     win.start()
     claimed = 0
-    while True:
-        k = await relay.relay_once()
-        if not k:
-            break
-        claimed += k
+
+    async def loop() -> None:
+        nonlocal claimed
+        while True:
+            k = await relay.relay_once()
+            if not k:
+                break
+            claimed += k
+
+    await asyncio.gather(*(loop() for _ in range(parallel)))
     win.stop()
     counts = {(s.table, s.status): s.count for s in await store.status_counts()}
     pending = counts.get(("relay_outbox", "PENDING"), 0) + counts.get(
@@ -203,6 +217,7 @@ async def run_bare(endpoint: str, tag: str, n: int, pids: dict[str, int]) -> dic
         aws_secret_access_key="bench",
     ) as client:
         qurl = (await client.create_queue(QueueName=f"bare-{tag}"))["QueueUrl"]
+        await client.purge_queue(QueueUrl=qurl)
         # Warm: the first call loads models and opens the connection.
         await client.send_message_batch(QueueUrl=qurl, Entries=[{"Id": "w", "MessageBody": "w"}])
         win = CpuWindow({"self": os.getpid(), **pids})
@@ -293,6 +308,11 @@ async def main_async() -> int:
                             for name, srv in servers.items():
                                 pids = {"sqs": srv.pid}
                                 n = sizes[name]
+                                # moto slows as unreceived messages pile up: start each
+                                # point on an empty queue.
+                                await asyncio.to_thread(
+                                    purge_queue, srv.endpoint_url, queues[name].queue_url("jobs")
+                                )
                                 res.setdefault(f"{name}: bare send_message_batch", []).append(
                                     await run_bare(srv.endpoint_url, f"{backend}-{trial}", n, pids)
                                 )
@@ -311,6 +331,14 @@ async def main_async() -> int:
                                     profiles.append(
                                         profile.summarize(
                                             raw, title=f"py-spy: Relay.relay_once, {backend}, stub"
+                                        )
+                                    )
+                                if name == "stub":
+                                    res.setdefault(
+                                        "stub: 4 × Relay.relay_once at once (what-if)", []
+                                    ).append(
+                                        await run_relay(
+                                            store, queues[name], backend, url, n, pids, parallel=4
                                         )
                                     )
                         results[backend] = res
@@ -347,7 +375,7 @@ async def main_async() -> int:
                 rows,
                 "bench CPU: the relay's process (one core = 100%); SQS CPU: the stub's or moto's. "
                 f"One relay_once of {BATCH} rows makes {trips[backend]:g} database round trips "
-                "(statements, or hops to aiosqlite's thread); the bare loop none.",
+                "(statements, or hops to the SQLite thread); the bare loop none.",
             )
         )
         relay_rate = median([r["rate"] for r in res["stub: Relay.relay_once"]])

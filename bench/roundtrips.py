@@ -1,17 +1,19 @@
 """Count the database round trips an operation makes (bench-only instrumentation).
 
 Postgres: every statement asyncpg sends (`Connection._execute`, and `execute` without
-arguments, which BEGIN, COMMIT and the pool's reset query use). SQLite: every hop to
-aiosqlite's thread (`Connection._execute`), which is what an aiosqlite call costs.
-Nothing in src/ is changed: the driver classes are wrapped for the duration of a
-`with counting() as c:` block.
+arguments, which BEGIN, COMMIT and the pool's reset query use). SQLite: every hop to the
+database's thread: outboxd's own one-thread executor (`_SqliteThread.call`, one per
+transaction since 2fc7c99) and aiosqlite's (`Connection._execute`, one per call; the bare
+baseline still uses it). Nothing in src/ is changed: the classes are wrapped for the
+duration of a `with counting() as c:` block.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+import importlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -25,34 +27,46 @@ class Counter:
         return self.pg + self.sqlite
 
 
+def _targets() -> list[tuple[Any, str, str]]:
+    """(class, method, which counter) for every driver present."""
+    out: list[tuple[Any, str, str]] = []
+    with contextlib.suppress(ImportError):
+        pg = importlib.import_module("asyncpg.connection").Connection
+        out += [(pg, "_execute", "pg"), (pg, "execute", "pg-noargs")]
+    with contextlib.suppress(ImportError):
+        out.append((importlib.import_module("aiosqlite.core").Connection, "_execute", "sqlite"))
+    db = importlib.import_module("outboxd.storage.db")
+    thread = getattr(db, "_SqliteThread", None)
+    if thread is not None and hasattr(thread, "call"):
+        out.append((thread, "call", "sqlite"))
+    return out
+
+
 @contextlib.contextmanager
 def counting() -> Iterator[Counter]:
-    import aiosqlite.core
-    import asyncpg.connection
-
     c = Counter()
-    pg_cls = asyncpg.connection.Connection
-    sq_cls = aiosqlite.core.Connection
-    orig_pg_exec, orig_pg_execute, orig_sq = pg_cls._execute, pg_cls.execute, sq_cls._execute
+    saved: list[tuple[Any, str, Callable[..., Any]]] = []
 
-    @functools.wraps(orig_pg_exec)
-    async def pg_exec(self: Any, *args: Any, **kwargs: Any) -> Any:
-        c.pg += 1
-        return await orig_pg_exec(self, *args, **kwargs)
+    def wrap(orig: Callable[..., Any], kind: str) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        async def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if kind == "pg":
+                c.pg += 1
+            elif kind == "pg-noargs":
+                if len(args) <= 1:  # with arguments it goes through _execute, counted there
+                    c.pg += 1
+            else:
+                c.sqlite += 1
+            return await orig(self, *args, **kwargs)
 
-    @functools.wraps(orig_pg_execute)
-    async def pg_execute(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
-        if not args:  # with arguments it goes through _execute, counted there
-            c.pg += 1
-        return await orig_pg_execute(self, query, *args, **kwargs)
+        return wrapper
 
-    @functools.wraps(orig_sq)
-    async def sq_exec(self: Any, *args: Any, **kwargs: Any) -> Any:
-        c.sqlite += 1
-        return await orig_sq(self, *args, **kwargs)
-
-    pg_cls._execute, pg_cls.execute, sq_cls._execute = pg_exec, pg_execute, sq_exec  # type: ignore[method-assign]
+    for cls, name, kind in _targets():
+        orig = getattr(cls, name)
+        saved.append((cls, name, orig))
+        setattr(cls, name, wrap(orig, kind))
     try:
         yield c
     finally:
-        pg_cls._execute, pg_cls.execute, sq_cls._execute = orig_pg_exec, orig_pg_execute, orig_sq  # type: ignore[method-assign]
+        for cls, name, orig in saved:
+            setattr(cls, name, orig)

@@ -3,8 +3,8 @@
 It speaks the SQS JSON protocol botocore 1.43 uses (`POST /`, `X-Amz-Target:
 AmazonSQS.<Operation>`, `Content-Type: application/x-amz-json-1.0`) and answers just
 enough for `SqsQueues.start()` and the relay: CreateQueue, GetQueueUrl,
-GetQueueAttributes, SetQueueAttributes, SendMessage, SendMessageBatch. Messages are
-counted and dropped; nothing can be received. Signatures are not checked.
+GetQueueAttributes, SetQueueAttributes, PurgeQueue, SendMessage, SendMessageBatch.
+Messages are counted and dropped; nothing can be received. Signatures are not checked.
 
 The point is a ceiling: against it, a publish costs only the client's and our own work,
 so the relay can be compared with a bare `send_message_batch` loop (moto spends
@@ -103,6 +103,10 @@ class Stub:
         self.queues[name].update({str(k): str(v) for k, v in body["Attributes"].items()})
         return {}
 
+    def purge_queue(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._name(body)
+        return {}
+
     def send_message(self, body: dict[str, Any]) -> dict[str, Any]:
         self._name(body)
         self.sent += 1
@@ -130,6 +134,7 @@ OPERATIONS: dict[str, Handler] = {
     "GetQueueUrl": Stub.get_queue_url,
     "GetQueueAttributes": Stub.get_queue_attributes,
     "SetQueueAttributes": Stub.set_queue_attributes,
+    "PurgeQueue": Stub.purge_queue,
     "SendMessage": Stub.send_message,
     "SendMessageBatch": Stub.send_message_batch,
 }
