@@ -42,6 +42,12 @@ def _targets() -> list[tuple[Any, str, str]]:
     return out
 
 
+def _module_targets() -> list[tuple[Any, str]]:
+    """Module-level functions that are one hop each (the bare one-hop SQLite loop)."""
+    measure = importlib.import_module("bench.measure")
+    return [(measure, "one_hop")]
+
+
 @contextlib.contextmanager
 def counting() -> Iterator[Counter]:
     c = Counter()
@@ -65,6 +71,19 @@ def counting() -> Iterator[Counter]:
         orig = getattr(cls, name)
         saved.append((cls, name, orig))
         setattr(cls, name, wrap(orig, kind))
+    for module, name in _module_targets():
+        orig = getattr(module, name)
+
+        def make(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                c.sqlite += 1
+                return await fn(*args, **kwargs)
+
+            return counted
+
+        saved.append((module, name, orig))
+        setattr(module, name, make(orig))
     try:
         yield c
     finally:

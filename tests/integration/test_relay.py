@@ -172,10 +172,11 @@ async def test_pending_rows_go_out_in_batches_and_are_marked_sent(
     pub = RecordingPublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
 
-    claimed = [await relay.relay_once() for _ in range(4)]
+    claimed = [await relay.relay_once() for _ in range(2)]
 
-    assert claimed == [10, 10, 3, 0]
-    assert [len(b) for b in pub.batches] == [10, 10, 3]
+    # One round claims up to ten batches' worth and sends them at once.
+    assert claimed == [23, 0]
+    assert sorted(len(b) for b in pub.batches) == [3, 10, 10]
     rows = await all_rows(store)
     assert {r.id for r in rows} == set(job_of)
     for r in rows:
@@ -387,7 +388,12 @@ async def test_concurrent_relays_never_claim_the_same_row(
     publishers = [RecordingPublisher(queues) for _ in range(4)]
     relays = [
         Relay(
-            stores[i] if stores else store, publishers[i], relay_settings(batch_size=5), Metrics()
+            stores[i] if stores else store,
+            publishers[i],
+            relay_settings(batch_size=5),
+            Metrics(),
+            # One batch per round, so the four relays take turns over the 47 rows.
+            batches_per_round=1,
         )
         for i in range(4)
     ]

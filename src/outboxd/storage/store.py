@@ -363,20 +363,21 @@ class SqlStore:
         if not sent:
             return []
 
+        payload = json.dumps([{"id": r.id, "v": r.version, "m": m} for r, m in sent])
+
         def body() -> Generator[Op, Any, list[RelayRow]]:
-            done: list[RelayRow] = []
-            for row, message_id in sent:
-                updated = yield from self._one(
-                    "relay_sent",
-                    {"id": row.id, "version": row.version, "message_id": message_id, "now": now},
+            # Rows a newer holder (or a redrive) owns now fail the version match
+            # and are left alone.
+            rows = yield fetch(self.q["relay_sent_many"], {"rows": payload, "now": now})
+            done = [_relay(r) for r in rows]
+            job_ids = [r.job_id for r in done if r.job_id is not None]
+            task_ids = [r.task_id for r in done if r.task_id is not None]
+            if job_ids:
+                yield execute(
+                    self.q["jobs_running_if_queued"], {"ids": json.dumps(job_ids), "now": now}
                 )
-                if updated is None:
-                    continue  # a newer holder (or a redrive) owns the row now
-                done.append(_relay(updated))
-                if row.job_id is not None:
-                    yield execute(self.q["job_running_if_queued"], {"id": row.job_id, "now": now})
-                elif row.task_id is not None:
-                    yield execute(self.q["task_sent"], {"id": row.task_id})
+            if task_ids:
+                yield execute(self.q["tasks_sent"], {"ids": json.dumps(task_ids)})
             return done
 
         return await self.db.run(body)

@@ -70,10 +70,6 @@ RETURNING *;
 UPDATE jobs SET lease_until = NULL, updated_at = :now, version = version + 1
  WHERE id = :id AND version = :version AND status = 'RUNNING';
 
--- name: job_running_if_queued
-UPDATE jobs SET status = 'RUNNING', updated_at = :now
- WHERE id = :id AND status = 'QUEUED';
-
 -- name: redrive_job
 UPDATE jobs
    SET status = 'QUEUED', error_code = NULL, error_message = NULL, finished_at = NULL,
@@ -100,12 +96,25 @@ UPDATE relay_outbox
    AND (claimed_until IS NULL OR claimed_until < :now)
 RETURNING *;
 
--- name: relay_sent
+-- name: relay_sent_many
+-- :rows is a JSON array of {"id", "v" (the claimed version), "m" (the MessageId)}:
+-- one statement however many rows a round published.
 UPDATE relay_outbox
-   SET status = 'SENT', queue_message_id = :message_id, sent_at = :now, claimed_until = NULL,
-       last_error = NULL, version = version + 1
- WHERE id = :id AND version = :version
+   SET status = 'SENT', queue_message_id = j.m, sent_at = :now, claimed_until = NULL,
+       last_error = NULL, version = relay_outbox.version + 1
+  FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.v') AS v,
+               json_extract(value, '$.m') AS m
+          FROM json_each(:rows)) AS j
+ WHERE relay_outbox.id = j.id AND relay_outbox.version = j.v
 RETURNING *;
+
+-- name: jobs_running_if_queued
+UPDATE jobs SET status = 'RUNNING', updated_at = :now
+ WHERE status = 'QUEUED' AND id IN (SELECT value FROM json_each(:ids));
+
+-- name: tasks_sent
+UPDATE task_runs SET status = 'SENT'
+ WHERE status = 'PENDING' AND id IN (SELECT value FROM json_each(:ids));
 
 -- name: relay_failed
 UPDATE relay_outbox
@@ -130,9 +139,6 @@ UPDATE relay_outbox
        claimed_until = NULL, version = version + 1
  WHERE id = :id AND status = 'DEAD'
 RETURNING *;
-
--- name: task_sent
-UPDATE task_runs SET status = 'SENT' WHERE id = :id AND status = 'PENDING';
 
 -- name: task_dead
 UPDATE task_runs SET status = 'DEAD', error = :error, finished_at = :now, version = version + 1

@@ -42,3 +42,19 @@ UPDATE work_outbox
               ORDER BY attempted_at LIMIT 1
               FOR UPDATE SKIP LOCKED)
 RETURNING *;
+
+-- name: relay_sent_many
+UPDATE relay_outbox
+   SET status = 'SENT', queue_message_id = j.m, sent_at = :now, claimed_until = NULL,
+       last_error = NULL, version = relay_outbox.version + 1
+  FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(id text, v integer, m text)
+ WHERE relay_outbox.id = j.id AND relay_outbox.version = j.v
+RETURNING relay_outbox.*;
+
+-- name: jobs_running_if_queued
+UPDATE jobs SET status = 'RUNNING', updated_at = :now
+ WHERE status = 'QUEUED' AND id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
+
+-- name: tasks_sent
+UPDATE task_runs SET status = 'SENT'
+ WHERE status = 'PENDING' AND id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
