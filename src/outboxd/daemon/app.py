@@ -281,8 +281,8 @@ async def _serve(
     keys = load_keys(settings, env)
     endpoint = await stack.enter_async_context(sqs_endpoint(settings))
 
-    async def republish() -> None:
-        n = await store.republish_unfinished(time.time())
+    async def republish(lost_before: float) -> None:
+        n = await store.republish_unfinished(lost_before)
         log.warning("outbox_republished_after_queue_loss", rows=n)
 
     queues = SqsQueues(
@@ -294,7 +294,7 @@ async def _serve(
     if settings.sqs.endpoint_url == "embedded":
         # The embedded server starts empty every time: what the last run had published
         # and not finished is gone from it.
-        await republish()
+        await republish(time.time())
     stack.push_async_callback(queues.close)
     queue_readiness = QueueReadiness(queues)
     await queue_readiness.start_once()

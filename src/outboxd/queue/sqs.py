@@ -10,6 +10,7 @@ import asyncio
 import functools
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -186,7 +187,7 @@ class SqsQueues:
         endpoint_url: str | None,
         *,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        on_recreated: Callable[[], Awaitable[object]] | None = None,
+        on_recreated: Callable[[float], Awaitable[object]] | None = None,
     ) -> None:
         self._on_recreated = on_recreated
         if endpoint_url == "embedded":
@@ -204,6 +205,7 @@ class SqsQueues:
         self._poll_client: Any = None  # long-poll receives only
         self._urls: dict[tuple[QueueKind, bool], str] = {}
         self._recreate_lock = asyncio.Lock()
+        self._recreated_at = 0.0
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -367,13 +369,21 @@ class SqsQueues:
         except QueueError as exc:
             if exc.code not in _MISSING_QUEUE_CODES or not self._settings.create_queues:
                 raise
+            failed_at = time.time()
             async with self._recreate_lock:
-                log.warning("sqs_queue_missing_recreating", error=str(exc))
-                await self.ensure_queues()
-                # A queue that was gone took its messages along: what they carried must
-                # be published again, or those jobs stay RUNNING forever.
-                if self._on_recreated is not None:
-                    await self._on_recreated()
+                # Several calls notice the loss at once; the first recreates, the
+                # others only retry. A second recreation would also republish rows
+                # published to the new queue in between: duplicates for nothing.
+                if self._recreated_at < failed_at:
+                    log.warning("sqs_queue_missing_recreating", error=str(exc))
+                    recreating_at = time.time()
+                    await self.ensure_queues()
+                    self._recreated_at = time.time()
+                    # A queue that was gone took its messages along: what they carried
+                    # (published before it was recreated) must be published again, or
+                    # those jobs stay RUNNING forever.
+                    if self._on_recreated is not None:
+                        await self._on_recreated(recreating_at)
         return await call()
 
     async def _ensure_queue(self, name: str, attributes: dict[str, str]) -> str:

@@ -649,9 +649,14 @@ class SqlStore:
 
         return await self.db.read(body)
 
-    async def republish_unfinished(self, now: float) -> int:
-        """SENT rows of unfinished jobs and tasks back to PENDING (their messages were lost)."""
-        return await self.db.run(partial(self._count, "relay_republish_unfinished", {"now": now}))
+    async def republish_unfinished(self, lost_before: float) -> int:
+        """SENT rows of unfinished jobs and tasks, sent before `lost_before`, back to PENDING.
+
+        For a queue that lost its messages: rows sent to the recreated queue keep theirs.
+        """
+        return await self.db.run(
+            partial(self._count, "relay_republish_unfinished", {"now": lost_before})
+        )
 
     async def prune(self, finished_before: float, dead_before: float, batch: int) -> dict[str, int]:
         """Delete old history in batches of `batch` rows, one short transaction each."""

@@ -131,7 +131,7 @@ RETURNING *;
 -- once; the consumer drops copies of finished work and the job lease stops two runs.
 UPDATE relay_outbox
    SET status = 'PENDING', next_attempt_at = :now, claimed_until = NULL, version = version + 1
- WHERE status = 'SENT'
+ WHERE status = 'SENT' AND sent_at < :now
    AND (job_id IN (SELECT id FROM jobs WHERE status IN ('QUEUED', 'RUNNING'))
         OR task_id IN (SELECT id FROM task_runs WHERE status IN ('PENDING', 'SENT')));
 
