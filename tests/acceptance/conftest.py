@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import socket
 import sqlite3
 import threading
 import time
@@ -181,20 +180,6 @@ def private_moto(tmp_path: Path) -> Iterator[MotoServer]:
         server.stop()
 
 
-def restart_moto(server: MotoServer, timeout_s: float = 30.0) -> None:
-    """Start a stopped MotoServer again on its old port (empty: moto keeps no state)."""
-    deadline = time.monotonic() + timeout_s
-    while True:  # the old socket can linger for a moment
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", server.port))
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-    server.start()
 
 
 # ---------------------------------------------------------------- HTTP

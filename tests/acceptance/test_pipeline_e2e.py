@@ -21,7 +21,6 @@ from tests.acceptance.conftest import (
     Response,
     db_rows,
     http_request,
-    restart_moto,
     wait_for,
 )
 from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
@@ -139,7 +138,7 @@ def test_sqs_down_during_the_request_is_accepted_and_delivered_once_sqs_is_back(
     assert get_job(base, job_id)["status"] == "QUEUED"
 
     # SQS comes back on the same address, with no queues at all (moto keeps no state).
-    restart_moto(private_moto)
+    private_moto.restart()
     job = wait_terminal(base, job_id, timeout_s=45)
 
     assert job["status"] == "SUCCEEDED", job

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import http.client as httpclient
 import json
-import socket
 import sqlite3
 import time
 from collections import defaultdict
@@ -35,7 +34,6 @@ from tests.fakes.ai import FakeAI
 from tests.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer
 
 AI_KEY_ENV = "RELIABILITY_AI_KEY"
 AI_KEY = "sk-reliability-5150"
@@ -255,20 +253,6 @@ def new_daemon(workdir: Path, config: Mapping[str, Any], name: str) -> DaemonPro
     return DaemonProcess(workdir / name, config, env={AI_KEY_ENV: AI_KEY}, name=name)
 
 
-def restart_moto(server: MotoServer, timeout_s: float = 30.0) -> None:
-    """Start a stopped MotoServer again on its old port (it comes back empty)."""
-    deadline = time.monotonic() + timeout_s
-    while True:  # the old listening socket can linger for a moment
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", server.port))
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-    server.start()
 
 
 # ------------------------------------------------------------------ HTTP

@@ -46,7 +46,6 @@ from tests.reliability.harness import (
     http,
     log_events,
     new_daemon,
-    restart_moto,
     student_number,
     wait_until,
     write_keys_file,
@@ -321,7 +320,7 @@ def test_sqs_stopped_and_started(rig: Rig, tmp_path: Path) -> None:
             sqs.stop()
             loader.resume()
             time.sleep(3.0)
-            restart_moto(sqs)
+            sqs.restart()
             return start, time.time()
 
         try:
@@ -522,7 +521,7 @@ def test_messages_on_the_queue_survive_an_sqs_restart(rig: Rig, tmp_path: Path) 
             0.05,
         )
         sqs.stop()
-        restart_moto(sqs)
+        sqs.restart()
         rig.fakes.set_portal(delay_s=0.0)
         db = Db(rig.db_url)
         try:

@@ -46,6 +46,21 @@ class MotoServer:
                 time.sleep(0.1)
         raise RuntimeError("moto did not answer in time")
 
+    def restart(self, timeout_s: float = 30.0) -> str:
+        """Start a stopped server again on its old port (empty: moto keeps no state)."""
+        deadline = time.monotonic() + timeout_s
+        while True:  # the old listening socket can linger for a moment
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", self.port))
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        return self.start()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
