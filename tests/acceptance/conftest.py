@@ -180,8 +180,6 @@ def private_moto(tmp_path: Path) -> Iterator[MotoServer]:
         server.stop()
 
 
-
-
 # ---------------------------------------------------------------- HTTP
 
 

@@ -253,8 +253,6 @@ def new_daemon(workdir: Path, config: Mapping[str, Any], name: str) -> DaemonPro
     return DaemonProcess(workdir / name, config, env={AI_KEY_ENV: AI_KEY}, name=name)
 
 
-
-
 # ------------------------------------------------------------------ HTTP
 
 

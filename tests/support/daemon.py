@@ -166,7 +166,10 @@ class FakeProcess:
         with self.log_path.open("ab") as sink:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", module, "--port-file", str(self.port_file), *args],
-                stdout=sink, stderr=sink, stdin=subprocess.DEVNULL, cwd=root,
+                stdout=sink,
+                stderr=sink,
+                stdin=subprocess.DEVNULL,
+                cwd=root,
             )
         deadline = time.monotonic() + 20
         while not self.port_file.exists():
