@@ -96,8 +96,8 @@ async def kill_task_at_publish(store: SqlStore, task_id: str) -> RelayRow:
     return row
 
 
-async def kill_in_processing(store: SqlStore, job_id: str) -> JobRecord:
-    """Published, then every processing attempt failed: relay row SENT, job DEAD."""
+async def _published_and_running(store: SqlStore, job_id: str) -> tuple[float, JobRecord]:
+    """The job's newest outbox row published (SENT) and a consumer run started."""
     latest = await store.latest_relay_row_for_job(job_id)
     assert latest is not None
     now = time.time()
@@ -106,34 +106,26 @@ async def kill_in_processing(store: SqlStore, job_id: str) -> JobRecord:
     assert await store.mark_relay_sent([(claimed, "msg-" + uuid.uuid4().hex[:8])], now)
     running = await store.start_job_run(job_id, now, 30.0)
     assert running is not None
+    return now, running
+
+
+async def kill_in_processing(store: SqlStore, job_id: str) -> JobRecord:
+    """Published, then every processing attempt failed: relay row SENT, job DEAD."""
+    now, _running = await _published_and_running(store, job_id)
     dead = await store.mark_job_dead(job_id, ("RETRIES_EXHAUSTED", "portal down"), now)
     assert dead is not None and dead.status == "DEAD"
     return dead
 
 
 async def succeed(store: SqlStore, job_id: str) -> JobRecord:
-    latest = await store.latest_relay_row_for_job(job_id)
-    assert latest is not None
-    now = time.time()
-    claimed = await store.claim_relay_row(latest.id, now, 30.0)
-    assert claimed is not None
-    await store.mark_relay_sent([(claimed, "msg-" + uuid.uuid4().hex[:8])], now)
-    running = await store.start_job_run(job_id, now, 30.0)
-    assert running is not None
+    now, running = await _published_and_running(store, job_id)
     done = await store.finish_job(running, "SUCCEEDED", now, result={"ok": True})
     assert done is not None
     return done
 
 
 async def fail(store: SqlStore, job_id: str) -> JobRecord:
-    latest = await store.latest_relay_row_for_job(job_id)
-    assert latest is not None
-    now = time.time()
-    claimed = await store.claim_relay_row(latest.id, now, 30.0)
-    assert claimed is not None
-    await store.mark_relay_sent([(claimed, "msg-" + uuid.uuid4().hex[:8])], now)
-    running = await store.start_job_run(job_id, now, 30.0)
-    assert running is not None
+    now, running = await _published_and_running(store, job_id)
     done = await store.finish_job(
         running, "FAILED", now, error=("PORTAL_AUTH_FAILED", "wrong password")
     )
