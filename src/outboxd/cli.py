@@ -1,4 +1,8 @@
-"""The `outboxd` command: builds Settings and hands them to the daemon or a one-shot tool.
+"""outboxd: durable, rate-limited background work over HTTP, a database outbox and SQS.
+
+Run `outboxd serve` under systemd (see systemd/outboxd.service); the other commands are
+one-shot tools for an operator, against the same config file. `outboxd check-config`
+validates a config the way `serve` would before starting it.
 
 Exit codes: 0 success, 2 bad usage or configuration, 1 anything else.
 """
@@ -7,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,23 @@ from outboxd.security import generate_key, generate_token, hash_token
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
+_EPILOG = """\
+Config: TOML; any key can be overridden by OUTBOXD_<SECTION>__<KEY> (e.g.
+OUTBOXD_SQS__REGION=eu-west-1). Without sqs.endpoint_url the daemon talks to AWS SQS
+(region endpoint, standard credential chain). Logs are JSON lines on stdout; under
+journald each carries a syslog priority. status, outbox list and check-config only read.
+"""
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("outboxd")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+        return "unknown"
+
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -28,37 +50,106 @@ def _parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         default=None,
+        metavar="PATH",
         help="config file (default: $OUTBOXD_CONFIG, else ./config.toml)",
     )
-    p = argparse.ArgumentParser(prog="outboxd", description=__doc__, parents=[common])
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", parents=[common], help="run the daemon")
-    sub.add_parser("migrate", parents=[common], help="apply database migrations")
-    st = sub.add_parser("status", parents=[common], help="counts, oldest pending age, DLQ depth")
-    st.add_argument("--json", action="store_true")
-    outbox = sub.add_parser("outbox", parents=[common], help="relay outbox rows")
-    osub = outbox.add_subparsers(dest="outbox_command", required=True)
-    ol = osub.add_parser("list", parents=[common])
-    ol.add_argument("--status", choices=["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"])
-    ol.add_argument("--limit", type=int, default=50)
-    ol.add_argument("--json", action="store_true")
-    orr = osub.add_parser("redrive", parents=[common], help="a DEAD row back to PENDING")
-    orr.add_argument("id")
+    p = argparse.ArgumentParser(
+        prog="outboxd",
+        description=__doc__.split("\n\nExit codes")[0],
+        epilog=_EPILOG + "Exit codes: 0 success, 2 bad usage or configuration, 1 otherwise.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    p.add_argument("--version", action="version", version=f"outboxd {version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser(
+        "serve",
+        parents=[common],
+        help="run the daemon (API, relay, consumer, claimer, scheduler) until SIGTERM",
+        description="Run the daemon until SIGTERM/SIGINT. Applies migrations first when "
+        "storage.auto_migrate is true; notifies systemd (READY=1, STOPPING=1, WATCHDOG=1).",
+    )
+    sub.add_parser(
+        "migrate",
+        parents=[common],
+        help="apply pending database migrations (Postgres: under an advisory lock)",
+    )
+    st = sub.add_parser(
+        "status",
+        parents=[common],
+        help="row counts per table and status, oldest pending age, SQS and DLQ depth (read-only)",
+    )
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    outbox = sub.add_parser("outbox", parents=[common], help="inspect or redrive relay outbox rows")
+    osub = outbox.add_subparsers(dest="outbox_command", required=True, metavar="SUBCOMMAND")
+    ol = osub.add_parser("list", parents=[common], help="list relay outbox rows (read-only)")
+    ol.add_argument(
+        "--status",
+        choices=["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"],
+        help="only rows in this status (default: all)",
+    )
+    ol.add_argument("--limit", type=int, default=50, help="at most this many rows, 1-500 (50)")
+    ol.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    orr = osub.add_parser("redrive", parents=[common], help="put a DEAD outbox row back to PENDING")
+    orr.add_argument("id", help="the outbox row id (from `outboxd outbox list --status DEAD`)")
     jobs = sub.add_parser("jobs", parents=[common], help="portal jobs")
-    jsub = jobs.add_subparsers(dest="jobs_command", required=True)
-    jr = jsub.add_parser("redrive", parents=[common], help="a DEAD job back to QUEUED")
-    jr.add_argument("id")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="SUBCOMMAND")
+    jr = jsub.add_parser(
+        "redrive", parents=[common], help="put a DEAD job back to QUEUED with a fresh outbox row"
+    )
+    jr.add_argument("id", help="the job id")
     queues = sub.add_parser("queues", parents=[common], help="SQS queues")
-    qsub = queues.add_subparsers(dest="queues_command", required=True)
+    qsub = queues.add_subparsers(dest="queues_command", required=True, metavar="SUBCOMMAND")
     qsub.add_parser("create", parents=[common], help="create queues, DLQs and redrive policies")
     token = sub.add_parser("token", parents=[common], help="API tokens")
-    tsub = token.add_subparsers(dest="token_command", required=True)
-    tc = tsub.add_parser("create", parents=[common])
-    tc.add_argument("--user", required=True)
-    tc.add_argument("--role", choices=["user", "admin"], default="user")
-    sub.add_parser("keygen", parents=[common], help="print a new encryption key")
-    sub.add_parser("check-config", parents=[common], help="validate the config and exit")
+    tsub = token.add_subparsers(dest="token_command", required=True, metavar="SUBCOMMAND")
+    tc = tsub.add_parser(
+        "create",
+        parents=[common],
+        help="print a new token and the [[auth.tokens]] entry (its hash) for the config",
+    )
+    tc.add_argument("--user", required=True, help="the user name the token authenticates")
+    tc.add_argument(
+        "--role", choices=["user", "admin"], default="user", help="the token's role (user)"
+    )
+    sub.add_parser(
+        "keygen",
+        parents=[common],
+        help="print a new encryption key (one line of security.keys_file)",
+    )
+    cc = sub.add_parser(
+        "check-config",
+        parents=[common],
+        help="validate the config as serve would, without reaching the database or SQS",
+    )
+    cc.add_argument(
+        "--json",
+        action="store_true",
+        help="print the resolved settings as JSON (TOML key names, absent = null, "
+        "secrets redacted)",
+    )
     return p
+
+
+def resolved_settings(settings: Settings) -> dict[str, Any]:
+    """The settings as check-config --json prints them: TOML keys, secrets redacted."""
+    from outboxd.observability import REDACTED, scrub_url
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Mapping):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return value
+
+    out: dict[str, Any] = plain(settings)
+    out.pop("base_dir", None)
+    out["storage"]["url"] = scrub_url(settings.storage.url)
+    for entry in out["auth"]["tokens"]:
+        entry["sha256"] = REDACTED
+    return out
 
 
 def _load(args: argparse.Namespace) -> Settings:
@@ -92,8 +183,19 @@ def run(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
+    if cmd in ("check-config", "serve"):
+        from outboxd.daemon.app import preflight
+
+        try:
+            preflight(settings, os.environ)
+        except ConfigError as exc:
+            print(str(exc), file=sys.stderr)
+            return EXIT_USAGE
     if cmd == "check-config":
-        print("config OK")
+        if args.json:
+            print(json.dumps(resolved_settings(settings), indent=2, sort_keys=True))
+        else:
+            print("config OK")
         return EXIT_OK
     if cmd == "serve":
         from outboxd.daemon import app
@@ -114,9 +216,34 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 async def _open(settings: Settings) -> Any:
-    from outboxd.daemon.app import open_configured_store
+    """The store for a one-shot command: never migrates, never creates a database.
 
-    return await open_configured_store(settings)
+    Only `serve` (with storage.auto_migrate) and `migrate` change the schema; a
+    status on a fresh config must not leave a database or a schema behind.
+    """
+    from outboxd.storage.db import sqlite_path
+    from outboxd.storage.store import open_store
+
+    s = settings.storage
+    if s.url.startswith("sqlite:///"):
+        path = sqlite_path(s.url, settings.base_dir)
+        if not path.is_file():
+            raise OutboxdError(
+                f"no database at {path}: start the daemon or run `outboxd migrate` first"
+            )
+    store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
+    try:
+        pending = await store.db.pending_migrations()
+    except BaseException:
+        await store.close()
+        raise
+    if pending:
+        await store.close()
+        raise OutboxdError(
+            f"the database is not migrated (pending: {', '.join(pending)}): "
+            "start the daemon or run `outboxd migrate` first"
+        )
+    return store
 
 
 async def _migrate(settings: Settings, _args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 ROLES = ("api", "relay", "consumer", "claimer", "scheduler")
 
@@ -49,7 +50,10 @@ class StorageSettings:
 
 @dataclass(frozen=True)
 class SqsSettings:
-    endpoint_url: str | None = "embedded"
+    # Absent (None): real AWS, the region's endpoint and the standard credential chain.
+    # "embedded": moto's server as a child process (development only, needs the
+    # outboxd[embedded] extra). Anything else: an SQS-compatible http(s) URL.
+    endpoint_url: str | None = None
     region: str | None = None
     jobs_queue: str = "outboxd-jobs"
     tasks_queue: str = "outboxd-tasks.fifo"
@@ -72,6 +76,7 @@ class RelaySettings:
 @dataclass(frozen=True)
 class ConsumerSettings:
     max_concurrency: int = 4
+    # When absent: a third of sqs.visibility_timeout_s (see _derive_defaults).
     heartbeat_s: float = 20.0
     backoff_base_s: float = 5.0
 
@@ -224,6 +229,7 @@ class Settings:
         data: dict[str, Any] = json.loads(json.dumps(raw, default=str)) if raw else {}
         _apply_env(data, os.environ if env is None else env)
         data.pop("base_dir", None)
+        _derive_defaults(data)
         settings: Settings = _build(cls, data, "")
         settings = dataclasses.replace(settings, base_dir=base_dir or Path.cwd())
         _validate(settings)
@@ -252,6 +258,45 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
                 raise ConfigError(f"config: {name}: {'.'.join(path[:-1])} is not a section")
             target = nxt
         target[path[-1]] = _parse_env_value(value)
+
+
+def _number(section: Any, key: str) -> float | None:
+    value = section.get(key) if isinstance(section, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _derive_defaults(data: dict[str, Any]) -> None:
+    """Defaults that follow another key, filled in only where the user wrote nothing.
+
+    So a rule relating two keys can only fail on a value the user wrote: setting just
+    `sqs.visibility_timeout_s = 6` gives a 2 s heartbeat, not the 20 s that would
+    contradict it. A source value of the wrong type is left for _build to report.
+    """
+
+    def fill(section: str, key: str, value: float | None) -> None:
+        target = data.get(section)
+        if value is None or (target is not None and not isinstance(target, dict)):
+            return
+        data.setdefault(section, {}).setdefault(key, value)
+
+    visibility = _number(data.get("sqs"), "visibility_timeout_s")
+    if visibility is not None and visibility > 0:
+        fill("consumer", "heartbeat_s", visibility / 3)
+    base = _number(data.get("relay"), "backoff_base_s")
+    if base is not None:
+        fill("relay", "backoff_max_s", max(RelaySettings.backoff_max_s, base))
+    scrapers = data.get("scrapers")
+    timeout = _number(
+        scrapers.get("classifier") if isinstance(scrapers, dict) else None, "timeout_s"
+    )
+    if timeout is not None:
+        fill(
+            "claimer",
+            "processing_timeout_s",
+            max(ClaimerSettings.processing_timeout_s, 2 * timeout),
+        )
 
 
 def _parse_env_value(value: str) -> Any:
@@ -347,6 +392,14 @@ def _validate(s: Settings) -> None:
     need(url != "sqlite:///", "storage.url", "names no file")
     need(1 <= s.storage.pool_size <= 200, "storage.pool_size", "must be 1-200")
     need(s.storage.acquire_timeout_s > 0, "storage.acquire_timeout_s", "must be positive")
+    endpoint = s.sqs.endpoint_url
+    need(
+        endpoint is None
+        or endpoint == "embedded"
+        or (endpoint.startswith(("http://", "https://")) and bool(urlsplit(endpoint).hostname)),
+        "sqs.endpoint_url",
+        f'must be "embedded" or an http(s) URL; leave it out for AWS (got {endpoint!r})',
+    )
     need(0 <= s.sqs.wait_time_s <= 20, "sqs.wait_time_s", "must be an integer 0-20")
     need(
         0 <= s.sqs.visibility_timeout_s <= 43200,
@@ -370,7 +423,8 @@ def _validate(s: Settings) -> None:
     need(
         s.relay.backoff_max_s >= s.relay.backoff_base_s,
         "relay.backoff_max_s",
-        "must be at least relay.backoff_base_s",
+        f"({s.relay.backoff_max_s:g}) must be at least relay.backoff_base_s "
+        f"({s.relay.backoff_base_s:g})",
     )
     need(s.relay.publish_timeout_s > 0, "relay.publish_timeout_s", "must be positive")
     need(s.consumer.max_concurrency >= 1, "consumer.max_concurrency", "must be at least 1")
@@ -379,7 +433,8 @@ def _validate(s: Settings) -> None:
     need(
         s.sqs.visibility_timeout_s == 0 or s.consumer.heartbeat_s < s.sqs.visibility_timeout_s,
         "consumer.heartbeat_s",
-        "must be shorter than sqs.visibility_timeout_s",
+        f"({s.consumer.heartbeat_s:g}) must be shorter than sqs.visibility_timeout_s "
+        f"({s.sqs.visibility_timeout_s})",
     )
     need(s.claimer.fixed_delay_s > 0, "claimer.fixed_delay_s", "must be positive")
     need(s.claimer.retry_delay_s >= 0, "claimer.retry_delay_s", "must not be negative")
@@ -391,7 +446,8 @@ def _validate(s: Settings) -> None:
         s.scrapers.classifier.provider == "rules"
         or s.claimer.processing_timeout_s > s.scrapers.classifier.timeout_s,
         "claimer.processing_timeout_s",
-        "must be longer than scrapers.classifier.timeout_s",
+        f"({s.claimer.processing_timeout_s:g}) must be longer than "
+        f"scrapers.classifier.timeout_s ({s.scrapers.classifier.timeout_s:g})",
     )
     su = s.scrapers.suwon
     for key in ("portal_base_url", "info_base_url"):

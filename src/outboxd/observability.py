@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from collections.abc import Mapping, MutableMapping
@@ -70,12 +71,40 @@ def _error_fields(
     return event_dict
 
 
-def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
+# syslog priorities (sd-daemon(3)): journald reads a leading `<N>` as the line's PRIORITY,
+# so `journalctl -p warning` finds warnings. "exception" is structlog's error with a trace.
+SYSLOG_PRIORITY = {"critical": 2, "exception": 3, "error": 3, "warning": 4, "info": 6, "debug": 7}
+
+
+class JournalPriorityPrefix:
+    """Wraps a renderer: `<N>` + the rendered line, N the syslog priority of its level."""
+
+    def __init__(self, renderer: Any) -> None:
+        self._renderer = renderer
+
+    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> str:
+        level = str(event_dict.get("level", method)).lower()
+        priority = SYSLOG_PRIORITY.get(level, SYSLOG_PRIORITY.get(method, 6))
+        return f"<{priority}>{self._renderer(logger, method, event_dict)}"
+
+
+def configure_logging(
+    level: str = "info",
+    fmt: str = "json",
+    stream: TextIO | None = None,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """JSON (or console) lines on stdout; with `<N>` priority prefixes under journald.
+
+    systemd sets JOURNAL_STREAM when stdout is connected to the journal.
+    """
     renderer: Any = (
         structlog.processors.JSONRenderer(ensure_ascii=False)
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    if (os.environ if env is None else env).get("JOURNAL_STREAM"):
+        renderer = JournalPriorityPrefix(renderer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

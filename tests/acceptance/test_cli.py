@@ -32,7 +32,11 @@ from tests.support.ops import (
 
 
 def config_for(tmp_path: Path, db_url: str, **extra: Any) -> str:
-    config: dict[str, Any] = {"storage": {"url": db_url}, **extra}
+    config: dict[str, Any] = {
+        "storage": {"url": db_url},
+        "sqs": {"endpoint_url": "embedded"},  # never AWS from a test
+        **extra,
+    }
     return str(write_config(tmp_path, config))
 
 
@@ -239,5 +243,7 @@ def test_check_config_keygen_and_token(tmp_path: Path) -> None:
     assert 'role = "admin"' in entry and 'user = "ops"' in entry
     # The printed entry is a valid config.
     path = tmp_path / "with-token.toml"
-    path.write_text(f'[storage]\nurl = "{db_url}"\n\n' + "\n".join(entry) + "\n")
+    path.write_text(
+        f'[storage]\nurl = "{db_url}"\n[sqs]\nregion = "eu-west-1"\n\n' + "\n".join(entry) + "\n"
+    )
     assert run_cli("check-config", "--config", str(path)).returncode == 0

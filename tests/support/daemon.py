@@ -142,7 +142,8 @@ class DaemonProcess:
     def events(self) -> list[dict[str, Any]]:
         out = []
         for line in self.logs().splitlines():
-            line = line.strip()
+            # Under journald (JOURNAL_STREAM set) a line starts with its `<N>` priority.
+            line = re.sub(r"^<\d>", "", line.strip())
             if line.startswith("{"):
                 try:
                     out.append(json.loads(line))

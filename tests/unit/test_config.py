@@ -27,10 +27,10 @@ def config_error(raw: dict[str, Any], env: dict[str, str] | None = None) -> str:
 
 
 def test_defaults_are_valid() -> None:
-    """An empty config is the embedded default: SQLite beside the config, embedded SQS."""
+    """An empty config: SQLite beside the config; SQS is AWS (embedded only when written)."""
     s = load({})
     assert s.storage.url == "sqlite:///var/outboxd.db"
-    assert s.sqs.endpoint_url == "embedded"
+    assert s.sqs.endpoint_url is None
     assert s.sqs.wait_time_s == 20 and s.relay.batch_size == 10
 
 
@@ -172,6 +172,8 @@ def test_check_config_exits_2_with_one_line(tmp_path: Path) -> None:
     assert "sqs.wait_time_s" in lines[0]
 
     good = tmp_path / "good.toml"
-    good.write_text('[sqs]\nwait_time_s = 5\n[storage]\nurl = "sqlite:///var/x.db"\n')
+    good.write_text(
+        '[sqs]\nwait_time_s = 5\nregion = "eu-west-1"\n[storage]\nurl = "sqlite:///var/x.db"\n'
+    )
     ok = _cli("check-config", "--config", str(good), cwd=tmp_path)
     assert ok.returncode == 0, ok

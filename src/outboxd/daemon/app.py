@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import signal
 import sys
@@ -19,21 +20,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import structlog
 from aiohttp import web
 
-from outboxd.config import Settings, is_loopback_host
+from outboxd.config import ConfigError, Settings, is_loopback_host
 from outboxd.daemon.api import ApiDeps, create_app
 from outboxd.daemon.claimer import Claimer
 from outboxd.daemon.consumer import Consumer
 from outboxd.daemon.relay import Relay
 from outboxd.daemon.scheduler import Scheduler
 from outboxd.daemon.sdnotify import SystemdNotifier
-from outboxd.errors import OutboxdError
+from outboxd.errors import OutboxdError, SecurityError
 from outboxd.observability import Metrics, configure_logging
 from outboxd.queue.embedded import EmbeddedSqs
-from outboxd.queue.sqs import KINDS, QueueError, SqsQueues
+from outboxd.queue.sqs import KINDS, QueueError, SqsQueues, resolve_region
 from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
@@ -85,6 +87,64 @@ def load_keys(settings: Settings, env: Mapping[str, str]) -> KeyRing:
     return keys
 
 
+EMBEDDED_EXTRA = "outboxd[embedded]"
+
+
+def embedded_extra_missing() -> str | None:
+    """The one line to show when embedded SQS is chosen but moto is not installed."""
+    if importlib.util.find_spec("moto") is not None:
+        return None
+    return (
+        f'config: sqs.endpoint_url = "embedded" needs the {EMBEDDED_EXTRA} extra, which is '
+        f"not installed: {sys.executable} -m pip install '{EMBEDDED_EXTRA}' "
+        "(or leave sqs.endpoint_url out to use AWS)"
+    )
+
+
+def preflight(settings: Settings, env: Mapping[str, str]) -> None:
+    """Everything `serve` would refuse at start, short of reaching the database or SQS.
+
+    Shared by `check-config` and `serve`; reads local files and the environment, writes
+    nothing. Raises ConfigError whose str() is one line naming the key.
+    """
+    sqs = settings.sqs
+    if sqs.endpoint_url == "embedded":
+        missing = embedded_extra_missing()
+        if missing is not None:
+            raise ConfigError(missing)
+    elif resolve_region(sqs, sqs.endpoint_url) is None:
+        raise ConfigError(
+            "config: sqs.region: no AWS region configured: set sqs.region (or AWS_REGION)"
+        )
+    keys_file = settings.security.keys_file
+    try:
+        if keys_file or env.get("OUTBOXD_SECRET_KEYS", "").strip():
+            KeyRing.load(settings.resolve_path(keys_file) if keys_file else None, env)
+        elif settings.storage.url.startswith("sqlite:///"):
+            db_path = sqlite_path(settings.storage.url, settings.base_dir)
+            default_file = db_path.with_name(db_path.name + ".keys")
+            if default_file.exists():  # else serve creates it
+                KeyRing.load(default_file, env)
+        else:
+            raise ConfigError(
+                "config: security.keys_file: no encryption key: set security.keys_file "
+                "or OUTBOXD_SECRET_KEYS"
+            )
+    except SecurityError as exc:
+        raise ConfigError(f"config: {exc}") from None
+    cl = settings.scrapers.classifier
+    needs_key = "claimer" in settings.daemon.roles and cl.provider == "openai"
+    if needs_key and not env.get(cl.api_key_env, "").strip():
+        raise ConfigError(
+            f"config: scrapers.classifier.api_key_env: environment variable "
+            f"{cl.api_key_env} is not set (provider openai)"
+        )
+
+
+def _endpoint_label(endpoint: str | None) -> str:
+    return "aws" if endpoint is None else (urlsplit(endpoint).netloc or endpoint)
+
+
 @contextlib.asynccontextmanager
 async def sqs_endpoint(settings: Settings) -> AsyncIterator[str | None]:
     """The SQS endpoint URL, starting the embedded server when configured so."""
@@ -96,6 +156,9 @@ async def sqs_endpoint(settings: Settings) -> AsyncIterator[str | None]:
         log_path = sqlite_path(settings.storage.url, settings.base_dir).with_name(
             "embedded-sqs.log"
         )
+    missing = embedded_extra_missing()
+    if missing is not None:
+        raise ConfigError(missing)
     embedded = EmbeddedSqs(log_path=log_path)
     url = await embedded.start()
     log.info("embedded_sqs_started", endpoint_url=url)
@@ -240,7 +303,7 @@ def _install_signals(stop: asyncio.Event) -> None:
 async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
     """Run the daemon until a signal; the process exit code."""
     env = os.environ if env is None else env
-    configure_logging(settings.logging.level, settings.logging.format)
+    configure_logging(settings.logging.level, settings.logging.format, env=env)
     stop = asyncio.Event()
     _install_signals(stop)
     notifier = SystemdNotifier(env)
@@ -251,6 +314,24 @@ async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
         storage=settings.storage.url.split(":")[0],
         pid=os.getpid(),
     )
+    if settings.sqs.endpoint_url == "embedded":
+        # Its messages live only in memory; the outbox republishes them after a restart,
+        # but one SQS per process defeats several instances and is no production queue.
+        if not settings.storage.url.startswith("sqlite:///"):
+            log.warning(
+                "embedded_sqs_not_for_production",
+                reason="postgres storage",
+                detail="embedded SQS keeps messages in memory only; leave sqs.endpoint_url "
+                "out to use AWS",
+            )
+        if "api" in roles and not is_loopback_host(settings.server.host):
+            log.warning(
+                "embedded_sqs_not_for_production",
+                reason="non-loopback bind",
+                host=settings.server.host,
+                detail="embedded SQS keeps messages in memory only; leave sqs.endpoint_url "
+                "out to use AWS",
+            )
     if not settings.auth.tokens and "api" in roles:
         log.warning(
             "auth_disabled",
@@ -260,7 +341,7 @@ async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             code = await _serve(settings, env, stop, roles, notifier, stack)
-    except (OutboxdError, OSError, ValueError) as exc:
+    except (OutboxdError, OSError, ValueError, ConfigError) as exc:
         log.error("daemon_failed", error=exc)
         return 1
     log.info("daemon_stopped", exit_code=code)
@@ -298,6 +379,22 @@ async def _serve(
     stack.push_async_callback(queues.close)
     queue_readiness = QueueReadiness(queues)
     await queue_readiness.start_once()
+    log.info(
+        "sqs_endpoint",
+        endpoint=_endpoint_label(endpoint),
+        embedded=settings.sqs.endpoint_url == "embedded",
+        region=queues.region or resolve_region(settings.sqs, endpoint),
+        queue_urls=(
+            {
+                f"{kind}{'_dlq' if dlq else ''}": queues.queue_url(kind, dlq)
+                for kind in KINDS
+                for dlq in (False, True)
+            }
+            if queue_readiness.up.is_set()
+            else None
+        ),
+        queues=[settings.sqs.jobs_queue, settings.sqs.tasks_queue],
+    )
 
     relay = Relay(store, queues, settings.relay, metrics)
     tasks = TaskService(store)

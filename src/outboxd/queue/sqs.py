@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -127,6 +128,26 @@ def is_loopback_endpoint(endpoint_url: str | None) -> bool:
     return host is not None and is_loopback_host(host)
 
 
+def resolve_region(
+    settings: SqsSettings, endpoint_url: str | None, session: Any = None
+) -> str | None:
+    """sqs.region, else AWS_REGION, else botocore's (AWS_DEFAULT_REGION, ~/.aws/config).
+
+    Reads local configuration only, never the network. A loopback endpoint (moto, the
+    embedded server) ignores the region, so any valid one is returned for it.
+    """
+    if settings.region:
+        return settings.region
+    region = os.environ.get("AWS_REGION") or (session or AioSession()).get_config_variable(
+        "region"
+    )
+    if region:
+        return str(region)
+    if is_loopback_endpoint(endpoint_url):
+        return LOOPBACK_DEFAULT_REGION
+    return None
+
+
 def _short(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= _ERROR_TEXT_MAX else text[: _ERROR_TEXT_MAX - 1] + "…"
@@ -206,6 +227,7 @@ class SqsQueues:
         self._urls: dict[tuple[QueueKind, bool], str] = {}
         self._recreate_lock = asyncio.Lock()
         self._recreated_at = 0.0
+        self.region: str | None = None  # resolved by start()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -221,6 +243,7 @@ class SqsQueues:
             async with _sqs_call("client setup"):
                 session = AioSession()
                 region = self._resolve_region(session)
+                self.region = region
                 credentials = await self._credential_overrides(session)
                 common: dict[str, Any] = {
                     "region_name": region,
@@ -272,13 +295,10 @@ class SqsQueues:
         )
 
     def _resolve_region(self, session: Any) -> str:
-        region = self._settings.region or session.get_config_variable("region")
-        if region:
-            return str(region)
-        if is_loopback_endpoint(self._endpoint_url):
-            # A local SQS-compatible server ignores the region; any valid one signs fine.
-            return LOOPBACK_DEFAULT_REGION
-        raise QueueError("no AWS region configured: set sqs.region (or AWS_REGION)")
+        region = resolve_region(self._settings, self._endpoint_url, session)
+        if region is None:
+            raise QueueError("no AWS region configured: set sqs.region (or AWS_REGION)")
+        return region
 
     async def _credential_overrides(self, session: Any) -> dict[str, str]:
         """Dummy keys for a loopback server when the standard chain finds none.

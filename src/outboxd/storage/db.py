@@ -136,6 +136,10 @@ class Database(Protocol):
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
     def reader(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
     async def migrate(self) -> list[str]: ...
+    async def pending_migrations(self) -> list[str]:
+        """Names of the migrations not applied yet; reads only (no table is created)."""
+        ...
+
     async def ping(self) -> None: ...
     async def close(self) -> None: ...
 
@@ -378,6 +382,20 @@ class SqliteDatabase:
         async with self._write_turn():
             return await self._writer.call(apply)
 
+    async def pending_migrations(self) -> list[str]:
+        def check(conn: sqlite3.Connection) -> list[str]:
+            found = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+            ).fetchone()
+            done = (
+                {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+                if found
+                else set()
+            )
+            return [name for version, name, _ in load_migrations("sqlite") if version not in done]
+
+        return await self._reader.call(check)
+
     async def ping(self) -> None:
         await self._reader.call(lambda c: c.execute("SELECT 1").fetchall())
         # In WAL mode reads succeed while another process holds the write lock,
@@ -581,6 +599,16 @@ class PostgresDatabase:
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
         return applied
+
+    async def pending_migrations(self) -> list[str]:
+        async with self._acquire() as conn:
+            try:
+                done: set[int] = set()
+                if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+                    done = {r[0] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
+                raise _pg_error(exc) from exc
+        return [name for version, name, _ in load_migrations("postgres") if version not in done]
 
     async def ping(self) -> None:
         async with self._acquire() as conn:

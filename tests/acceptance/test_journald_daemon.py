@@ -1,0 +1,129 @@
+"""The daemon under journald: every stdout line is `<N>{json}`, and a database or SQS that
+cannot be reached is logged at priority 4 (warning) or more urgent, so
+`journalctl -u outboxd -p warning` shows it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outboxd.security import generate_key
+from tests.support import postgres as pg
+from tests.support.daemon import DaemonProcess, dump_toml
+from tests.support.moto import free_port
+
+LINE = re.compile(r"^<([0-7])>(\{.*\})$")
+JOURNAL = {"JOURNAL_STREAM": "8:424242"}
+
+
+def parse(stdout: str) -> list[tuple[int, dict[str, Any]]]:
+    out = []
+    for line in stdout.splitlines():
+        m = LINE.match(line)
+        assert m, f"not <N>{{json}}: {line!r}"
+        out.append((int(m.group(1)), json.loads(m.group(2))))
+    assert out, "no log lines"
+    return out
+
+
+def test_database_unreachable_at_start_logs_an_error(tmp_path: Path) -> None:
+    dead = free_port()
+    config = {
+        "storage": {"url": f"postgresql://outboxd@127.0.0.1:{dead}/outboxd"},
+        "sqs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
+    }
+    path = tmp_path / "c.toml"
+    path.write_text(dump_toml(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
+    env.update(JOURNAL, OUTBOXD_SECRET_KEYS=generate_key())
+    done = subprocess.run(
+        [sys.executable, "-m", "outboxd", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = parse(done.stdout)
+    failed = [(p, e) for p, e in lines if e["event"] == "daemon_failed"]
+    assert len(failed) == 1, lines
+    assert failed[0][0] <= 4 and failed[0][0] == 3
+    assert failed[0][1]["level"] == "error"
+    assert {p for p, e in lines if e["level"] == "info"} == {6}
+
+
+def test_sqs_unreachable_logs_a_warning_and_every_line_is_prefixed(tmp_path: Path) -> None:
+    config = {
+        "server": {"host": "127.0.0.1", "port": 0},
+        "storage": {"url": "sqlite:///outboxd.db"},
+        "sqs": {"endpoint_url": f"http://127.0.0.1:{free_port()}", "wait_time_s": 1},
+        "daemon": {"roles": ["api", "relay", "consumer"], "shutdown_timeout_s": 5},
+    }
+    daemon = DaemonProcess(tmp_path, config, env=JOURNAL)
+    try:
+        daemon.start()
+        deadline = time.monotonic() + 60
+        while "sqs_unavailable" not in daemon.logs() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert daemon.terminate(timeout_s=40) == 0
+    finally:
+        daemon.kill()
+    lines = parse(daemon.logs())
+    levels = {e["event"]: (p, e["level"]) for p, e in lines}
+    assert levels["sqs_unavailable"] == (4, "warning"), lines
+    assert levels["daemon_ready"] == (6, "info")
+    # The start line that says which SQS this is; queue URLs unknown while it is down.
+    endpoint = next(e for _, e in lines if e["event"] == "sqs_endpoint")
+    assert endpoint["endpoint"].startswith("127.0.0.1:") and endpoint["queue_urls"] is None
+    # The helper that tests use still reads the events through the prefix.
+    assert [e["event"] for e in daemon.events()] == [e["event"] for _, e in lines]
+
+
+@pytest.mark.postgres
+def test_embedded_sqs_with_postgres_or_a_public_bind_warns(
+    pg_database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Embedded SQS keeps messages in memory: with Postgres, or bound beyond loopback, the
+    daemon says so at start. (192.0.2.1 is TEST-NET: the bind fails, nothing is sent.)"""
+    name, dsn = pg.create_database()  # its own: the daemon migrates and republishes
+    request.addfinalizer(lambda: pg.drop_database(name))
+    config = {
+        "server": {"host": "192.0.2.1", "port": 0},
+        "storage": {"url": dsn},
+        "sqs": {"endpoint_url": "embedded"},
+        "auth": {"tokens": [{"sha256": "ab" * 32, "user": "ops"}]},
+        "daemon": {"roles": ["api", "relay"], "shutdown_timeout_s": 5},
+    }
+    path = tmp_path / "c.toml"
+    path.write_text(dump_toml(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
+    env.update(JOURNAL, OUTBOXD_SECRET_KEYS=generate_key())
+    done = subprocess.run(
+        [sys.executable, "-m", "outboxd", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout[-3000:]  # the bind failed
+    lines = parse(done.stdout)
+    warned = {e["reason"] for p, e in lines if e["event"] == "embedded_sqs_not_for_production"}
+    assert warned == {"postgres storage", "non-loopback bind"}, lines
+    assert all(p == 4 for p, e in lines if e["event"] == "embedded_sqs_not_for_production")
+    endpoint = next(e for _, e in lines if e["event"] == "sqs_endpoint")
+    assert endpoint["embedded"] is True and endpoint["endpoint"].startswith("127.0.0.1:")
+    assert endpoint["region"] == "us-east-1"
+    assert set(endpoint["queue_urls"]) == {"jobs", "jobs_dlq", "tasks", "tasks_dlq"}
+    assert endpoint["queue_urls"]["jobs"].endswith("/outboxd-jobs")
