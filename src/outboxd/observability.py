@@ -169,3 +169,14 @@ class Metrics:
             ["queue", "state"],
             registry=r,
         )
+        self.ready = Gauge(
+            "outboxd_ready",
+            "1 when the readiness check passes (as /readyz), 0 when it fails",
+            ["check"],
+            registry=r,
+        )
+        self.claimer_last_tick = Gauge(
+            "outboxd_claimer_last_tick_timestamp_seconds",
+            "Unix time the claimer last finished a tick (idle ones too)",
+            registry=r,
+        )

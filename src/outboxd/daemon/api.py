@@ -650,8 +650,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def refresh_gauges(deps: ApiDeps) -> None:
     """Row and queue gauges are read at scrape time, so they equal the database's counts."""
-    stats = await collect_stats(deps.store, deps.queue_stats)
     m = deps.metrics
+    for check, verdict in (await deps.readiness.check()).items():
+        m.ready.labels(check).set(1 if verdict == "ok" else 0)
+    stats = await collect_stats(deps.store, deps.queue_stats)
     m.rows.clear()
     for table, counts in stats["tables"].items():
         for status, n in counts.items():

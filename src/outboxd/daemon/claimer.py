@@ -50,6 +50,7 @@ class Claimer:
                 # Shielded: a shutdown lets the tick in flight record its
                 # outcome rather than leave a PROCESSING row for the timeout.
                 await asyncio.shield(self.tick())
+                self._metrics.claimer_last_tick.set_to_current_time()
             except Exception as exc:  # the loop outlives database and provider outages
                 log.warning("claimer_tick_failed", error=exc)
             delay = max(self._settings.fixed_delay_s, self._paused_until - self._clock())
