@@ -21,6 +21,10 @@ from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
 from tests.support.moto import MotoServer
 
+# A test run started by systemd (stdout to the journal) must not make every daemon the
+# tests spawn prefix its log lines with `<N>`: only the tests that set it get journald mode.
+os.environ.pop("JOURNAL_STREAM", None)
+
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 

@@ -238,3 +238,23 @@ async def test_read_only_commands_never_create_or_migrate(
     assert run_cli("migrate", "--config", config).returncode == 0
     assert run_cli("status", "--json", "--config", config).returncode == 0
     assert run_cli("outbox", "list", "--config", config).returncode == 0
+
+
+def test_the_example_production_config_passes_check_config(tmp_path: Path) -> None:
+    """systemd/outboxd.example.toml as shipped, with the key file the unit hands over:
+    valid, AWS (`endpoint_url` null), Postgres, and nothing secret in the output."""
+    keys = tmp_path / "keys"
+    keys.write_text(run("keygen").stdout)
+    example = str(ROOT / "systemd" / "outboxd.example.toml")
+    env = cli_env(OUTBOXD_SECURITY__KEYS_FILE=str(keys))
+    assert run("check-config", "--config", example, env=env).stdout.strip() == "config OK"
+    done = run("check-config", "--json", "--config", example, env=env)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["sqs"]["endpoint_url"] is None and out["sqs"]["region"]
+    assert out["storage"]["url"].startswith("postgresql://")
+    assert out["security"]["keys_file"] == str(keys)
+    assert out["auth"]["tokens"][0]["sha256"] == "[redacted]"
+    # Without a key (the unit's credential), serve would refuse: so does check-config.
+    refused = run("check-config", "--config", example)
+    assert refused.returncode == 2 and "security.keys_file" in one_line(refused)
