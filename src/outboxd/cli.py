@@ -157,6 +157,13 @@ def _load(args: argparse.Namespace) -> Settings:
     return Settings.from_toml(path)
 
 
+def _config_error(exc: ConfigError) -> None:
+    # Under systemd the unit's stderr is the journal too: mark the refusal as an error
+    # (<3>) so `journalctl -p warning` shows why the service does not start.
+    prefix = "<3>" if os.environ.get("JOURNAL_STREAM") else ""
+    print(f"{prefix}{exc}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     sys.exit(run(argv))
 
@@ -181,7 +188,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         settings = _load(args)
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        _config_error(exc)
         return EXIT_USAGE
     if cmd in ("check-config", "serve"):
         from outboxd.daemon.app import preflight
@@ -189,7 +196,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         try:
             preflight(settings, os.environ)
         except ConfigError as exc:
-            print(str(exc), file=sys.stderr)
+            _config_error(exc)
             return EXIT_USAGE
     if cmd == "check-config":
         if args.json:

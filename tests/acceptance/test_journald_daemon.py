@@ -127,3 +127,19 @@ def test_embedded_sqs_with_postgres_or_a_public_bind_warns(
     assert endpoint["region"] == "us-east-1"
     assert set(endpoint["queue_urls"]) == {"jobs", "jobs_dlq", "tasks", "tasks_dlq"}
     assert endpoint["queue_urls"]["jobs"].endswith("/outboxd-jobs")
+
+
+def test_a_refused_config_is_an_error_line_in_the_journal(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[sqs]\nendpoint_url = ""\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "outboxd", "serve", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, **JOURNAL},
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("<3>config: sqs.endpoint_url:"), done.stderr
