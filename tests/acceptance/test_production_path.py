@@ -179,6 +179,18 @@ def test_wheel_to_a_unit_like_service_offline(
         assert resolved["sqs"]["endpoint_url"] is None
         assert resolved["sqs"]["region"] == "eu-west-1"
         assert resolved["storage"]["url"] == dsn  # trust auth: no password to redact
+        # Embedded SQS needs the extra this install does not have: one line naming it.
+        embedded = subprocess.run(
+            [*as_service, str(outboxd), "check-config", "--config", str(etc / "config.toml")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**env, "OUTBOXD_SQS__ENDPOINT_URL": "embedded"},
+        )
+        assert embedded.returncode == 2, embedded
+        (line,) = embedded.stderr.strip().splitlines()
+        assert "outboxd[embedded]" in line and "pip install" in line, line
 
         # 5. serve, as the unit runs it, against Postgres, the SQS server and the portal.
         env |= {
