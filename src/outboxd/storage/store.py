@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import math
+import re
 from collections.abc import Generator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -126,6 +128,9 @@ def _work(r: Row) -> WorkRow:
     )
 
 
+_CURSOR_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
 def encode_cursor(created_at: float, row_id: str) -> str:
     raw = json.dumps([created_at, row_id], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -136,10 +141,23 @@ def decode_cursor(cursor: str | None) -> tuple[float | None, str | None]:
     if not cursor:
         return None, None
     try:
+        if len(cursor) > 256:
+            raise ValueError("too long")
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        if raw.count(b"[") > 1:  # ours is one flat array: no nesting to recurse into
+            raise ValueError("nested")
         created, row_id = json.loads(raw)
-        return float(created), str(row_id)
-    except (ValueError, TypeError) as exc:
+        if isinstance(created, bool) or not isinstance(created, int | float):
+            raise ValueError("not a time")
+        if not isinstance(row_id, str) or not _CURSOR_ID_RE.match(row_id):
+            raise ValueError("not a row id")
+        when = float(created)
+        if not math.isfinite(when):
+            raise ValueError("not a finite time")
+        return when, row_id
+    # Forged cursors can hold huge numbers, NaN, deep nesting or lone surrogates:
+    # whatever json and float make of them, the answer is one ValueError.
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise ValueError("cursor is not one this server issued") from exc
 
 
