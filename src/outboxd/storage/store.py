@@ -678,6 +678,9 @@ class SqlStore:
 
     async def prune(self, finished_before: float, dead_before: float, batch: int) -> dict[str, int]:
         """Delete old history in batches of `batch` rows, one short transaction each."""
+        if not (math.isfinite(finished_before) and math.isfinite(dead_before)):
+            # NaN compares false to everything but SQL may not: never guess.
+            raise ValueError("prune needs finite cut-off times")
         totals: dict[str, int] = {}
         for name, before in (
             ("prune_relay_sent", finished_before),
@@ -688,9 +691,10 @@ class SqlStore:
         ):
             total = 0
             while True:
-                n = await self.db.run(
-                    partial(self._count, name, {"before": before, "limit": batch})
-                )
+                params = {"before": before, "limit": batch}
+                if name == "prune_relay_sent":
+                    params["dead_before"] = dead_before
+                n = await self.db.run(partial(self._count, name, params))
                 total += n
                 if n < batch:
                     break
