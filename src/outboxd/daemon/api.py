@@ -284,7 +284,7 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
             body += chunk
             if len(body) > max_bytes:
                 raise ApiError(413, "C05", f"the body is over {max_bytes} bytes")
-    except HttpProcessingError:
+    except (HttpProcessingError, web.RequestPayloadError):
         # A broken chunked framing or gzip/deflate stream, found while reading.
         _fail("body", "is not a valid chunked, gzip or deflate stream")
     except ConnectionError:
