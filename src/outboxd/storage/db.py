@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import sqlite3
 import urllib.parse
@@ -305,6 +306,7 @@ class SqliteDatabase:
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_file(self.path)
         await self._writer.open()
         await self._reader.open()
         self._open = True
@@ -596,6 +598,23 @@ class PostgresDatabase:
                 await asyncio.wait_for(pool.close(), 5.0)
             except (TimeoutError, Exception):
                 pool.terminate()
+
+
+def _private_file(path: Path) -> None:
+    """The database file exists and is 0600, whatever the umask.
+
+    It holds sealed credentials (and a ciphertext's length tells a password's).
+    SQLite creates -wal and -shm with the database file's mode, so they follow.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm", "-journal"):
+        side = path.with_name(path.name + suffix)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(side, 0o600)
 
 
 def sqlite_path(url: str, base_dir: Path) -> Path:
