@@ -211,6 +211,8 @@ async def _guarded(
         return await handler(request)
     except ApiError as err:
         return problem(request, err)
+    except inputs.NoSuchId:
+        return problem(request, ApiError(404, "C04", "no such resource"))
     except InputError as exc:
         return problem(
             request,
@@ -490,7 +492,7 @@ async def post_website(request: web.Request) -> web.Response:
 async def get_website(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     try:
-        domain = normalize_domain(inputs.path_text(request, "domain", 300))
+        domain = normalize_domain(inputs.path_id(request, "domain", 300))
     except (InvalidDomain, UnicodeError):
         raise ApiError(404, "C04", "no such website") from None
     website = await deps.websites.get(domain)
@@ -613,8 +615,7 @@ async def admin_enqueue_task(request: web.Request) -> web.Response:
     payload = body.get("payload", {})
     if not isinstance(payload, dict):
         _fail("payload", "must be a JSON object")
-    if type_ == "outbox.prune":
-        _check_prune_payload(payload)
+    _check_task_payload(payload)
     dedup = _string(body, "dedupId", 128, nullable=True)
     if dedup is not None and not _DEDUP_RE.match(dedup):
         _fail("dedupId", "must be 1-128 characters of letters, digits and ASCII punctuation")
@@ -624,16 +625,17 @@ async def admin_enqueue_task(request: web.Request) -> web.Response:
     return web.json_response({"taskId": run.id}, status=202)
 
 
-def _check_prune_payload(payload: Mapping[str, Any]) -> None:
+def _check_task_payload(payload: Mapping[str, Any]) -> None:
+    """The one payload field a built-in task reads (outbox.prune's age); nothing else."""
     _check_fields(payload, {"older_than_days"})
     days = payload.get("older_than_days", 7)
     if (
         isinstance(days, bool)
         or not isinstance(days, int | float)
         or not math.isfinite(days)
-        or days < 0
+        or not 0 <= days <= 36500
     ):
-        _fail("payload.older_than_days", "must be a finite number >= 0")
+        _fail("payload.older_than_days", "must be a finite number 0-36500")
 
 
 async def admin_list_tasks(request: web.Request) -> web.Response:
