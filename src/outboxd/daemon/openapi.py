@@ -987,7 +987,16 @@ def _build() -> dict[str, Any]:
             "(the Problem schema). Every response carries X-Request-Id (the caller's, when it "
             "is 1-128 characters of [A-Za-z0-9._:-], else a fresh one). A method a path does "
             "not list answers 405 C10 with an Allow header (components.responses."
-            "MethodNotAllowed). /healthz, /readyz, /metrics and /openapi.json need no token.",
+            "MethodNotAllowed). /healthz, /readyz, /metrics and /openapi.json need no token. "
+            "Bodies are RFC 8259 JSON: NaN, Infinity, numbers beyond a double, integers over 64 "
+            "digits, nesting deeper than 32, NUL characters and lone surrogates are 400 C01, as "
+            "is a body that is not the gzip or deflate stream its Content-Encoding says. "
+            "Authorization must be sent once. Connection limits (server.read_timeout_s, "
+            "server.keepalive_timeout_s, server.max_connections): a request whose headers and "
+            "body do not arrive within the read timeout is answered 408 and closed; beyond "
+            "max_connections a new connection is answered 503 C09 and closed. HTTP the parser "
+            "cannot read (a header over 8 KB, bytes that are not HTTP) is 400 C01, never echoed. "
+            "Responses carry Server: outboxd (no version).",
         },
         "tags": [
             {"name": "jobs", "description": "Portal link jobs."},
