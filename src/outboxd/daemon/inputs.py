@@ -181,9 +181,11 @@ def query_limit(request: web.Request, default: int = 50, maximum: int = 500) -> 
 
 def query_cursor(request: web.Request) -> str | None:
     """The opaque cursor of a previous page, checked to decode to one we issued."""
-    raw = request.query.get("cursor") or None
+    raw = request.query.get("cursor")
     if raw is None:
         return None
+    if not raw:
+        fail("cursor", "is empty (leave it out for the first page)")
     try:
         decode_cursor(raw)
     except ValueError:

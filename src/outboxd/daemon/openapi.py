@@ -667,8 +667,9 @@ _LIMIT: Final[Schema] = _query_param(
 )
 _CURSOR: Final[Schema] = _query_param(
     "cursor",
-    {"type": "string", "pattern": "^$|" + CURSOR_PATTERN},
-    "The opaque nextCursor of the previous page (any other value is 400 C01).",
+    {"type": "string", "pattern": CURSOR_PATTERN},
+    "The nextCursor of the previous page; leave it out for the first page (an empty or "
+    "malformed value is 400 C01).",
 )
 _REQUEST_ID: Final[Schema] = {"$ref": "#/components/parameters/X-Request-Id"}
 _PUBLIC: Final[list[dict[str, list[str]]]] = []
