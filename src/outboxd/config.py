@@ -447,6 +447,12 @@ def _validate(s: Settings) -> None:
         need(
             bool(job.name) and job.name not in names, f"{key}.name", "must be non-empty and unique"
         )
+        # The name starts every fire's SQS MessageDeduplicationId (<name>-<time>, 128 max).
+        need(
+            len(job.name) <= 96 and all(33 <= ord(c) <= 126 for c in job.name),
+            f"{key}.name",
+            "must be at most 96 letters, digits and ASCII punctuation (no spaces)",
+        )
         names.add(job.name)
         need(
             (job.cron is None) != (job.every_s is None),

@@ -122,3 +122,10 @@ def test_check_config_exits_2_naming_the_key(tmp_path: Path, text: str, key: str
     assert proc.returncode == 2, proc
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1 and key in lines[0], lines
+
+
+@pytest.mark.parametrize("name", ["nightly prune", "prüne", "x" * 97, "tab\there"])
+def test_a_schedule_name_outside_the_sqs_dedup_alphabet_is_refused(name: str) -> None:
+    raw = {"scheduler": {"jobs": [{"name": name, "task": "noop", "every_s": 60}]}}
+    with pytest.raises(ConfigError, match=r"scheduler\.jobs\[0\]\.name"):
+        Settings.from_mapping(raw, env={}, base_dir=Path("/srv"))
