@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
@@ -142,6 +142,12 @@ def test_every_operation_conforms(
         phases=[Phase.explicit, Phase.generate],
     )
     def check(case: Any) -> None:
+        # A query parameter whose generated value is None or an empty list or object is
+        # not sent at all (and one named "" does not survive URL parsing), so a case made
+        # "invalid" only by such a parameter reaches the server as a valid request, which
+        # schemathesis would still expect refused.
+        query = case.query or {}
+        assume(all(k != "" and v not in (None, [], {}) for k, v in query.items()))
         _validate(case)
 
     check()

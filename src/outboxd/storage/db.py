@@ -606,15 +606,21 @@ def _private_file(path: Path) -> None:
     It holds sealed credentials (and a ciphertext's length tells a password's).
     SQLite creates -wal and -shm with the database file's mode, so they follow.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-    for suffix in ("-wal", "-shm", "-journal"):
-        side = path.with_name(path.name + suffix)
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(side, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.fchmod(fd, 0o600)  # the umask cannot widen it, but may narrow it
+        finally:
+            os.close(fd)
+    # Tighten files an older version (or a 022 umask) left readable. Best effort: a
+    # user who does not own them (an operator running `outboxd status`) cannot.
+    for f in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            if f.stat().st_mode & 0o077:
+                os.chmod(f, 0o600)
 
 
 def sqlite_path(url: str, base_dir: Path) -> Path:
