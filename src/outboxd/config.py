@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import math
 import os
 import tomllib
 import types
@@ -31,6 +32,12 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 64 * 1024
+    # A request's headers and body must arrive within this, or the connection is closed.
+    read_timeout_s: float = 15.0
+    # An idle keep-alive connection is closed after this.
+    keepalive_timeout_s: float = 60.0
+    # Connections beyond this are answered 503 and closed at once.
+    max_connections: int = 1024
 
 
 @dataclass(frozen=True)
@@ -366,6 +373,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"config: {where}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            # TOML spells inf and nan; no duration, delay or size is either.
+            raise ConfigError(f"config: {where}: must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -383,6 +393,9 @@ def _validate(s: Settings) -> None:
 
     need(0 <= s.server.port <= 65535, "server.port", "must be 0-65535 (0: any free port)")
     need(s.server.max_body_bytes >= 256, "server.max_body_bytes", "must be at least 256")
+    need(s.server.read_timeout_s > 0, "server.read_timeout_s", "must be positive")
+    need(s.server.keepalive_timeout_s > 0, "server.keepalive_timeout_s", "must be positive")
+    need(s.server.max_connections >= 1, "server.max_connections", "must be at least 1")
     url = s.storage.url
     need(
         url.startswith(("sqlite:///", "postgresql://", "postgres://")),
@@ -476,11 +489,25 @@ def _validate(s: Settings) -> None:
             "must be 64 hex characters",
         )
         need(bool(tok.user), f"auth.tokens[{i}].user", "must not be empty")
+    hashes = [tok.sha256.lower() for tok in s.auth.tokens]
+    for i, digest in enumerate(hashes):
+        need(
+            digest not in hashes[:i],
+            "auth.tokens",
+            f"entry [{i}] repeats the sha256 of entry [{hashes.index(digest)}] "
+            "(one token would map to two users)",
+        )
     names: set[str] = set()
     for i, job in enumerate(s.scheduler.jobs):
         key = f"scheduler.jobs[{i}]"
         need(
             bool(job.name) and job.name not in names, f"{key}.name", "must be non-empty and unique"
+        )
+        # The name starts every fire's SQS MessageDeduplicationId (<name>-<time>, 128 max).
+        need(
+            len(job.name) <= 96 and all(33 <= ord(c) <= 126 for c in job.name),
+            f"{key}.name",
+            "must be at most 96 letters, digits and ASCII punctuation (no spaces)",
         )
         names.add(job.name)
         need(

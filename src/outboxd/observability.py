@@ -12,8 +12,31 @@ from typing import Any, TextIO
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-# Any key whose name looks like a secret is dropped wherever it appears, so a
-# careless `log.info(..., password=...)` or a nested dict cannot leak one.
+# Keys that are secrets whatever their value, compared lowercased with "-" as "_".
+SECRET_KEYS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "secret",
+        "token",
+        "authorization",
+        "cookie",
+        "set_cookie",
+        "api_key",
+        "apikey",
+        "credential",
+        "credentials",
+        "ciphertext",
+        "sealed",
+        "dsn",
+        "private_key",
+    }
+)
+# Any other key whose name looks like a secret (`db_password`, `aws_secret_access_key`,
+# `x_api_key`) is redacted too, unless its value is a number or a boolean: counts
+# such as `dead_credentials=3` or `tokens_configured=2` are not secrets and survive.
 SECRET_KEY_RE = re.compile(
     r"pass(word|wd)?$|^pwd$|secret|token|authorization|api_?key|credential|cookie|ciphertext"
     r"|^dsn$|private_key",
@@ -28,17 +51,22 @@ def scrub_url(text: str) -> str:
     return _URL_PASSWORD_RE.sub(r"\g<scheme>\g<user>:***@", text)
 
 
+def is_secret(key: object, value: Any) -> bool:
+    if not isinstance(key, str):
+        return False
+    if key.lower().replace("-", "_") in SECRET_KEYS:
+        return True
+    if isinstance(value, bool | int | float) or value is None:
+        return False
+    return SECRET_KEY_RE.search(key) is not None
+
+
 def _redact(value: Any, depth: int = 0) -> Any:
     if depth > 8:
         return value
     if isinstance(value, Mapping):
         return {
-            k: (
-                REDACTED
-                if isinstance(k, str) and SECRET_KEY_RE.search(k)
-                else _redact(v, depth + 1)
-            )
-            for k, v in value.items()
+            k: (REDACTED if is_secret(k, v) else _redact(v, depth + 1)) for k, v in value.items()
         }
     if isinstance(value, list | tuple):
         return [_redact(v, depth + 1) for v in value]
@@ -53,7 +81,7 @@ def redact_secrets(
     for key in list(event_dict):
         if key == "event":
             continue
-        if SECRET_KEY_RE.search(key):
+        if is_secret(key, event_dict[key]):
             event_dict[key] = REDACTED
         else:
             event_dict[key] = _redact(event_dict[key])

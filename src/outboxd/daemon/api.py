@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import re
 import time
 import uuid
@@ -13,9 +13,12 @@ from typing import Any, NoReturn, Protocol
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from outboxd.config import Settings
+from outboxd.daemon import inputs
+from outboxd.daemon.inputs import InputError
 from outboxd.daemon.openapi import openapi_document
 from outboxd.errors import InvalidState, NotFound, StorageError, StorageUnavailable
 from outboxd.observability import Metrics
@@ -38,7 +41,6 @@ from outboxd.storage.ports import (
     TaskStore,
     Website,
 )
-from outboxd.storage.store import decode_cursor
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +48,10 @@ PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 PROBLEM_TYPE = "urn:outboxd:problem:"
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+# What SQS accepts as a MessageDeduplicationId: a task whose id holds anything
+# else could never be sent to AWS.
+_DEDUP_RE = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
+SERVER_HEADER = "outboxd"
 _CODES: dict[str, tuple[str, str]] = {
     "C01": ("VALIDATION_FAILED", "The request is not valid"),
     "C02": ("UNAUTHENTICATED", "Authentication is required"),
@@ -92,6 +98,10 @@ class ApiDeps:
 DEPS = web.AppKey("deps", ApiDeps)
 REQUEST_ID = web.RequestKey("request_id", str)
 PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+class ClientDisconnected(Exception):
+    """The client hung up before its request arrived whole: its mistake, not ours."""
 
 
 class ApiError(Exception):
@@ -187,6 +197,8 @@ async def _guarded(
 ) -> web.StreamResponse:
     try:
         http_exc = request.match_info.http_exception
+        if request.method == "CONNECT":
+            raise ApiError(405, "C10", "CONNECT is not allowed", headers={"Allow": "GET, POST"})
         if isinstance(http_exc, web.HTTPMethodNotAllowed):
             allow = ", ".join(sorted(http_exc.allowed_methods))
             raise ApiError(
@@ -199,6 +211,16 @@ async def _guarded(
         return await handler(request)
     except ApiError as err:
         return problem(request, err)
+    except inputs.NoSuchId:
+        return problem(request, ApiError(404, "C04", "no such resource"))
+    except InputError as exc:
+        return problem(
+            request,
+            ApiError(400, "C01", str(exc), [{"field": exc.field, "message": exc.message}]),
+        )
+    except ClientDisconnected:
+        log.info("client_disconnected", method=request.method, route=_route_name(request))
+        return problem(request, ApiError(400, "C01", "the request did not arrive whole"))
     except StorageUnavailable as exc:
         log.warning("storage_unavailable", error=exc)
         return problem(
@@ -223,7 +245,7 @@ def _authenticate(request: web.Request, tokens: TokenVerifier) -> Principal:
     if not tokens.enabled:
         # No tokens configured: config validation guarantees a loopback bind.
         return Principal("local", "admin")
-    header = request.headers.get("Authorization", "")
+    header = inputs.single_header(request.headers, "Authorization") or ""
     scheme, _, token = header.partition(" ")
     challenge = {"WWW-Authenticate": 'Bearer realm="outboxd"'}
     if scheme.lower() != "bearer" or not token.strip():
@@ -259,27 +281,17 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(413, "C05", f"the body is over {max_bytes} bytes")
     body = bytearray()
-    async for chunk in request.content.iter_any():
-        body += chunk
-        if len(body) > max_bytes:
-            raise ApiError(413, "C05", f"the body is over {max_bytes} bytes")
     try:
-        text = bytes(body).decode("utf-8")
-    except UnicodeDecodeError:
-        _fail("body", "is not valid UTF-8")
-    try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
-        _fail("body", "is not valid JSON")
-    try:
-        # JSON can spell lone UTF-16 surrogates ("\ud800"): valid JSON, not valid Unicode;
-        # no cipher, HMAC or database driver can encode them.
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        _fail("body", "holds a string that is not valid Unicode (a lone surrogate)")
-    if not isinstance(value, dict):
-        _fail("body", "must be a JSON object")
-    return value
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > max_bytes:
+                raise ApiError(413, "C05", f"the body is over {max_bytes} bytes")
+    except (HttpProcessingError, web.RequestPayloadError):
+        # A broken chunked framing or gzip/deflate stream, found while reading.
+        _fail("body", "is not a valid chunked, gzip or deflate stream")
+    except ConnectionError:
+        raise ClientDisconnected() from None
+    return inputs.decode_json_object(bytes(body))
 
 
 def _check_fields(body: Mapping[str, Any], allowed: set[str]) -> None:
@@ -309,8 +321,9 @@ def _string(
         _fail(field, "must not be empty")
     if len(value) > max_len:
         _fail(field, f"must be at most {max_len} characters")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        _fail(field, "must not contain control characters")
+    why = inputs.bad_char(value)
+    if why is not None:
+        _fail(field, why)
     return value
 
 
@@ -449,7 +462,7 @@ def _visible_job(request: web.Request, job: JobRecord | None) -> JobRecord:
 
 async def get_job(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
-    found = await deps.jobs.get(request.match_info["job_id"])
+    found = await deps.jobs.get(inputs.path_id(request, "job_id"))
     job = _visible_job(request, found[0] if found else None)
     return web.json_response(job_body(job))
 
@@ -464,9 +477,11 @@ async def post_website(request: web.Request) -> web.Response:
     if len(raw_domain) > 300:
         _fail("domain", "is longer than 253 characters")
     try:
-        domain = normalize_domain(raw_domain)
+        domain = normalize_domain(inputs.check_text("domain", raw_domain, 300))
     except InvalidDomain as exc:
         _fail("domain", str(exc))
+    except UnicodeError:
+        _fail("domain", "is not a valid internationalised name")
     favicon = _string(body, "faviconUrl", 2048, nullable=True)
     if favicon is not None and not favicon.startswith(("http://", "https://")):
         _fail("faviconUrl", "must be an http(s) URL or null")
@@ -477,8 +492,8 @@ async def post_website(request: web.Request) -> web.Response:
 async def get_website(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     try:
-        domain = normalize_domain(request.match_info["domain"])
-    except InvalidDomain:
+        domain = normalize_domain(inputs.path_id(request, "domain", 300))
+    except (InvalidDomain, UnicodeError):
         raise ApiError(404, "C04", "no such website") from None
     website = await deps.websites.get(domain)
     if website is None:
@@ -487,10 +502,7 @@ async def get_website(request: web.Request) -> web.Response:
 
 
 def _limit(request: web.Request) -> int:
-    raw = request.query.get("limit", "50")
-    if not raw.isdigit() or not 1 <= int(raw) <= 500:
-        _fail("limit", "must be an integer 1-500")
-    return int(raw)
+    return inputs.query_limit(request)
 
 
 def _only_query(request: web.Request, allowed: set[str]) -> None:
@@ -506,19 +518,14 @@ def _only_query(request: web.Request, allowed: set[str]) -> None:
 
 
 def _cursor(request: web.Request) -> str | None:
-    cursor = request.query.get("cursor") or None
-    try:
-        decode_cursor(cursor)
-    except ValueError:
-        _fail("cursor", "is not a cursor this server issued")
-    return cursor
+    return inputs.query_cursor(request)
 
 
 async def admin_list_outbox(request: web.Request) -> web.Response:
     _require_admin(request)
     _only_query(request, {"status", "limit", "cursor"})
     deps = request.app[DEPS]
-    status = request.query.get("status")
+    status = inputs.query_text(request, "status", 32)
     if status is not None and status not in ("PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"):
         _fail("status", "must be PENDING, SENT, RETRYABLE_FAILED or DEAD")
     page = await deps.store.list_relay_rows(status, _limit(request), _cursor(request))
@@ -531,7 +538,7 @@ async def admin_redrive_outbox(request: web.Request) -> web.Response:
     _require_admin(request)
     deps = request.app[DEPS]
     try:
-        row = await deps.store.redrive_relay_row(request.match_info["outbox_id"], time.time())
+        row = await deps.store.redrive_relay_row(inputs.path_id(request, "outbox_id"), time.time())
     except NotFound:
         raise ApiError(404, "C04", "no such outbox row") from None
     except InvalidState as exc:
@@ -544,7 +551,7 @@ async def admin_redrive_job(request: web.Request) -> web.Response:
     _require_admin(request)
     deps = request.app[DEPS]
     try:
-        job = await deps.jobs.redrive(request.match_info["job_id"])
+        job = await deps.jobs.redrive(inputs.path_id(request, "job_id"))
     except NotFound:
         raise ApiError(404, "C04", "no such job") from None
     except InvalidState as exc:
@@ -608,18 +615,34 @@ async def admin_enqueue_task(request: web.Request) -> web.Response:
     payload = body.get("payload", {})
     if not isinstance(payload, dict):
         _fail("payload", "must be a JSON object")
+    _check_task_payload(payload)
     dedup = _string(body, "dedupId", 128, nullable=True)
+    if dedup is not None and not _DEDUP_RE.match(dedup):
+        _fail("dedupId", "must be 1-128 characters of letters, digits and ASCII punctuation")
     run, created = await deps.tasks.enqueue(type_, payload, dedup)
     if not created and run.type != type_:
         raise ApiError(409, "C11", "dedupId is already used by a task of another type")
     return web.json_response({"taskId": run.id}, status=202)
 
 
+def _check_task_payload(payload: Mapping[str, Any]) -> None:
+    """The one payload field a built-in task reads (outbox.prune's age); nothing else."""
+    _check_fields(payload, {"older_than_days"})
+    days = payload.get("older_than_days", 7)
+    if (
+        isinstance(days, bool)
+        or not isinstance(days, int | float)
+        or not math.isfinite(days)
+        or not 0 <= days <= 36500
+    ):
+        _fail("payload.older_than_days", "must be a finite number 0-36500")
+
+
 async def admin_list_tasks(request: web.Request) -> web.Response:
     _require_admin(request)
     _only_query(request, {"type", "limit", "cursor"})
     deps = request.app[DEPS]
-    type_ = request.query.get("type") or None
+    type_ = inputs.query_text(request, "type", 100) or None
     page = await deps.store.list_tasks(type_, _limit(request), _cursor(request))
     return web.json_response(
         {"items": [task_item(r) for r in page.items], "nextCursor": page.next_cursor}
@@ -672,6 +695,11 @@ async def get_openapi(_request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
 
+async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
+    # aiohttp would send its and Python's versions.
+    response.headers["Server"] = SERVER_HEADER
+
+
 def create_app(deps: ApiDeps) -> web.Application:
     # client_max_size is a backstop; read_json_object enforces the real limit
     # with a problem+json answer.
@@ -680,6 +708,7 @@ def create_app(deps: ApiDeps) -> web.Application:
         client_max_size=deps.settings.server.max_body_bytes + 1024,
     )
     app[DEPS] = deps
+    app.on_response_prepare.append(_server_header)
     r = app.router
     r.add_post("/v1/portal-link-jobs", post_portal_link_job)
     r.add_get("/v1/jobs/{job_id}", get_job, allow_head=False)

@@ -29,6 +29,7 @@ from outboxd.config import ConfigError, Settings, is_loopback_host
 from outboxd.daemon.api import ApiDeps, create_app
 from outboxd.daemon.claimer import Claimer
 from outboxd.daemon.consumer import Consumer
+from outboxd.daemon.http_server import ConnectionLimits, GuardedSite, guard_app
 from outboxd.daemon.relay import Relay
 from outboxd.daemon.scheduler import Scheduler
 from outboxd.daemon.sdnotify import SystemdNotifier
@@ -254,9 +255,24 @@ def build_api_deps(
 
 
 class ApiServer:
-    def __init__(self, app: web.Application, host: str, port: int, shutdown_timeout_s: float):
+    def __init__(
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        shutdown_timeout_s: float,
+        limits: ConnectionLimits | None = None,
+    ):
+        self._limits = limits or ConnectionLimits()
+        guard_app(app)
+        self._handler_kwargs: dict[str, Any] = {
+            "access_log": None,
+            "keepalive_timeout": self._limits.keepalive_timeout_s,
+            # How long an answered request's unread body may keep draining.
+            "lingering_time": min(10.0, self._limits.read_timeout_s),
+        }
         self._runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=shutdown_timeout_s, handle_signals=False
+            app, shutdown_timeout=shutdown_timeout_s, handle_signals=False, **self._handler_kwargs
         )
         self._host = host
         self._port = port
@@ -265,7 +281,7 @@ class ApiServer:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        site = GuardedSite(self._runner, self._host, self._port, self._limits, self._handler_kwargs)
         try:
             await site.start()
             server = site._server
@@ -409,6 +425,11 @@ async def _serve(
             settings.server.host,
             settings.server.port,
             settings.daemon.shutdown_timeout_s,
+            ConnectionLimits(
+                read_timeout_s=settings.server.read_timeout_s,
+                keepalive_timeout_s=settings.server.keepalive_timeout_s,
+                max_connections=settings.server.max_connections,
+            ),
         )
         components.append(("api", api_server))
     if "relay" in roles:

@@ -362,9 +362,18 @@ class Consumer:
 
     async def _task_prune(self, run: TaskRun) -> None:
         days = run.payload.get("older_than_days", 7)
-        if not isinstance(days, int | float) or isinstance(days, bool) or days < 0:
+        # NaN passes `days < 0` and turns every "older than" into "everything".
+        if (
+            not isinstance(days, int | float)
+            or isinstance(days, bool)
+            or not math.isfinite(days)
+            or days < 0
+        ):
             await self._store.finish_task(
-                run.id, "FAILED", "payload.older_than_days must be a number >= 0", self._clock()
+                run.id,
+                "FAILED",
+                "payload.older_than_days must be a finite number >= 0",
+                self._clock(),
             )
             return
         now = self._clock()

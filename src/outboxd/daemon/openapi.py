@@ -14,6 +14,8 @@ from functools import cache
 from importlib import metadata
 from typing import Any, Final
 
+from outboxd.storage.store import CURSOR_PATTERN
+
 Schema = dict[str, Any]
 
 _SCHEMAS: Final = "#/components/schemas/"
@@ -41,15 +43,23 @@ PROBLEM_CODES: Final = (
     "C99",
 )
 
-# The handlers' `_string` check: no C0 control characters and no DEL.
-_NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f]*$"
-# A bare host name of two or more labels of letters, digits, hyphens and non-ASCII
-# (IDN) characters: no scheme, path, query, port, user part, empty label or
-# all-digit last label (an IPv4 address). IDNA validity, hyphen placement and label
-# lengths are checked by the server and described in words.
-_HOST_CHAR: Final = "[-A-Za-z0-9\\u00a0-\\ud7ff\\ue000-\\uffff]"
-_HOST_TLD: Final = f"{_HOST_CHAR}*[-A-Za-z\\u00a0-\\ud7ff\\ue000-\\uffff]{_HOST_CHAR}*"
-_HOST_NAME: Final = f"^\\s*(?:{_HOST_CHAR}+\\.)+{_HOST_TLD}\\.?\\s*$"
+# The handlers' `_string` check: no C0 or C1 control characters, no DEL.
+_NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+# Not blank (the server strips whitespace before its emptiness check) and no C0/C1
+# control characters.
+_CTRL: Final = "\\u0000-\\u001f\\u007f-\\u009f"
+_VISIBLE_TEXT: Final = f"^[^{_CTRL}]*[^\\s{_CTRL}][^{_CTRL}]*$"
+# What SQS accepts in a MessageDeduplicationId.
+_DEDUP_ID: Final = "^[A-Za-z0-9!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~]{1,128}$"
+# What the document promises to accept: ASCII letter-digit-hyphen labels of 1-63
+# characters, no leading or trailing hyphen and no "--" in the 3rd and 4th place
+# (the rules IDNA adds for ASCII labels, so never an invalid `xn--` label); two
+# labels at least, the last starting with a letter. Every such name passes IDNA.
+# IDN input (U-labels, valid A-labels) is accepted too and described in words.
+_A: Final = "[A-Za-z0-9]"
+_L: Final = "[A-Za-z0-9-]"
+_LABEL_TAIL: Final = f"(?:{_L}?{_A})?|{_L}{_L}{_A}|{_L}(?:{_A}{_L}|-{_A}){_L}{{0,58}}{_A}"
+_HOST_NAME: Final = f"^(?:{_A}(?:{_LABEL_TAIL})\\.)+[A-Za-z](?:{_LABEL_TAIL})\\.?$"
 _REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9._:-]{1,128}$"
 
 
@@ -190,7 +200,7 @@ def _job_schemas() -> dict[str, Schema]:
                     "type": "string",
                     "minLength": 1,
                     "maxLength": 64,
-                    "pattern": _NO_CONTROL_CHARS,
+                    "pattern": _VISIBLE_TEXT,
                     "description": "Portal user id; not blank, no control characters.",
                 },
                 "password": {
@@ -199,7 +209,7 @@ def _job_schemas() -> dict[str, Schema]:
                     "writeOnly": True,
                     "minLength": 1,
                     "maxLength": 256,
-                    "pattern": _NO_CONTROL_CHARS,
+                    "pattern": _VISIBLE_TEXT,
                     "description": "Portal password; encrypted at rest and never echoed.",
                 },
             },
@@ -272,17 +282,20 @@ def _website_schemas() -> dict[str, Schema]:
                 "domain": {
                     "type": "string",
                     "minLength": 1,
-                    "maxLength": 300,
+                    "maxLength": 253,
                     "pattern": _HOST_NAME,
-                    "description": "A bare host name (IDN allowed): lowercased, IDNA-encoded, "
-                    "one trailing dot dropped. A scheme, path, port, IP address, empty label or "
+                    "description": "A bare host name: lowercased, IDNA-encoded, "
+                    "one trailing dot dropped. The pattern states the ASCII names every IDNA "
+                    "implementation accepts; an internationalised name (U-labels or valid "
+                    "xn-- A-labels) is accepted too and stored in its ASCII form. "
+                    "A scheme, path, port, IP address, empty label or "
                     "label over 63 characters is rejected (400 C01), not stripped.",
                 },
                 "faviconUrl": {
                     "type": ["string", "null"],
                     "minLength": 1,
                     "maxLength": 2048,
-                    "pattern": "^https?://[^\\u0000-\\u001f\\u007f]*$",
+                    "pattern": "^https?://[^\\u0000-\\u001f\\u007f-\\u009f]*$",
                     "description": "An http(s) URL, or null.",
                 },
             },
@@ -405,12 +418,25 @@ def _admin_schemas() -> dict[str, Schema]:
             "additionalProperties": False,
             "properties": {
                 "type": {"type": "string", "enum": list(TASK_TYPES)},
-                "payload": {"type": "object", "default": {}},
+                "payload": {
+                    "type": "object",
+                    "default": {},
+                    "additionalProperties": False,
+                    "properties": {
+                        "older_than_days": {
+                            "type": "number",
+                            "minimum": 0,
+                            "maximum": 36500,
+                            "description": "outbox.prune: the age of finished rows to delete "
+                            "(default 7); a finite number, never NaN or Infinity.",
+                        }
+                    },
+                },
                 "dedupId": {
                     "type": ["string", "null"],
                     "minLength": 1,
                     "maxLength": 128,
-                    "pattern": _NO_CONTROL_CHARS,
+                    "pattern": _DEDUP_ID,
                     "description": "Deduplication id; defaults to the task id.",
                 },
             },
@@ -641,8 +667,9 @@ _LIMIT: Final[Schema] = _query_param(
 )
 _CURSOR: Final[Schema] = _query_param(
     "cursor",
-    {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"},
-    "The opaque nextCursor of the previous page (any other value is 400 C01).",
+    {"type": "string", "pattern": CURSOR_PATTERN},
+    "The nextCursor of the previous page; leave it out for the first page (an empty or "
+    "malformed value is 400 C01).",
 )
 _REQUEST_ID: Final[Schema] = {"$ref": "#/components/parameters/X-Request-Id"}
 _PUBLIC: Final[list[dict[str, list[str]]]] = []
@@ -846,7 +873,11 @@ def _paths() -> dict[str, Schema]:
                 "tags": ["admin"],
                 "summary": "Task runs, newest first (keyset pagination).",
                 "parameters": [
-                    _query_param("type", {"type": "string"}, "Only tasks of this type."),
+                    _query_param(
+                        "type",
+                        {"type": "string", "maxLength": 100, "pattern": _NO_CONTROL_CHARS},
+                        "Only tasks of this type.",
+                    ),
                     _LIMIT,
                     _CURSOR,
                 ],
@@ -957,7 +988,16 @@ def _build() -> dict[str, Any]:
             "(the Problem schema). Every response carries X-Request-Id (the caller's, when it "
             "is 1-128 characters of [A-Za-z0-9._:-], else a fresh one). A method a path does "
             "not list answers 405 C10 with an Allow header (components.responses."
-            "MethodNotAllowed). /healthz, /readyz, /metrics and /openapi.json need no token.",
+            "MethodNotAllowed). /healthz, /readyz, /metrics and /openapi.json need no token. "
+            "Bodies are RFC 8259 JSON: NaN, Infinity, numbers beyond a double, integers over 64 "
+            "digits, nesting deeper than 32, NUL characters and lone surrogates are 400 C01, as "
+            "is a body that is not the gzip or deflate stream its Content-Encoding says. "
+            "Authorization must be sent once. Connection limits (server.read_timeout_s, "
+            "server.keepalive_timeout_s, server.max_connections): a request whose headers and "
+            "body do not arrive within the read timeout is answered 408 and closed; beyond "
+            "max_connections a new connection is answered 503 C09 and closed. HTTP the parser "
+            "cannot read (a header over 8 KB, bytes that are not HTTP) is 400 C01, never echoed. "
+            "Responses carry Server: outboxd (no version).",
         },
         "tags": [
             {"name": "jobs", "description": "Portal link jobs."},

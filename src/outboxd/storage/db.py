@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import sqlite3
 import urllib.parse
@@ -309,6 +310,7 @@ class SqliteDatabase:
 
     async def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_file(self.path)
         await self._writer.open()
         await self._reader.open()
         self._open = True
@@ -624,6 +626,29 @@ class PostgresDatabase:
                 await asyncio.wait_for(pool.close(), 5.0)
             except (TimeoutError, Exception):
                 pool.terminate()
+
+
+def _private_file(path: Path) -> None:
+    """The database file exists and is 0600, whatever the umask.
+
+    It holds sealed credentials (and a ciphertext's length tells a password's).
+    SQLite creates -wal and -shm with the database file's mode, so they follow.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.fchmod(fd, 0o600)  # the umask cannot widen it, but may narrow it
+        finally:
+            os.close(fd)
+    # Tighten files an older version (or a 022 umask) left readable. Best effort: a
+    # user who does not own them (an operator running `outboxd status`) cannot.
+    for f in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            if f.stat().st_mode & 0o077:
+                os.chmod(f, 0o600)
 
 
 def sqlite_path(url: str, base_dir: Path) -> Path:

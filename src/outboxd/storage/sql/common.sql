@@ -275,8 +275,19 @@ SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM work_outbox GROUP B
 SELECT status, COUNT(*) AS n, MIN(enqueued_at) AS oldest FROM task_runs GROUP BY status;
 
 -- name: prune_relay_sent
+-- Only rows whose job or task is over: a RUNNING job's SENT row is what
+-- republish_unfinished needs after a queue loses its messages. A DEAD one is
+-- kept (it can be redriven) until security.dead_retention_s has passed.
 DELETE FROM relay_outbox WHERE id IN (
-    SELECT id FROM relay_outbox WHERE status = 'SENT' AND sent_at < :before LIMIT :limit);
+    SELECT r.id FROM relay_outbox r
+      LEFT JOIN jobs j ON r.job_id = j.id
+      LEFT JOIN task_runs t ON r.task_id = t.id
+     WHERE r.status = 'SENT' AND r.sent_at < :before
+       AND (   (j.status IN ('SUCCEEDED', 'FAILED') AND j.finished_at < :before)
+            OR (j.status = 'DEAD' AND j.finished_at < :dead_before)
+            OR (t.status IN ('SUCCEEDED', 'FAILED') AND t.finished_at < :before)
+            OR (t.status = 'DEAD' AND t.finished_at < :dead_before))
+     LIMIT :limit);
 
 -- name: prune_work_completed
 DELETE FROM work_outbox WHERE id IN (

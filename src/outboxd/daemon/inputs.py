@@ -1,0 +1,202 @@
+"""The one place client input is parsed: every failure is an `InputError` (400 C01).
+
+Handlers never read `request.query`, `request.match_info` or the body themselves;
+they call these functions, so nothing a client sends reaches a service or the
+database before it was checked here. The checks are about what the bytes can be
+(RFC 8259 JSON, valid Unicode, no NUL or control characters, bounded sizes and
+depths), not about business rules, which stay in the handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from aiohttp import web
+
+from outboxd.storage.store import decode_cursor
+
+# Nesting deeper than this is refused before anything walks it recursively.
+MAX_JSON_DEPTH = 32
+# Integers longer than this are not numbers any client means (and would hit
+# Python's int-string limit long before reaching a row).
+MAX_INT_DIGITS = 64
+MAX_ID_CHARS = 128
+_LIMIT_RE = re.compile(r"^[0-9]{1,4}$")
+
+
+class InputError(ValueError):
+    """A client sent something this API does not accept; maps to 400 C01."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class NoSuchId(InputError):
+    """A path id no row can have (NUL, control characters, too long); maps to 404 C04."""
+
+
+def fail(field: str, message: str) -> NoReturn:
+    raise InputError(field, message)
+
+
+def bad_char(value: str) -> str | None:
+    """Why `value` cannot be stored as text anywhere (None when it can)."""
+    for c in value:
+        o = ord(c)
+        if o == 0:
+            return "must not contain NUL characters"
+        if o < 32 or 0x7F <= o < 0xA0:
+            return "must not contain control characters"
+        if 0xD800 <= o <= 0xDFFF:
+            return "must not contain lone surrogates"
+    return None
+
+
+def check_text(field: str, value: str, max_len: int) -> str:
+    if len(value) > max_len:
+        fail(field, f"must be at most {max_len} characters")
+    why = bad_char(value)
+    if why is not None:
+        fail(field, why)
+    return value
+
+
+# ------------------------------------------------------------------ JSON bodies
+
+
+def _no_constant(name: str) -> NoReturn:
+    fail("body", f"is not RFC 8259 JSON ({name} is not a JSON number)")
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        fail("body", f"holds an integer longer than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        fail("body", "holds a number too large for a double")
+    return value
+
+
+def _nesting(raw: str) -> int:
+    """The deepest [ / { nesting outside strings, without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _check_strings(value: Any) -> None:
+    """Every key and string value must be storable text (no NUL, no lone surrogate)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v:
+                fail("body", "holds a NUL character (\\u0000)")
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                # JSON can spell lone UTF-16 surrogates ("\ud800"): valid JSON, not
+                # valid Unicode; no cipher, HMAC or database driver can encode them.
+                fail("body", "holds a string that is not valid Unicode (a lone surrogate)")
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+def decode_json_object(raw: bytes) -> dict[str, Any]:
+    """`raw` as a JSON object per RFC 8259, or InputError."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        fail("body", "is not valid UTF-8")
+    if _nesting(text) > MAX_JSON_DEPTH:
+        fail("body", f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_int=_int, parse_float=_float)
+    except InputError:
+        raise
+    except (ValueError, RecursionError, OverflowError):
+        fail("body", "is not valid JSON")
+    _check_strings(value)
+    if not isinstance(value, dict):
+        fail("body", "must be a JSON object")
+    return value
+
+
+# ------------------------------------------------------------------ URL parts
+
+
+def path_id(request: web.Request, name: str, max_len: int = MAX_ID_CHARS) -> str:
+    """A path parameter naming a row: short, printable text, or NoSuchId (it names
+    nothing, so it is answered like a missing row and never reaches a query)."""
+    value = request.match_info[name]
+    if len(value) > max_len or bad_char(value) is not None:
+        raise NoSuchId(name, "names no resource")
+    return value
+
+
+def query_text(request: web.Request, name: str, max_len: int) -> str | None:
+    value = request.query.get(name)
+    if value is None:
+        return None
+    return check_text(name, value, max_len)
+
+
+def query_limit(request: web.Request, default: int = 50, maximum: int = 500) -> int:
+    raw = request.query.get("limit")
+    if raw is None:
+        return default
+    # `str.isdigit` accepts "²" and other digits `int` refuses: ASCII only.
+    if not _LIMIT_RE.match(raw) or not 1 <= int(raw) <= maximum:
+        fail("limit", f"must be an integer 1-{maximum}")
+    return int(raw)
+
+
+def query_cursor(request: web.Request) -> str | None:
+    """The opaque cursor of a previous page, checked to decode to one we issued."""
+    raw = request.query.get("cursor")
+    if raw is None:
+        return None
+    if not raw:
+        fail("cursor", "is empty (leave it out for the first page)")
+    try:
+        decode_cursor(raw)
+    except ValueError:
+        fail("cursor", "is not a cursor this server issued")
+    return raw
+
+
+def single_header(headers: Mapping[str, str], name: str) -> str | None:
+    """A header that must appear at most once (a second Authorization is refused)."""
+    getall = getattr(headers, "getall", None)
+    values = list(getall(name, [])) if getall is not None else []
+    if len(values) > 1:
+        fail(name, "must be sent once")
+    return values[0] if values else headers.get(name)

@@ -1,0 +1,157 @@
+"""The daemon's real HTTP listener (ApiServer: guarded site, deadlines, connection cap)
+on a loop thread, spoken to with blocking raw sockets.
+
+Unlike aiohttp's TestServer this is the listener `outboxd serve` runs, so parser
+errors, read deadlines and the connection cap behave as in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from outboxd.config import Settings
+from outboxd.daemon.api import create_app
+from outboxd.daemon.app import ApiServer, build_api_deps
+from outboxd.daemon.http_server import ConnectionLimits
+from outboxd.observability import Metrics, configure_logging
+from outboxd.security import KeyRing
+from outboxd.storage.db import Query
+from outboxd.storage.store import SqlStore, open_store
+from tests.support.loop_thread import LoopThread
+
+TABLES = ("jobs", "relay_outbox", "websites", "work_outbox", "task_runs")
+
+
+@dataclass
+class RawResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def parse_response(data: bytes) -> RawResponse:
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return RawResponse(status, headers, body)
+
+
+class LiveApi:
+    def __init__(self, db_url: str, settings: Settings, tmp_path: Path) -> None:
+        self.logs = io.StringIO()
+        configure_logging("info", "json", stream=self.logs)
+        self.lt = LoopThread()
+        self.store: SqlStore = self.lt.run(open_store(db_url, tmp_path, 5, 2.0))
+        self.lt.run(self.store.db.migrate())
+        self.metrics = Metrics()
+        deps = build_api_deps(
+            settings, self.store, KeyRing([os.urandom(32)]), self.metrics, None, None
+        )
+        s = settings.server
+
+        async def start() -> tuple[ApiServer, asyncio.Event, asyncio.Task[None]]:
+            server = ApiServer(
+                create_app(deps),
+                "127.0.0.1",
+                0,
+                5.0,
+                ConnectionLimits(s.read_timeout_s, s.keepalive_timeout_s, s.max_connections),
+            )
+            stop = asyncio.Event()
+            task = asyncio.create_task(server.run(stop))
+            await asyncio.wait_for(server.bound.wait(), 30)
+            return server, stop, task
+
+        self.server, self._stop, self._task = self.lt.run(start())
+        assert self.server.address is not None
+        self.port = self.server.address[1]
+
+    def connect(self, timeout_s: float = 20.0) -> socket.socket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=timeout_s)
+        return sock
+
+    def send(self, raw: bytes, timeout_s: float = 20.0) -> RawResponse:
+        """One request on its own connection; the whole answer (the server closes)."""
+        with self.connect(timeout_s) as sock:
+            sock.sendall(raw)
+            return parse_response(read_until_closed(sock, timeout_s))
+
+    def get(self, path: str, headers: bytes = b"") -> RawResponse:
+        return self.send(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode() + headers + b"Connection: close\r\n\r\n"
+        )
+
+    def counts(self) -> dict[str, int]:
+        async def go() -> dict[str, int]:
+            out = {}
+            async with self.store.db.reader() as c:
+                for t in TABLES:
+                    rows = await c.fetch(Query("n", f"SELECT COUNT(*) AS n FROM {t}", ()), {})
+                    out[t] = int(rows[0]["n"])
+            return out
+
+        return self.lt.run(go())
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.logs.getvalue().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"event": "unparsable", "level": "error", "line": line})
+        return out
+
+    def wait_for_event(self, name: str, timeout_s: float = 20.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for e in self.events():
+                if e.get("event") == name:
+                    return e
+            time.sleep(0.05)
+        raise AssertionError(f"no {name} in the log: {self.logs.getvalue()[-2000:]}")
+
+    def close(self) -> None:
+        try:
+
+            async def stop() -> None:
+                self._stop.set()
+                await asyncio.wait_for(self._task, 30)
+                await self.store.close()
+
+            self.lt.run(stop())
+        finally:
+            self.lt.close()
+            configure_logging("info", "json")
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float) -> bytes:
+    """Everything the server sends until it closes (or `timeout_s` passes: TimeoutError)."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"still open after {timeout_s}s; got {data[:200]!r}")
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
