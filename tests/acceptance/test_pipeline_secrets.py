@@ -1,4 +1,5 @@
-"""A job's password appears nowhere but in the request that carried it (SPEC §3, §9).
+"""A job's password appears nowhere but in the request that carried it
+(docs/contract.md#portal-link-jobs, #process-and-logs).
 
 The daemon runs at `debug` level with three jobs whose passwords are unique
 (`pw-<uuid>`): one SUCCEEDED, one FAILED (wrong password), one DEAD (a record the

@@ -99,7 +99,7 @@ def _object(properties: dict[str, Schema], *, description: str, closed: bool = F
 
 
 def _portal_result_schemas() -> dict[str, Schema]:
-    """The portal job's result (PORTAL.md "The job's result").
+    """The portal job's result (docs/portal.md#the-jobs-result).
 
     A source leaf that is absent is null.
     """

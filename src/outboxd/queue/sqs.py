@@ -29,8 +29,8 @@ QueueKind = Literal["jobs", "tasks"]
 KINDS: tuple[QueueKind, ...] = ("jobs", "tasks")
 
 # Our own limit, checked before sending. SQS has accepted up to 1 MiB since 2025 (moto
-# follows), but messages are ids and a type; 256 KiB is the contract (SPEC §4) and
-# the limit every SQS-compatible server still enforces.
+# follows), but messages are ids and a type; 256 KiB is the contract
+# (docs/contract.md#queue-sqs) and the limit every SQS-compatible server still enforces.
 MAX_MESSAGE_BYTES = 256 * 1024
 MAX_BATCH_ENTRIES = 10  # SendMessageBatch / ReceiveMessage hard limit
 MAX_WAIT_TIME_S = 20  # ReceiveMessage WaitTimeSeconds hard limit
