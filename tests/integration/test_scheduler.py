@@ -309,7 +309,7 @@ async def test_run_loop_enqueues_on_the_real_clock_and_stops(store: SqlStore) ->
 
 @pytest.mark.parametrize("bad", [{"every_s": 0}, {"cron": "61 * * * *"}])
 def test_invalid_schedules_are_rejected(bad: dict[str, Any]) -> None:
-    from outboxd.daemon.cron import CronError
+    from outboxd.cron import CronError
 
     entry = ScheduleEntry(name="bad", task="noop", **bad)
     with pytest.raises(CronError):

@@ -21,7 +21,7 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from outboxd.config import ScheduleEntry, SchedulerSettings
-from outboxd.daemon.cron import CronSchedule, EverySchedule, Schedule, parse_timezone
+from outboxd.cron import CronSchedule, EverySchedule, Schedule, parse_timezone
 from outboxd.services.tasks import TaskService
 
 log = structlog.get_logger(__name__)
