@@ -37,8 +37,8 @@ from outboxd.storage.ports import (
     TaskRun,
     TaskStore,
     Website,
+    decode_cursor,
 )
-from outboxd.storage.store import decode_cursor
 
 log = structlog.get_logger(__name__)
 

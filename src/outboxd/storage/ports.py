@@ -6,6 +6,8 @@ checks that it does (see the assignments at the end of store.py).
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -141,6 +143,24 @@ class StatusCount:
 class Page(Generic[T]):
     items: Sequence[T]
     next_cursor: str | None
+
+
+def encode_cursor(created_at: float, row_id: str) -> str:
+    """The opaque keyset cursor of a `Page`: the last item's creation time and id."""
+    raw = json.dumps([created_at, row_id], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> tuple[float | None, str | None]:
+    """A cursor from `encode_cursor`; ValueError for anything else."""
+    if not cursor:
+        return None, None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, row_id = json.loads(raw)
+        return float(created), str(row_id)
+    except (ValueError, TypeError) as exc:
+        raise ValueError("cursor is not one this server issued") from exc
 
 
 class JobStore(Protocol):

@@ -7,7 +7,6 @@ differ (claims: `FOR UPDATE SKIP LOCKED` on Postgres, `BEGIN IMMEDIATE` on SQLit
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Generator, Mapping, Sequence
 from functools import partial
@@ -28,6 +27,8 @@ from outboxd.storage.ports import (
     TaskRun,
     Website,
     WorkRow,
+    decode_cursor,
+    encode_cursor,
 )
 
 
@@ -124,23 +125,6 @@ def _work(r: Row) -> WorkRow:
         created_at=float(r["created_at"]),
         version=int(r["version"]),
     )
-
-
-def encode_cursor(created_at: float, row_id: str) -> str:
-    raw = json.dumps([created_at, row_id], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str | None) -> tuple[float | None, str | None]:
-    """A cursor from `encode_cursor`; ValueError for anything else."""
-    if not cursor:
-        return None, None
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created, row_id = json.loads(raw)
-        return float(created), str(row_id)
-    except (ValueError, TypeError) as exc:
-        raise ValueError("cursor is not one this server issued") from exc
 
 
 class SqlStore:
