@@ -29,6 +29,7 @@ from tests.acceptance.conftest import (
 from tests.acceptance.test_pipeline_e2e import get_job, wait_terminal
 from tests.fakes.portal import SAMPLE_SNO, Course, Semester, Student
 from tests.support.moto import MotoServer
+from tests.support.sqs import read_all
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +70,8 @@ async def queue_bodies(endpoint_url: str, queue_names: dict[str, str]) -> dict[s
     )
     async with SqsQueues(settings, endpoint_url) as queues:
         return {
-            "jobs": await queues.read_all("jobs"),
-            "jobs-dlq": await queues.read_all("jobs", dlq=True),
+            "jobs": await read_all(queues, "jobs"),
+            "jobs-dlq": await read_all(queues, "jobs", dlq=True),
         }
 
 

@@ -70,17 +70,6 @@ TaskController = Callable[[TaskRun], Awaitable[None]]
 DLQ_PEEK_VISIBILITY_S = 2
 
 
-@dataclass(frozen=True)
-class TaskSettings:
-    finished_retention_s: float
-    dead_retention_s: float
-    prune_batch: int = 1000
-
-
-class RetryableTaskError(Exception):
-    pass
-
-
 class Consumer:
     def __init__(
         self,
