@@ -1,7 +1,8 @@
 """HTTP load generator: N keep-alive connections POSTing portal-link jobs, in its own process.
 
 Standard library only, with a hand-rolled HTTP/1.1 client on asyncio streams: an aiohttp
-client spends more CPU per request than the server it measures (PERFORMANCE-NOTES), and
+client spends more CPU per request than the server it measures
+(docs/architecture.md#decisions-and-their-measurements), and
 on 2 cores that would cap the number we report. Prints one JSON object:
 
     {"concurrency", "duration_s", "requests", "rate", "p50_ms", "p99_ms", "statuses",

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from outboxd.cron import CronError, CronSchedule, parse_timezone
+
 ROLES = ("api", "relay", "consumer", "claimer", "scheduler")
 
 
@@ -519,8 +521,6 @@ def _validate(s: Settings) -> None:
             need(job.every_s > 0, f"{key}.every_s", "must be positive")
         # The scheduler's own parser, so a bad expression stops the start here
         # instead of at the first tick.
-        from outboxd.daemon.cron import CronError, CronSchedule, parse_timezone
-
         try:
             parse_timezone(job.timezone)
             if job.cron is not None:

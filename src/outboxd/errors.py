@@ -15,10 +15,6 @@ class StorageUnavailable(StorageError):
     """The database cannot be reached, or no connection was free in time."""
 
 
-class ConflictError(OutboxdError):
-    """A guarded update found the row in another state or version."""
-
-
 class NotFound(OutboxdError):
     """The named row does not exist (or is not visible to the caller)."""
 

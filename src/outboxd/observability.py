@@ -91,7 +91,7 @@ def redact_secrets(
 def _error_fields(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """Turn `error=exc` into its type and message, the form the SPEC asks for."""
+    """Turn `error=exc` into its type and message, as docs/contract.md#process-and-logs says."""
     err = event_dict.get("error")
     if isinstance(err, BaseException):
         event_dict["error_type"] = type(err).__name__

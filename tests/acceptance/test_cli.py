@@ -1,4 +1,4 @@
-"""The `outboxd` command as an operator runs it (SPEC §8): exit codes and output.
+"""The `outboxd` command as an operator runs it (docs/contract.md#cli): exit codes and output.
 
 Exit 0 on success, 2 on bad usage or config (one line naming the key), 1 otherwise.
 Every command runs as a subprocess against the test's database, without a daemon.

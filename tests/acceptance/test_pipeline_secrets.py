@@ -1,4 +1,5 @@
-"""A job's password appears nowhere but in the request that carried it (SPEC §3, §9).
+"""A job's password appears nowhere but in the request that carried it
+(docs/contract.md#portal-link-jobs, #process-and-logs).
 
 The daemon runs at `debug` level with three jobs whose passwords are unique
 (`pw-<uuid>`): one SUCCEEDED, one FAILED (wrong password), one DEAD (a record the
@@ -28,6 +29,7 @@ from tests.acceptance.conftest import (
 from tests.acceptance.test_pipeline_e2e import get_job, wait_terminal
 from tests.fakes.portal import SAMPLE_SNO, Course, Semester, Student
 from tests.support.moto import MotoServer
+from tests.support.sqs import read_all
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +70,8 @@ async def queue_bodies(endpoint_url: str, queue_names: dict[str, str]) -> dict[s
     )
     async with SqsQueues(settings, endpoint_url) as queues:
         return {
-            "jobs": await queues.read_all("jobs"),
-            "jobs-dlq": await queues.read_all("jobs", dlq=True),
+            "jobs": await read_all(queues, "jobs"),
+            "jobs-dlq": await read_all(queues, "jobs", dlq=True),
         }
 
 

@@ -1,5 +1,5 @@
 """A DEAD job redriven (once through the admin API, once through the CLI) runs again and
-succeeds, with `error: null` (SPEC §3 Administration, §8). Both backends.
+succeeds, with `error: null` (docs/contract.md#administration, #cli). Both backends.
 
 The daemon runs as a subprocess on moto; the portal is the in-process FakePortal, which
 answers 503 to everything until the test lets it work, so both jobs die the real way:

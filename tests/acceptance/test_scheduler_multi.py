@@ -1,5 +1,5 @@
-"""Three daemons, one Postgres, the same `every_s = 1` schedule (SPEC §6): each fire
-time becomes exactly one task run, published once, and run once to SUCCEEDED."""
+"""Three daemons, one Postgres, the same `every_s = 1` schedule (docs/contract.md#scheduler):
+each fire time becomes exactly one task run, published once, and run once to SUCCEEDED."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""sd_notify from the real daemon process (SPEC §9): READY=1 once every role is up,
-WATCHDOG=1 at half of WATCHDOG_USEC, STOPPING=1 on SIGTERM, exit 0."""
+"""sd_notify from the real daemon process (docs/contract.md#process-and-logs):
+READY=1 once every role is up, WATCHDOG=1 at half of WATCHDOG_USEC, STOPPING=1 on SIGTERM,
+exit 0."""
 
 from __future__ import annotations
 

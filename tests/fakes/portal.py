@@ -1,4 +1,4 @@
-"""A strict fake of the Suwon portal and info system (PORTAL.md), served on loopback.
+"""A strict fake of the Suwon portal and info system (docs/portal.md), served on loopback.
 
 Two real aiohttp servers on 127.0.0.1: the portal and the info system, on different ports
 with different cookie names. Each step checks the state the previous one left behind, so

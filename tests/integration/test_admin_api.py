@@ -1,4 +1,4 @@
-"""The administration API (SPEC §3 Administration) on both backends, in process, no queue.
+"""The administration API (docs/contract.md#administration) on both backends, in process, no queue.
 
 DEAD rows are made through the store's real transitions (claim + mark_relay_failed with
 dead=True; start_job_run + mark_job_dead), never with raw SQL.

@@ -1,4 +1,5 @@
-"""The fixed-delay claimer in-process: `Claimer` + `OpenAIClassifier` against `FakeAI` (SPEC §5).
+"""The fixed-delay claimer in-process: `Claimer` + `OpenAIClassifier` against `FakeAI`
+(docs/contract.md#the-fixed-delay-claimer).
 
 Two kinds of test: `claimer.run(stop)` on the real clock, where the fake's call record
 shows the pace; and `claimer.tick()` on a hand-driven clock, where the claim order,

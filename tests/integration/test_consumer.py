@@ -49,6 +49,7 @@ from tests.fakes.portal import (
     sample_student,
 )
 from tests.support.moto import MotoServer
+from tests.support.sqs import read_all
 
 BROKEN_SNO = "20209999"
 BROKEN_PASSWORD = "pw-broken-record"
@@ -416,7 +417,7 @@ async def test_a_portal_that_always_fails_ends_dead_with_the_message_in_the_dlq(
     assert job.attempts == 2
     assert job.sealed is not None  # kept so the job can be redriven
     await rig.wait_queue_empty(dlq=1)
-    dead = await rig.queues.read_all("jobs", dlq=True)
+    dead = await read_all(rig.queues, "jobs", dlq=True)
     assert [json.loads(b)["jobId"] for b in dead] == [job_id]
 
     # The consumer goes on: the next job, once the portal is back, succeeds.
@@ -440,7 +441,8 @@ async def test_one_job_dying_does_not_affect_the_others(make_rig: RigFactory) ->
     assert [j.status for j in done] == ["SUCCEEDED", "SUCCEEDED"]
     assert all(j.attempts == 1 and j.sealed is None for j in done)
     await rig.wait_queue_empty(dlq=1)
-    assert [json.loads(b)["jobId"] for b in await rig.queues.read_all("jobs", dlq=True)] == [doomed]
+    in_dlq = await read_all(rig.queues, "jobs", dlq=True)
+    assert [json.loads(b)["jobId"] for b in in_dlq] == [doomed]
 
 
 async def test_a_duplicate_delivery_of_a_finished_job_is_deleted_without_running(
@@ -569,7 +571,7 @@ async def test_no_password_in_any_message_or_the_finished_row(make_rig: RigFacto
         assert secret not in repr(job)
     await rig.wait_queue_empty(dlq=1)
     bodies = rig.publisher.bodies + [m.body for m in rig.receiver.received]
-    bodies += await rig.queues.read_all("jobs", dlq=True)
+    bodies += await read_all(rig.queues, "jobs", dlq=True)
     assert len(rig.publisher.bodies) == 3
     for body in bodies:
         assert secret not in body

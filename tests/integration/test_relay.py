@@ -379,7 +379,7 @@ async def test_concurrent_relays_never_claim_the_same_row(
     tmp_path: Path,
 ) -> None:
     """Postgres: four relays on four separate SqlStore instances (as four daemons would
-    be). SQLite (one instance per file, SPEC §1): four relays sharing the store."""
+    be). SQLite (one instance per file, docs/contract.md#storage): four relays sharing the store."""
     now = time.time()
     made = [await new_job(store, keys, "pw-many", now) for _ in range(47)]
     stores: list[SqlStore] = []

@@ -1,7 +1,7 @@
 """The scheduler on a real store (both backends) with an injected clock.
 
-SPEC §6: at each fire time the scheduler only inserts a task run whose dedup id is
-`<name>-<fire time, UTC ISO 8601>`; a unique index makes that safe on any number of
+docs/contract.md#scheduler: at each fire time the scheduler only inserts a task run whose
+dedup id is `<name>-<fire time, UTC ISO 8601>`; a unique index makes that safe on any number of
 instances; a failed enqueue is logged (`scheduler_enqueue_failed`) and retried next tick;
 fire times missed while the daemon was down are not replayed.
 """
@@ -309,7 +309,7 @@ async def test_run_loop_enqueues_on_the_real_clock_and_stops(store: SqlStore) ->
 
 @pytest.mark.parametrize("bad", [{"every_s": 0}, {"cron": "61 * * * *"}])
 def test_invalid_schedules_are_rejected(bad: dict[str, Any]) -> None:
-    from outboxd.daemon.cron import CronError
+    from outboxd.cron import CronError
 
     entry = ScheduleEntry(name="bad", task="noop", **bad)
     with pytest.raises(CronError):

@@ -24,6 +24,7 @@ from outboxd.queue.sqs import (
     QueueError,
     SqsQueues,
 )
+from tests.support.sqs import read_all
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -209,7 +210,7 @@ async def test_after_max_receive_count_message_moves_to_dlq(queues: SqsQueues) -
     # moto (like SQS) redrives on the receive that would exceed the count.
     assert await queues.receive("jobs", 1) == []
     assert await queues.depth("jobs") == QueueDepth(visible=0, in_flight=0, dlq_visible=1)
-    assert await queues.read_all("jobs", dlq=True, wait_time_s=0) == ["poison"]
+    assert await read_all(queues, "jobs", dlq=True, wait_time_s=0) == ["poison"]
 
 
 async def test_delete_removes_and_depth_counts(queues: SqsQueues) -> None:
@@ -231,9 +232,9 @@ async def test_read_all_leaves_messages_or_drains(queues: SqsQueues) -> None:
     await queues.send_batch("jobs", msgs(10, "a"))
     await queues.send_batch("jobs", msgs(5, "b"))
     expected = sorted([f"body-a{i}" for i in range(10)] + [f"body-b{i}" for i in range(5)])
-    assert sorted(await queues.read_all("jobs", wait_time_s=0)) == expected
+    assert sorted(await read_all(queues, "jobs", wait_time_s=0)) == expected
     assert await queues.depth("jobs") == QueueDepth(visible=15, in_flight=0, dlq_visible=0)
-    assert sorted(await queues.read_all("jobs", delete=True, wait_time_s=0)) == expected
+    assert sorted(await read_all(queues, "jobs", delete=True, wait_time_s=0)) == expected
     assert await queues.depth("jobs") == QueueDepth(visible=0, in_flight=0, dlq_visible=0)
 
 

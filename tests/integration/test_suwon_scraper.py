@@ -242,7 +242,7 @@ async def test_progress_reports_each_step_and_semesters_fetched(
 async def test_requests_follow_the_portal_flow_in_order(
     portal: FakePortal, make_scraper: ScraperFactory
 ) -> None:
-    """One job makes the PORTAL.md requests in order, with one grades call per semester."""
+    """One job makes the docs/portal.md requests in order, with one grades call per semester."""
     await make_scraper().fetch_record(SAMPLE_SNO, SAMPLE_PASSWORD, Progress())
     assert [(method, path) for _, method, path in portal.requests] == [
         ("GET", "/enview/index.jsp"),

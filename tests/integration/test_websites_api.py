@@ -1,4 +1,4 @@
-"""`POST /v1/websites` and `GET /v1/websites/{domain}` on both backends (SPEC §3, websites).
+"""`POST /v1/websites` and `GET /v1/websites/{domain}` on both backends (docs/contract.md#websites).
 
 Registration is the work outbox's transaction boundary: a new website and its one
 PENDING work row commit together; an existing one (in any spelling) is returned as is.

@@ -152,7 +152,8 @@ def test_crash_during_claim(daemon: DaemonProcess, db: Db, fakes: Fakes) -> None
     assert body["category"] == "finance"
     assert body["classification"]["status"] == "COMPLETED"
     assert body["classification"]["lastError"] is None
-    # SPEC §5 counts calls that reached the provider (1 here); the implementation also
+    # docs/contract.md#the-fixed-delay-claimer counts calls that reached the provider (1 here);
+    # the implementation also
     # counts the dead holder's claim, since nobody can know whether its call went out.
     assert body["classification"]["attempts"] in (1, 2)
     assert_nothing_more_happens(daemon, db, fakes, calls=1)

@@ -1,6 +1,6 @@
 """`normalize_domain`: a bare host name in, its canonical ASCII form out, anything else refused.
 
-SPEC §3 (websites): lowercase, IDNA to ASCII, one trailing dot dropped; a scheme, path,
+docs/contract.md#websites: lowercase, IDNA to ASCII, one trailing dot dropped; a scheme, path,
 port, IP address, empty label or label over 63 characters is rejected, never stripped.
 """
 

@@ -208,7 +208,7 @@ def test_document_is_json_serialisable(doc: dict[str, Any]) -> None:
 
 
 def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
-    """Exactly the routes and methods of SPEC.md §3 are documented."""
+    """Exactly the routes and methods of docs/contract.md#http-api are documented."""
     found = {(path, method) for path, method, _ in _operations(doc)}
     assert found == {
         ("/v1/portal-link-jobs", "post"),
@@ -291,7 +291,8 @@ def test_no_30_style_nullable_keyword(doc: dict[str, Any]) -> None:
 
 
 def test_problem_schema_requires_the_spec_fields(doc: dict[str, Any]) -> None:
-    """The Problem schema requires the RFC 9457 fields SPEC.md names and enumerates the codes."""
+    """The Problem schema requires the RFC 9457 fields docs/contract.md#errors names
+    and enumerates the codes."""
     schema = doc["components"]["schemas"]["Problem"]
     assert set(schema["required"]) >= {"type", "title", "status", "detail", "code", "requestId"}
     assert schema["properties"]["code"]["enum"] == [f"C{n:02d}" for n in range(1, 12)] + ["C99"]

@@ -1,4 +1,5 @@
-"""The shipped systemd unit: the directives SPEC §9 promises, and systemd's own verdict."""
+"""The shipped systemd unit: the directives
+docs/contract.md#process-and-logs promises, and systemd's own verdict."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ REQUIRED_SERVICE = {
 
 @pytest.mark.parametrize(("key", "expected"), sorted(REQUIRED_SERVICE.items()))
 def test_service_directive(key: str, expected: str) -> None:
-    """Each hardening and lifecycle directive SPEC §9 relies on is set to its intended value."""
+    """Each hardening and lifecycle directive docs/contract.md#process-and-logs relies on
+    is set to its intended value."""
     assert _parse()["Service"].get(key) == expected
 
 

@@ -40,6 +40,7 @@ from outboxd.storage.ports import (
     TaskRun,
     TaskStore,
     Website,
+    decode_cursor,
 )
 
 log = structlog.get_logger(__name__)

@@ -30,6 +30,7 @@ from outboxd.daemon.api import ApiDeps, create_app
 from outboxd.daemon.claimer import Claimer
 from outboxd.daemon.consumer import Consumer
 from outboxd.daemon.http_server import ConnectionLimits, GuardedSite, guard_app
+from outboxd.daemon.loops import backoff, sleep_or_stop
 from outboxd.daemon.relay import Relay
 from outboxd.daemon.scheduler import Scheduler
 from outboxd.daemon.sdnotify import SystemdNotifier
@@ -190,13 +191,13 @@ class QueueReadiness:
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        delay_s = 1.0
+        attempt = 0
         while not self.up.is_set() and not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay_s)
+            attempt += 1
+            # No jitter: one probe per daemon, nothing to spread.
+            await sleep_or_stop(stop, backoff(attempt, 1.0, 30.0, jitter=False))
             if not stop.is_set() and await self.start_once():
                 log.info("sqs_available")
-            delay_s = min(30.0, delay_s * 2)
 
 
 @dataclass

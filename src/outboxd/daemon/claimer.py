@@ -9,7 +9,6 @@ this instance for the provider's `Retry-After` without spending an attempt.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -18,6 +17,7 @@ import structlog
 
 from outboxd.config import ClaimerSettings
 from outboxd.crashpoints import crash_point
+from outboxd.daemon.loops import sleep_or_stop
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import ClassificationError, Classifier, RateLimited
 from outboxd.storage.ports import WebsiteStore
@@ -54,8 +54,7 @@ class Claimer:
             except Exception as exc:  # the loop outlives database and provider outages
                 log.warning("claimer_tick_failed", error=exc)
             delay = max(self._settings.fixed_delay_s, self._paused_until - self._clock())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
+            await sleep_or_stop(stop, delay)
         log.info("claimer_stopped")
 
     async def tick(self) -> TickOutcome:

@@ -24,6 +24,7 @@ import structlog
 
 from outboxd.config import ConsumerSettings, SqsSettings
 from outboxd.crashpoints import crash_point
+from outboxd.daemon.loops import backoff, sleep_or_stop
 from outboxd.errors import SecurityError, StorageError
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
@@ -67,17 +68,6 @@ TaskController = Callable[[TaskRun], Awaitable[None]]
 # The DLQ sweep only peeks: a short visibility puts every message back at once,
 # so DLQ depth (stats, /metrics, an operator's look) is never under-reported for long.
 DLQ_PEEK_VISIBILITY_S = 2
-
-
-@dataclass(frozen=True)
-class TaskSettings:
-    finished_retention_s: float
-    dead_retention_s: float
-    prune_batch: int = 1000
-
-
-class RetryableTaskError(Exception):
-    pass
 
 
 class Consumer:
@@ -144,7 +134,9 @@ class Consumer:
                 await slots.release(free)
                 failures += 1
                 log.warning("receive_failed", queue=kind, error=exc)
-                await _pause(stop, min(30.0, 0.5 * 2 ** min(failures, 6)))
+                # No jitter: one receive loop per queue and daemon; a few daemons polling
+                # SQS again at the same moment is no load worth spreading.
+                await sleep_or_stop(stop, backoff(failures, 1.0, 30.0, jitter=False))
                 continue
             failures = 0
             if messages is None:  # stopping: nothing was taken
@@ -299,7 +291,10 @@ class Consumer:
         return "retry"
 
     async def _retry_later(self, kind: QueueKind, msg: ReceivedMessage) -> int:
-        delay = int(min(43_000, self._cs.backoff_base_s * 2 ** max(0, msg.receive_count - 1)))
+        # No jitter: the slot pool and the portal's own pacing already queue a burst of
+        # retries, and an exact delay keeps receive count x delay (the road to the DLQ)
+        # predictable. 43,000 s stays under SQS's 12-hour visibility ceiling.
+        delay = int(backoff(msg.receive_count, self._cs.backoff_base_s, 43_000, jitter=False))
         await self._queues.change_visibility(kind, msg.receipt_handle, delay)
         return delay
 
@@ -398,7 +393,7 @@ class Consumer:
         while not stop.is_set():
             with contextlib.suppress(QueueError, StorageError):
                 await self.sweep_dlq_once()
-            await _pause(stop, 30.0)
+            await sleep_or_stop(stop, 30.0)
 
     async def sweep_dlq_once(self) -> int:
         marked = 0
@@ -485,11 +480,6 @@ async def _until_stopped(
     with contextlib.suppress(asyncio.CancelledError, QueueError):
         await task
     return None
-
-
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from aiohttp import web
 
-from outboxd.storage.store import decode_cursor
+from outboxd.storage.ports import decode_cursor
 
 # Nesting deeper than this is refused before anything walks it recursively.
 MAX_JSON_DEPTH = 32

@@ -14,7 +14,7 @@ from functools import cache
 from importlib import metadata
 from typing import Any, Final
 
-from outboxd.storage.store import CURSOR_PATTERN
+from outboxd.storage.ports import CURSOR_PATTERN
 
 Schema = dict[str, Any]
 
@@ -109,7 +109,7 @@ def _object(properties: dict[str, Schema], *, description: str, closed: bool = F
 
 
 def _portal_result_schemas() -> dict[str, Schema]:
-    """The portal job's result (PORTAL.md "The job's result").
+    """The portal job's result (docs/portal.md#the-jobs-result).
 
     A source leaf that is absent is null.
     """

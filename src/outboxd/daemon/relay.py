@@ -10,9 +10,7 @@ and the consumer's effects are idempotent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -21,6 +19,7 @@ import structlog
 
 from outboxd.config import RelaySettings
 from outboxd.crashpoints import crash_point
+from outboxd.daemon.loops import backoff, sleep_or_stop
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueError, QueueKind
 from outboxd.storage.ports import RelayFailure, RelayRow, RelayStore, TaskStore
@@ -45,16 +44,6 @@ def message_body(row: RelayRow) -> str:
     return json.dumps({"type": "task", "taskId": row.task_id, "outboxId": row.id})
 
 
-def backoff_s(attempt: int, base_s: float, max_s: float, rng: random.Random) -> float:
-    """Exponential in the attempt number, with jitter in [50%, 100%] of the step.
-
-    The jitter spreads retries of rows that failed together (an SQS outage)
-    so they do not all come back in the same second.
-    """
-    step = min(max_s, base_s * (2.0 ** max(0, attempt - 1)))
-    return step * (0.5 + rng.random() / 2)
-
-
 class Relay:
     def __init__(
         self,
@@ -71,7 +60,6 @@ class Relay:
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
-        self._rng = random.Random()
         # Long enough that a slow but successful publish is marked SENT by its
         # own holder before anyone else may take the row: the publish itself is cut
         # at publish_timeout_s, the rest is a few short transactions. Not longer: it
@@ -117,8 +105,7 @@ class Relay:
                 n = 0
             if n >= self._round_size:
                 continue  # a full round: there may be more due right now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._settings.interval_s)
+            await sleep_or_stop(stop, self._settings.interval_s)
         log.info("relay_stopped")
 
     async def relay_once(self) -> int:
@@ -184,12 +171,14 @@ class Relay:
                 RelayFailure(
                     row=row,
                     error=reason,
+                    # Jitter: rows that failed together (an SQS outage) must not all
+                    # come back in the same second.
                     next_attempt_at=now
-                    + backoff_s(
+                    + backoff(
                         row.attempt_count,
                         self._settings.backoff_base_s,
                         self._settings.backoff_max_s,
-                        self._rng,
+                        jitter=True,
                     ),
                     dead=dead,
                 )

@@ -11,7 +11,6 @@ any number of instances enqueue each fire time once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,8 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from outboxd.config import ScheduleEntry, SchedulerSettings
-from outboxd.daemon.cron import CronSchedule, EverySchedule, Schedule, parse_timezone
+from outboxd.cron import CronSchedule, EverySchedule, Schedule, parse_timezone
+from outboxd.daemon.loops import sleep_or_stop
 from outboxd.services.tasks import TaskService
 
 log = structlog.get_logger(__name__)
@@ -80,8 +80,7 @@ class Scheduler:
         log.info("scheduler_started", schedules=[s.entry.name for s in self._slots])
         while not stop.is_set():
             await self.tick()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._sleep_s())
+            await sleep_or_stop(stop, self._sleep_s())
         log.info("scheduler_stopped")
 
     def _sleep_s(self) -> float:

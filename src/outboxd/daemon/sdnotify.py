@@ -8,12 +8,13 @@ rather than add a dependency. Outside systemd (no ``NOTIFY_SOCKET``) every call 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 from collections.abc import Mapping
 
 import structlog
+
+from outboxd.daemon.loops import sleep_or_stop
 
 __all__ = ["SystemdNotifier"]
 
@@ -85,8 +86,7 @@ class SystemdNotifier:
             # Sent from the event loop itself, so a wedged loop stops the pings and
             # systemd restarts the daemon: that is the point of the watchdog.
             self.watchdog()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+            await sleep_or_stop(stop, interval)
 
 
 def _socket_address(value: str) -> str | None:

@@ -30,8 +30,8 @@ QueueKind = Literal["jobs", "tasks"]
 KINDS: tuple[QueueKind, ...] = ("jobs", "tasks")
 
 # Our own limit, checked before sending. SQS has accepted up to 1 MiB since 2025 (moto
-# follows), but messages are ids and a type; 256 KiB is the contract (SPEC §4) and
-# the limit every SQS-compatible server still enforces.
+# follows), but messages are ids and a type; 256 KiB is the contract
+# (docs/contract.md#queue-sqs) and the limit every SQS-compatible server still enforces.
 MAX_MESSAGE_BYTES = 256 * 1024
 MAX_BATCH_ENTRIES = 10  # SendMessageBatch / ReceiveMessage hard limit
 MAX_WAIT_TIME_S = 20  # ReceiveMessage WaitTimeSeconds hard limit
@@ -586,73 +586,6 @@ class SqsQueues:
     async def ping(self) -> None:
         """One cheap authenticated call on the jobs queue; QueueError if SQS does not answer."""
         await self._attributes(self.queue_url("jobs"), ["QueueArn"])
-
-    async def read_all(
-        self,
-        kind: QueueKind,
-        dlq: bool = False,
-        *,
-        delete: bool = False,
-        wait_time_s: int = 1,
-        hold_s: int = 30,
-        limit: int = 10_000,
-    ) -> list[str]:
-        """Every message body currently in a queue, for tests and operators (e.g. to grep
-        for secrets). Not for the hot path.
-
-        Receives 10 at a time until a receive brings nothing new, holding what it saw
-        invisible for `hold_s` so no message is returned twice. Then, with `delete=False`
-        (default), makes them visible again at once (visibility 0); with `delete=True` it
-        drains the queue. Caveats, by SQS's design:
-        - each read counts as a receive: on a main queue, repeated reads push messages
-          toward the DLQ (maxReceiveCount), so prefer `dlq=True` or a drained queue;
-        - messages already in flight (held by a consumer) are not seen;
-        - FIFO hides a group's later messages while earlier ones are in flight, so
-          without `delete` only the first batch of each message group is seen;
-        - `wait_time_s=0` is exact on moto; on AWS a short poll samples only some
-          servers, and a 1 s long poll queries them all.
-        """
-        url = self.queue_url(kind, dlq)
-        bodies: list[str] = []
-        held: list[ReceivedMessage] = []
-        seen: set[str] = set()
-        try:
-            while len(bodies) < limit:
-                batch = await self._receive(
-                    url, min(MAX_BATCH_ENTRIES, limit - len(bodies)), wait_time_s, hold_s
-                )
-                fresh = [m for m in batch if m.message_id not in seen]
-                if delete:
-                    await self._batch_call(url, "delete_message_batch", batch)
-                else:
-                    held.extend(batch)
-                if not fresh:
-                    break
-                for m in fresh:
-                    seen.add(m.message_id)
-                    bodies.append(m.body)
-        finally:
-            # Released even when a receive failed half-way, so a failed scan does not
-            # leave messages hidden for hold_s seconds.
-            for start in range(0, len(held), MAX_BATCH_ENTRIES):
-                await self._batch_call(
-                    url,
-                    "change_message_visibility_batch",
-                    held[start : start + MAX_BATCH_ENTRIES],
-                )
-        return bodies
-
-    async def _batch_call(self, url: str, method: str, batch: Sequence[ReceivedMessage]) -> None:
-        if not batch:
-            return
-        entries: list[dict[str, Any]] = []
-        for i, m in enumerate(batch):
-            entry: dict[str, Any] = {"Id": str(i), "ReceiptHandle": m.receipt_handle}
-            if method == "change_message_visibility_batch":
-                entry["VisibilityTimeout"] = 0
-            entries.append(entry)
-        async with _sqs_call(method):
-            await getattr(self._require_client(), method)(QueueUrl=url, Entries=entries)
 
     async def _attributes(self, url: str, names: list[str]) -> dict[str, Any]:
         async with _sqs_call("GetQueueAttributes"):

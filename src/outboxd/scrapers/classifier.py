@@ -1,7 +1,7 @@
 """Website classification: an OpenAI-compatible chat-completions client and offline rules.
 
 The claimer calls `Classifier.classify` with no transaction held and decides what an
-outcome means for the work row (SPEC §5):
+outcome means for the work row (docs/contract.md#the-fixed-delay-claimer):
 
 - a returned category is applied;
 - `RateLimited` (HTTP 429) pauses the claimer and does not count as an attempt;

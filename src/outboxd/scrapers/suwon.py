@@ -1,4 +1,4 @@
-"""The Suwon University portal client: login, SSO hand-off and academic record (PORTAL.md).
+"""The Suwon University portal client: login, SSO hand-off and academic record (docs/portal.md).
 
 One `fetch_record` call is one student's job. It runs with its own cookie jar, makes
 its requests one after another, and shares the instance's politeness limits
@@ -65,7 +65,7 @@ def _rebuild_portal_error(code: PortalErrorCode, message: str, retryable: bool) 
     return PortalError(code, message, retryable=retryable)
 
 
-# --- The portal's paths (PORTAL.md) -------------------------------------------------------
+# --- The portal's paths (docs/portal.md) ---------------------------------------------------
 
 _INDEX_PATH: Final = "/enview/index.jsp"
 _LOGIN_PATH: Final = (
@@ -308,7 +308,7 @@ class SuwonScraper:
     async def fetch_record(
         self, username: str, password: str, progress: ProgressCallback
     ) -> dict[str, Any]:
-        """Logs in as the student and returns {student, semesters, totals} (PORTAL.md).
+        """Logs in as the student and returns {student, semesters, totals} (docs/portal.md).
 
         Raises PortalError; RuntimeError once closed. A rejected login is never retried; an
         expired info session is answered with one fresh login within this call (progress

@@ -13,7 +13,7 @@ import os
 import re
 import sqlite3
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -34,10 +34,6 @@ Params = Mapping[str, Any]
 
 _BLOCK_RE = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 _PARAM_RE = re.compile(r"(?<![:\w]):([a-zA-Z_]\w*)")
-
-
-class IntegrityViolation(StorageError):
-    """A constraint refused the write (the transaction was rolled back)."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +159,6 @@ _SQLITE_UNAVAILABLE = ("locked", "busy", "unable to open", "disk i/o", "readonly
 
 def _sqlite_error(exc: sqlite3.Error) -> StorageError:
     text = str(exc)
-    if isinstance(exc, sqlite3.IntegrityError):
-        return IntegrityViolation(f"sqlite: {text}")
     if isinstance(exc, sqlite3.OperationalError) and any(
         w in text.lower() for w in _SQLITE_UNAVAILABLE
     ):
@@ -448,8 +442,6 @@ _MIGRATION_LOCK_ID = 0x6F7574626F7864  # "outboxd"
 
 def _pg_error(exc: BaseException) -> StorageError:
     text = scrub_url(str(exc)) or type(exc).__name__
-    if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
-        return IntegrityViolation(f"postgres: {text}")
     if isinstance(exc, _PG_UNAVAILABLE):
         return StorageUnavailable(f"postgres: {type(exc).__name__}: {text}")
     return StorageError(f"postgres: {text}")
@@ -668,7 +660,3 @@ async def open_database(
         db = PostgresDatabase(url, pool_size, acquire_timeout_s)
     await db.open()
     return db
-
-
-def rows_to_ids(rows: Sequence[Row], key: str = "id") -> list[str]:
-    return [str(r[key]) for r in rows]

@@ -6,6 +6,9 @@ checks that it does (see the assignments at the end of store.py).
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -141,6 +144,31 @@ class StatusCount:
 class Page(Generic[T]):
     items: Sequence[T]
     next_cursor: str | None
+
+
+# `<created_at as Python's repr of a float>_<row id>`. Every string this pattern
+# matches decodes to a finite time and a plausible id (so the OpenAPI document can
+# state it exactly); anything else is refused before it reaches a query.
+CURSOR_PATTERN = r"^[0-9]{1,17}(?:\.[0-9]{1,17})?(?:e[-+]?[0-9]{1,2})?_[A-Za-z0-9-]{1,64}$"
+_CURSOR_RE = re.compile(CURSOR_PATTERN)
+
+
+def encode_cursor(created_at: float, row_id: str) -> str:
+    """The keyset cursor of a `Page`: the last item's creation time and id."""
+    return f"{float(created_at)!r}_{row_id}"
+
+
+def decode_cursor(cursor: str | None) -> tuple[float | None, str | None]:
+    """A cursor from `encode_cursor`; ValueError for anything else (forged cursors too)."""
+    if not cursor:
+        return None, None
+    if not _CURSOR_RE.match(cursor):
+        raise ValueError("cursor is not one this server issued")
+    created, _, row_id = cursor.partition("_")
+    when = float(created)
+    if not math.isfinite(when):  # pragma: no cover - the pattern bounds the exponent
+        raise ValueError("cursor is not one this server issued")
+    return when, row_id
 
 
 class JobStore(Protocol):

@@ -29,6 +29,8 @@ from outboxd.storage.ports import (
     TaskRun,
     Website,
     WorkRow,
+    decode_cursor,
+    encode_cursor,
 )
 
 
@@ -125,30 +127,6 @@ def _work(r: Row) -> WorkRow:
         created_at=float(r["created_at"]),
         version=int(r["version"]),
     )
-
-
-# `<created_at as Python's repr of a float>_<row id>`. Every string this pattern
-# matches decodes to a finite time and a plausible id (so the OpenAPI document can
-# state it exactly); anything else is refused before it reaches a query.
-CURSOR_PATTERN = r"^[0-9]{1,17}(?:\.[0-9]{1,17})?(?:e[-+]?[0-9]{1,2})?_[A-Za-z0-9-]{1,64}$"
-_CURSOR_RE = re.compile(CURSOR_PATTERN)
-
-
-def encode_cursor(created_at: float, row_id: str) -> str:
-    return f"{float(created_at)!r}_{row_id}"
-
-
-def decode_cursor(cursor: str | None) -> tuple[float | None, str | None]:
-    """A cursor from `encode_cursor`; ValueError for anything else (forged cursors too)."""
-    if not cursor:
-        return None, None
-    if not _CURSOR_RE.match(cursor):
-        raise ValueError("cursor is not one this server issued")
-    created, _, row_id = cursor.partition("_")
-    when = float(created)
-    if not math.isfinite(when):  # pragma: no cover - the pattern bounds the exponent
-        raise ValueError("cursor is not one this server issued")
-    return when, row_id
 
 
 class SqlStore:
