@@ -152,22 +152,38 @@ class Claimer:
     async def _wait_for_slot(
         self, stop: asyncio.Event | None
     ) -> Literal["go", "paused", "stopped"]:
-        """Take the next shared slot and sleep until it (cluster scope only)."""
+        """Take the next shared slot and sleep until it (cluster scope only).
+
+        The slot is a time on the database's clock; only its distance from the
+        database's `now` is used, turned into a deadline on this host's monotonic
+        clock (from the middle of the round trip). The pause is looked at shortly
+        before the slot, so the call itself starts on a plain timer.
+        """
         assert self._pace is not None
+        sent = time.monotonic()
         slot = await self._pace.pace_take(AI_PACE, self._settings.fixed_delay_s)
-        if stop is None:
-            await asyncio.sleep(slot.wait_s)
-        elif await _sleep_or_stop(stop, slot.wait_s):
+        deadline = (sent + time.monotonic()) / 2 + slot.wait_s
+        lead_s = min(_PAUSE_CHECK_LEAD_S, self._settings.fixed_delay_s / 4)
+        if await _sleep_or_stop(stop, deadline - lead_s - time.monotonic()):
             return "stopped"
         state = await self._pace.pace_state(AI_PACE)
         if state is not None and state.paused_for_s > 0:
             self._paused_until = self._clock() + state.paused_for_s
             return "paused"
+        if await _sleep_or_stop(stop, deadline - time.monotonic()):
+            return "stopped"
         return "go"
 
 
-async def _sleep_or_stop(stop: asyncio.Event, delay_s: float) -> bool:
+# How long before its slot a cluster claimer looks whether a 429 paused the pace.
+_PAUSE_CHECK_LEAD_S = 0.1
+
+
+async def _sleep_or_stop(stop: asyncio.Event | None, delay_s: float) -> bool:
     """Sleep `delay_s` or until `stop` is set; True when stopping."""
+    if stop is None:
+        await asyncio.sleep(max(0.0, delay_s))
+        return False
     if delay_s > 0:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay_s)

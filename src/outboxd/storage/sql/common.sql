@@ -262,7 +262,7 @@ UPDATE work_outbox
 
 -- ---------------------------------------------------------------- cluster pacing
 -- One row per paced resource ("ai", "suwon"). SQLite serves the processes of
--- one host, so :now is that host's clock; Postgres overrides every statement
+-- one host, so "now" is that host's clock; Postgres overrides every statement
 -- that reads the time with the database's clock_timestamp().
 
 -- name: pace_ensure
