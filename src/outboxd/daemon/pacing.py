@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -24,7 +26,7 @@ import structlog
 from outboxd.config import SuwonScraperSettings
 from outboxd.errors import StorageError
 from outboxd.scrapers.suwon import PortalError, PortalPacing
-from outboxd.storage.ports import PaceLease, PaceStore
+from outboxd.storage.ports import PaceLease, PaceSlot, PaceStore
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +38,46 @@ _SESSION_POLL_S = 0.2
 def instance_holder() -> str:
     """Who holds a lease: readable in the table, unique per process start."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class DbClock:
+    """This host's estimate of the database clock, for turning slots into local deadlines.
+
+    Each slot comes with the database's `now`, read somewhere between sending
+    the statement and getting its answer; so the offset (database minus this
+    host's wall clock) lies in [now - received, now - sent]. The intersection
+    of those intervals over recent samples is tight (half the fastest round
+    trip), and unlike "sleep slot - now from the answer", a late answer or a
+    busy event loop does not move the deadline. Bounds are forgotten every
+    minute, or when a sample disagrees with them (a clock step).
+    """
+
+    _FORGET_S = 60.0
+
+    def __init__(self) -> None:
+        self._low = -math.inf
+        self._high = math.inf
+        self._since = -math.inf
+
+    def observe(self, sent_wall: float, received_wall: float, db_now: float) -> None:
+        low, high = db_now - received_wall, db_now - sent_wall
+        stale = time.monotonic() - self._since > self._FORGET_S
+        if stale or low > self._high or high < self._low:
+            self._low, self._high, self._since = low, high, time.monotonic()
+        else:
+            self._low, self._high = max(self._low, low), min(self._high, high)
+
+    def deadline(self, db_time: float) -> float:
+        """When `db_time` (database clock) comes, on this host's monotonic clock."""
+        offset = (self._low + self._high) / 2 if math.isfinite(self._low) else 0.0
+        return time.monotonic() + (db_time - offset - time.time())
+
+    async def take(self, store: PaceStore, name: str, delay_s: float) -> tuple[PaceSlot, float]:
+        """`store.pace_take`, and the slot's deadline on the monotonic clock."""
+        sent = time.time()
+        slot = await store.pace_take(name, delay_s)
+        self.observe(sent, time.time(), slot.now)
+        return slot, self.deadline(slot.slot)
 
 
 class ClusterPortalPacing:
@@ -56,6 +98,7 @@ class ClusterPortalPacing:
         self.lease_s = max(3.0 * settings.timeout_s, 3.0)
         self._holder = holder or instance_holder()
         self._ensured = False
+        self._clock = DbClock()
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[None]:
@@ -76,13 +119,12 @@ class ClusterPortalPacing:
         if self._interval_s <= 0:
             return
         try:
-            slot = await self._store.pace_take(self._name, self._interval_s)
+            _slot, deadline = await self._clock.take(self._store, self._name, self._interval_s)
         except StorageError:
             raise PortalError(
                 "PORTAL_UNAVAILABLE", "portal pacing: the database did not answer"
             ) from None
-        if slot.wait_s > 0:
-            await asyncio.sleep(slot.wait_s)
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
 
     async def _acquire(self) -> PaceLease:
         try:
