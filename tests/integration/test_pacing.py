@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -245,3 +246,52 @@ async def test_portal_pacing_spaces_requests_and_limits_sessions_across_instance
     assert len(starts) == 12 and min(gaps) >= 0.09, gaps
     states = {s.name: s for s in await store.pace_states()}
     assert states["suwon"].sessions == 0  # every session given back
+
+
+# --- the operator's view ----------------------------------------------------------------------
+
+
+async def test_metrics_admin_stats_and_status_show_the_pace(
+    api: Any, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.ops import run_cli, write_config
+
+    await store.pace_take(AI_PACE, 0.5)
+    await store.pace_take(AI_PACE, 0.5)
+    await store.pace_pause(AI_PACE, 30.0)
+    await store.pace_ensure("suwon", 2)
+    assert await store.lease_take("suwon", "someone", 2, 60.0) is not None
+    ai_state = await store.pace_state(AI_PACE)
+    assert ai_state is not None and ai_state.last_at is not None
+
+    text = await (await api.get("/metrics")).text()
+    gauges = {
+        (s.name, s.labels.get("resource")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("outboxd_pace_")
+    }
+    assert gauges[("outboxd_pace_last_slot_timestamp_seconds", "ai")] == ai_state.last_at
+    assert gauges[("outboxd_pace_next_slot_timestamp_seconds", "ai")] == ai_state.next_at
+    assert gauges[("outboxd_pace_paused_until_timestamp_seconds", "ai")] == ai_state.paused_until
+    assert gauges[("outboxd_pace_sessions", "suwon")] == 1
+    assert gauges[("outboxd_pace_last_slot_timestamp_seconds", "suwon")] == 0  # no slot yet
+
+    stats = await (await api.get("/v1/admin/stats")).json()
+    ai_item = stats["pace"]["ai"]
+    assert ai_item["lastSlotAt"] == ai_state.last_at
+    assert 29 < ai_item["pausedForSeconds"] <= 30
+    assert stats["pace"]["suwon"]["sessions"] == 1
+
+    config = write_config(tmp_path, {"storage": {"url": db_url, "auto_migrate": False}})
+    done = run_cli("status", "--json", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["pace"]["ai"]["lastSlotAt"] == ai_state.last_at
+    assert status["pace"]["ai"]["pausedUntil"] == ai_state.paused_until
+    plain = run_cli("status", "--config", str(config))
+    assert plain.returncode == 0, plain.stderr
+    line = next(x for x in plain.stdout.splitlines() if x.startswith("pace ai"))
+    assert "s more" in line and "next slot" in line, line
