@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,9 @@ def test_the_portal_sees_one_client_across_three_daemons(
         jobs.append(resp.json()["jobId"])
 
     def finished() -> list[dict[str, Any]] | None:
+        # Seldom: the fake portal shares this process, and busy polling here would
+        # delay when it notes a request's arrival.
+        time.sleep(1.0)
         bodies = [http_request("GET", f"{urls[0]}/v1/jobs/{j}").json() for j in jobs]
         return (
             bodies if all(b["status"] in ("SUCCEEDED", "FAILED", "DEAD") for b in bodies) else None

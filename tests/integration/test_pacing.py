@@ -215,6 +215,31 @@ async def test_a_429_pauses_both_cluster_claimers(
         await c._classifier.close()
 
 
+async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
+    store: SqlStore, other: SqlStore, ai: FakeAI
+) -> None:
+    # Another instance holds the next ten slots of 0.5 s: this one's slot is 5 s away.
+    for _ in range(10):
+        await other.pace_take(AI_PACE, 0.5)
+    await register(store, "waiting.example")
+    claimer = cluster_claimer(store, ai, fixed_delay_s=0.5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(claimer.run(stop))
+    deadline = time.monotonic() + 10
+    while (await store.get_website("waiting.example")).work_status != "PROCESSING":  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "the row was never claimed"
+        await asyncio.sleep(0.05)
+    stopped_at = time.monotonic()
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert time.monotonic() - stopped_at < 2.0  # the wait for the slot ends at once
+    website = await store.get_website("waiting.example")
+    assert website is not None
+    assert (website.work_status, website.work_attempts) == ("PENDING", 0)
+    assert ai.calls == []
+    await claimer._classifier.close()
+
+
 # --- the portal's cluster pacing --------------------------------------------------------------
 
 
