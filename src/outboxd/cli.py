@@ -266,6 +266,22 @@ async def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pace_line(name: str, pace: dict[str, Any]) -> str:
+    """One cluster pace row for `status`: slot times as UTC, relative to the database's now."""
+
+    def when(ts: float | None) -> str:
+        if ts is None:
+            return "-"
+        return time.strftime("%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}"
+
+    paused = pace["pausedForSeconds"]
+    return (
+        f"pace {name:<8} last slot {when(pace['lastSlotAt'])}  "
+        f"next slot {when(pace['nextSlotAt'])} (in {pace['nextSlotInSeconds']:.1f} s)  "
+        f"paused {f'{paused:.1f} s more' if paused > 0 else 'no'}  sessions {pace['sessions']}"
+    )
+
+
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.daemon.api import collect_stats
     from outboxd.daemon.app import Readiness
@@ -301,6 +317,8 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     print()
     for table, age in stats["oldestPendingAgeSeconds"].items():
         print(f"oldest pending {table:<14} {'-' if age is None else f'{age:.1f} s'}")
+    for name, pace in stats["pace"].items():
+        print(_pace_line(name, pace))
     q = stats.get("queues")
     if isinstance(q, dict):
         for name, depth in q.items():

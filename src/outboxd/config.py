@@ -96,6 +96,8 @@ class ClaimerSettings:
     retry_delay_s: float = 60.0
     processing_timeout_s: float = 300.0
     max_attempts: int = 5
+    # "cluster": every instance on the database shares one pace (docs/pacing.md).
+    pace_scope: Literal["instance", "cluster"] = "instance"
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class SuwonScraperSettings:
     max_concurrency: int = 2
     min_interval_s: float = 0.2
     verify_tls: bool = True
+    # "cluster": min_interval_s and max_concurrency hold across instances (docs/pacing.md).
+    pace_scope: Literal["instance", "cluster"] = "instance"
 
 
 @dataclass(frozen=True)

@@ -208,3 +208,28 @@ class Metrics:
             "Unix time the claimer last finished a tick (idle ones too)",
             registry=r,
         )
+        # Cluster pacing (docs/pacing.md): one series per pace row, database clock.
+        self.pace_last_slot = Gauge(
+            "outboxd_pace_last_slot_timestamp_seconds",
+            "Start of the last slot handed out, per paced resource (0: none yet)",
+            ["resource"],
+            registry=r,
+        )
+        self.pace_next_slot = Gauge(
+            "outboxd_pace_next_slot_timestamp_seconds",
+            "Earliest start of the next slot, per paced resource (0: none yet)",
+            ["resource"],
+            registry=r,
+        )
+        self.pace_paused_until = Gauge(
+            "outboxd_pace_paused_until_timestamp_seconds",
+            "End of the pause a provider's Retry-After set, per paced resource (0: never)",
+            ["resource"],
+            registry=r,
+        )
+        self.pace_sessions = Gauge(
+            "outboxd_pace_sessions",
+            "Session leases held now, per paced resource",
+            ["resource"],
+            registry=r,
+        )

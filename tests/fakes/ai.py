@@ -17,11 +17,13 @@ Standalone, for acceptance tests that run the daemon as a subprocess:
 
     python -m tests.fakes.ai --port-file PATH [--api-key K] [--delay-s X]
         [--record-file PATH] [--default-category C] [--category DOMAIN=CATEGORY ...]
+        [--rate-limit-call N=RETRY_AFTER_S ...]
 
 writes `{"base_url": ...}` to PATH (atomically) once listening and serves until
 SIGTERM/SIGINT. With `--record-file` every call appends one JSON line
 `{"start", "end", "domain", "status"}` with wall-clock times (time.time()), so calls
-from several processes can be compared.
+from several processes can be compared. `--rate-limit-call 3=2` answers the third
+authorised call with 429 and `Retry-After: 2` (`rate_limit_calls` in-process).
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ class FakeAI:
         self._retry_after_http_date = False
         self._fail_left = 0
         self._fail_status = 500
+        # call number (1-based, counting authorised calls) -> Retry-After of its 429
+        self.rate_limit_calls: dict[int, float] = {}
+        self._authorised = 0
         # records
         self.calls: list[Call] = []
         self.requests: list[dict[str, Any]] = []
@@ -193,6 +198,10 @@ class FakeAI:
         if auth != f"Bearer {self.api_key}":
             given = auth.removeprefix("Bearer ")
             return _error(401, f"Incorrect API key provided: {given}", "invalid_api_key")
+        self._authorised += 1
+        if self._authorised in self.rate_limit_calls:
+            retry_after = {"Retry-After": f"{self.rate_limit_calls[self._authorised]:g}"}
+            return _error(429, "Rate limit reached", "rate_limit_exceeded", retry_after)
         decided = self._decide()
         if decided is not None:
             return decided
@@ -263,6 +272,9 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     ai.delay_s = args.delay_s
     ai.port = args.port
+    for item in args.rate_limit_call:
+        number, _, seconds = item.partition("=")
+        ai.rate_limit_calls[int(number)] = float(seconds)
     for item in args.category:
         domain, _, category = item.partition("=")
         ai.categories_by_domain[domain.lower()] = category
@@ -288,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record-file", default=None)
     parser.add_argument("--default-category", default="technology")
     parser.add_argument("--category", action="append", default=[], metavar="DOMAIN=CATEGORY")
+    parser.add_argument("--rate-limit-call", action="append", default=[], metavar="N=RETRY_AFTER_S")
     asyncio.run(_serve(parser.parse_args(argv)))
 
 

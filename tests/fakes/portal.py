@@ -199,7 +199,8 @@ class FakePortal:
     `locked_users`, `sso_quote` (quote character of the JS redirect), `broken_sso_page`
     (mainLogin.face answers a page without `location.href`); methods
     `fail_next_n_with_503(n)` and `expire_sessions_after(n)`.
-    Records: `login_attempts`, `requests`, `in_flight_max`.
+    Records: `login_attempts`, `requests`, `in_flight_max`, `sessions` (per student: the
+    monotonic start of the first and end of the last request made as them, login included).
     """
 
     def __init__(self, students: list[Student] | None = None) -> None:
@@ -220,6 +221,7 @@ class FakePortal:
         self.login_attempts: dict[str, int] = {}
         self.requests: list[tuple[float, str, str]] = []
         self.in_flight_max = 0
+        self.sessions: dict[str, list[float]] = {}
         self._in_flight = 0
         self._fail_503_left = 0
         self._expire_after: int | None = None
@@ -283,7 +285,8 @@ class FakePortal:
 
     @web.middleware
     async def _observe(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        self.requests.append((time.monotonic(), request.method, request.path))
+        started = time.monotonic()
+        self.requests.append((started, request.method, request.path))
         self._in_flight += 1
         self.in_flight_max = max(self.in_flight_max, self._in_flight)
         try:
@@ -295,6 +298,17 @@ class FakePortal:
             return await handler(request)
         finally:
             self._in_flight -= 1
+            await self._note_session(request, started)
+
+    async def _note_session(self, request: web.Request, started: float) -> None:
+        user = self._info_sessions.get(request.cookies.get(INFO_COOKIE, ""))
+        if user is None:
+            user = self._portal_sessions.get(request.cookies.get(PORTAL_COOKIE, ""))
+        if user is None and request.path == "/enpass/login":
+            user = str((await request.post()).get("userId", "")) or None  # read once, cached
+        if user is not None:
+            span = self.sessions.setdefault(user, [started, started])
+            span[1] = time.monotonic()
 
     # --- the portal ----------------------------------------------------------------------
 

@@ -111,6 +111,8 @@ class ChaosParams:
     # Slow enough that a kill usually lands with jobs and a provider call in flight.
     portal_delay_s: float = 0.03
     ai_delay_s: float = 0.15
+    # "cluster": the claimer's slots and the portal's session leases go through the database.
+    pace_scope: str = "instance"
 
 
 @dataclass
@@ -339,9 +341,21 @@ def run_chaos(params: ChaosParams, fakes: Fakes, log: Any = print) -> ChaosRepor
     rng = random.Random(params.seed)
     fakes.set_portal(delay_s=params.portal_delay_s)
     fakes.set_ai(delay_s=params.ai_delay_s)
-    log(f"chaos: seed={params.seed} backend={params.backend} daemons={params.daemons}")
+    log(
+        f"chaos: seed={params.seed} backend={params.backend} daemons={params.daemons}"
+        f" pace_scope={params.pace_scope}"
+    )
     keys_file = write_keys_file(params.workdir / "keys")
-    config = daemon_config(params.db_url, params.sqs_endpoint, params.queue_names, fakes, keys_file)
+    pace = {"pace_scope": params.pace_scope}
+    config = daemon_config(
+        params.db_url,
+        params.sqs_endpoint,
+        params.queue_names,
+        fakes,
+        keys_file,
+        claimer=pace,
+        scrapers={"suwon": pace},
+    )
     daemons = [new_daemon(params.workdir, config, f"d{i}") for i in range(params.daemons)]
     cluster = Cluster(daemons)
     report = ChaosReport(params)
@@ -566,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-rate", type=float, default=5.0)
     parser.add_argument("--site-rate", type=float, default=2.5)
     parser.add_argument("--workdir", type=Path, default=None, help="kept for inspection")
+    parser.add_argument("--pace-scope", choices=("instance", "cluster"), default="instance")
     args = parser.parse_args(argv)
     if args.backend == "sqlite" and args.daemons != 1:
         parser.error("SQLite is one instance per file: --daemons 1")
@@ -588,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
                 job_rate=args.job_rate,
                 site_rate=args.site_rate,
                 quiesce_timeout_s=180.0,
+                pace_scope=args.pace_scope,
             )
             report = run_chaos(params, fakes, log=lambda s: print(s, flush=True))
         finally:

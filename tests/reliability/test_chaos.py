@@ -71,3 +71,43 @@ def test_kill_and_restart_under_load_loses_nothing_and_applies_nothing_twice(
     assert report.jobs.lost == 0 and report.sites.lost == 0, report.table()
     assert report.jobs.duplicated == 0 and report.sites.duplicated == 0, report.table()
     assert report.ok, report.table()
+
+
+# Shorter: the pace and the session leases go through the database (docs/pacing.md).
+CLUSTER_CYCLES = max(1, min(CYCLES, 6))
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("backend", "daemons"),
+    [("sqlite", 1), pytest.param("postgres", 2, marks=pytest.mark.postgres)],
+    ids=["sqlite-1", "postgres-2"],
+)
+def test_chaos_in_cluster_pace_scope_loses_nothing_and_applies_nothing_twice(
+    backend: str,
+    daemons: int,
+    db_url: str,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    fakes: Fakes,
+    tmp_path: Path,
+) -> None:
+    seed = int(os.environ.get("OUTBOXD_CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
+    params = ChaosParams(
+        backend=backend,
+        db_url=db_url,
+        sqs_endpoint=moto_server.endpoint_url,
+        queue_names=queue_names,
+        workdir=tmp_path,
+        cycles=CLUSTER_CYCLES,
+        seed=seed,
+        daemons=daemons,
+        pace_scope="cluster",
+    )
+    report = run_chaos(params, fakes)
+    print("\n" + report.table())
+    assert report.kills >= CLUSTER_CYCLES
+    assert report.jobs.accepted >= 10 and report.sites.accepted >= 5, report.table()
+    assert report.jobs.lost == 0 and report.sites.lost == 0, report.table()
+    assert report.jobs.duplicated == 0 and report.sites.duplicated == 0, report.table()
+    assert report.ok, report.table()

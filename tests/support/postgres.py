@@ -9,7 +9,7 @@ import uuid
 import asyncpg
 
 ADMIN_DSN = os.environ.get("OUTBOXD_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-TABLES = ("relay_outbox", "work_outbox", "websites", "task_runs", "jobs")
+TABLES = ("relay_outbox", "work_outbox", "websites", "task_runs", "jobs", "pace", "pace_leases")
 
 
 def required() -> bool:

@@ -25,7 +25,14 @@ from outboxd.daemon.api import (
     website_body,
 )
 from outboxd.daemon.openapi import openapi_document
-from outboxd.storage.ports import JobRecord, RelayRow, StatusCount, TaskRun, Website
+from outboxd.storage.ports import (
+    JobRecord,
+    PaceState,
+    RelayRow,
+    StatusCount,
+    TaskRun,
+    Website,
+)
 
 _BASE = "urn:outboxd:openapi"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -472,6 +479,9 @@ class _Counts:
             StatusCount("jobs", "SUCCEEDED", 7, None),
             StatusCount("relay_outbox", "RETRYABLE_FAILED", 1, _T0 + 3),
         ]
+
+    async def pace_states(self) -> list[PaceState]:
+        return [PaceState("ai", _T0, _T0 + 1, _T0 + 3, _T0 + 0.5, 0)]
 
 
 class _Queues:

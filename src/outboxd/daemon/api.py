@@ -34,6 +34,7 @@ from outboxd.services.tasks import BUILTIN_TASKS, TaskService
 from outboxd.services.websites import InvalidDomain, WebsiteService, normalize_domain
 from outboxd.storage.ports import (
     JobRecord,
+    PaceState,
     RelayRow,
     RelayStore,
     StatsStore,
@@ -594,6 +595,7 @@ async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[st
             for t in tables
             for ts in [oldest.get(t)]
         },
+        "pace": {p.name: pace_item(p) for p in await store.pace_states()},
         "queues": None,
     }
     if queues is not None:
@@ -602,6 +604,19 @@ async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[st
         except Exception as exc:
             result["queues"] = {"error": str(exc)[:200]}
     return result
+
+
+def pace_item(p: PaceState) -> dict[str, Any]:
+    """One cluster pace row (docs/pacing.md), times on the database's clock."""
+    return {
+        "lastSlotAt": p.last_at,
+        "nextSlotAt": p.next_at if p.last_at is not None else None,
+        "nextSlotInSeconds": round(max(0.0, p.next_at - p.now), 3),
+        "pausedUntil": p.paused_until if p.paused_until > 0 else None,
+        "pausedForSeconds": round(p.paused_for_s, 3),
+        "sessions": p.sessions,
+        "databaseNow": p.now,
+    }
 
 
 async def admin_enqueue_task(request: web.Request) -> web.Response:
@@ -685,6 +700,15 @@ async def refresh_gauges(deps: ApiDeps) -> None:
     m.oldest_pending_age.clear()
     for table, age in stats["oldestPendingAgeSeconds"].items():
         m.oldest_pending_age.labels(table).set(age or 0.0)
+    m.pace_last_slot.clear()
+    m.pace_next_slot.clear()
+    m.pace_paused_until.clear()
+    m.pace_sessions.clear()
+    for name, pace in stats["pace"].items():
+        m.pace_last_slot.labels(name).set(pace["lastSlotAt"] or 0.0)
+        m.pace_next_slot.labels(name).set(pace["nextSlotAt"] or 0.0)
+        m.pace_paused_until.labels(name).set(pace["pausedUntil"] or 0.0)
+        m.pace_sessions.labels(name).set(pace["sessions"])
     queues = stats.get("queues")
     if isinstance(queues, dict) and "error" not in queues:
         for qname, depth in queues.items():

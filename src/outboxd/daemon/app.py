@@ -31,6 +31,7 @@ from outboxd.daemon.claimer import Claimer
 from outboxd.daemon.consumer import Consumer
 from outboxd.daemon.http_server import ConnectionLimits, GuardedSite, guard_app
 from outboxd.daemon.loops import backoff, sleep_or_stop
+from outboxd.daemon.pacing import portal_pacing
 from outboxd.daemon.relay import Relay
 from outboxd.daemon.scheduler import Scheduler
 from outboxd.daemon.sdnotify import SystemdNotifier
@@ -436,7 +437,9 @@ async def _serve(
     if "relay" in roles:
         components.append(("relay", relay))
     if "consumer" in roles:
-        scraper = SuwonScraper(settings.scrapers.suwon)
+        scraper = SuwonScraper(
+            settings.scrapers.suwon, pacing=portal_pacing(settings.scrapers.suwon, store)
+        )
         stack.push_async_callback(scraper.close)
         components.append(
             (
@@ -456,7 +459,9 @@ async def _serve(
     if "claimer" in roles:
         classifier = build_classifier(settings.scrapers.classifier, env)
         stack.push_async_callback(classifier.close)
-        components.append(("claimer", Claimer(store, classifier, settings.claimer, metrics)))
+        components.append(
+            ("claimer", Claimer(store, classifier, settings.claimer, metrics, pace=store))
+        )
     if "scheduler" in roles and settings.scheduler.jobs:
         components.append(("scheduler", Scheduler(settings.scheduler, tasks)))
 

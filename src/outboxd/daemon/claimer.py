@@ -4,6 +4,11 @@ The pace toward the AI provider is set by construction: a tick claims at most
 one row, calls the provider with no transaction or connection held, records
 the outcome, then waits `fixed_delay_s` from the end of the tick. A 429 pauses
 this instance for the provider's `Retry-After` without spending an attempt.
+
+With `pace_scope = "cluster"` the pace is the database's instead (docs/pacing.md):
+a tick that holds a row takes the next slot of the shared "ai" pace row, sleeps
+until it, and calls then; a 429 pauses the pace row, so every instance waits.
+A slot is only ever taken while holding a row, so idle instances spend none.
 """
 
 from __future__ import annotations
@@ -18,13 +23,18 @@ import structlog
 from outboxd.config import ClaimerSettings
 from outboxd.crashpoints import crash_point
 from outboxd.daemon.loops import sleep_or_stop
+from outboxd.daemon.pacing import DbClock
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import ClassificationError, Classifier, RateLimited
-from outboxd.storage.ports import WebsiteStore
+from outboxd.storage.ports import PaceStore, WebsiteStore
 
 log = structlog.get_logger(__name__)
 
-TickOutcome = Literal["idle", "completed", "skipped", "retry", "failed", "rate_limited", "lost"]
+TickOutcome = Literal[
+    "idle", "completed", "skipped", "retry", "failed", "rate_limited", "lost", "paused", "stopped"
+]
+# The resource name of the provider's pace row (`pace` table, /metrics, status).
+AI_PACE = "ai"
 
 
 class Claimer:
@@ -35,6 +45,7 @@ class Claimer:
         settings: ClaimerSettings,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        pace: PaceStore | None = None,
     ) -> None:
         self._store = store
         self._classifier = classifier
@@ -42,22 +53,42 @@ class Claimer:
         self._metrics = metrics
         self._clock = clock
         self._paused_until = 0.0
+        # Cluster scope: the shared pace row; None keeps this instance's own pace.
+        self._pace = pace if settings.pace_scope == "cluster" else None
+        self._db_clock = DbClock()
+        if settings.pace_scope == "cluster" and pace is None:
+            raise ValueError("claimer.pace_scope = 'cluster' needs a PaceStore")
 
     async def run(self, stop: asyncio.Event) -> None:
-        log.info("claimer_started", fixed_delay_s=self._settings.fixed_delay_s)
+        log.info(
+            "claimer_started",
+            fixed_delay_s=self._settings.fixed_delay_s,
+            pace_scope=self._settings.pace_scope,
+        )
         while not stop.is_set():
+            outcome: TickOutcome | None = None
             try:
                 # Shielded: a shutdown lets the tick in flight record its
                 # outcome rather than leave a PROCESSING row for the timeout.
-                await asyncio.shield(self.tick())
+                outcome = await asyncio.shield(self.tick(stop))
                 self._metrics.claimer_last_tick.set_to_current_time()
             except Exception as exc:  # the loop outlives database and provider outages
                 log.warning("claimer_tick_failed", error=exc)
             delay = max(self._settings.fixed_delay_s, self._paused_until - self._clock())
+            if self._pace is not None and outcome not in (None, "idle"):
+                # The shared slots space the calls: the next tick claims a row
+                # at once and queues for its slot, so the pace has no holes.
+                delay = max(0.0, self._paused_until - self._clock())
             await sleep_or_stop(stop, delay)
         log.info("claimer_stopped")
 
-    async def tick(self) -> TickOutcome:
+    async def tick(self, stop: asyncio.Event | None = None) -> TickOutcome:
+        if self._pace is not None:
+            state = await self._pace.pace_state(AI_PACE)
+            if state is not None and state.paused_for_s > 0:
+                # Every instance sees the pause: claim nothing until it ends.
+                self._paused_until = self._clock() + state.paused_for_s
+                return "paused"
         row = await self._store.claim_work(
             self._clock(), self._settings.retry_delay_s, self._settings.processing_timeout_s
         )
@@ -81,10 +112,21 @@ class Claimer:
             await self._store.complete_work(row, None, self._clock())
             self._metrics.claims.labels("skipped").inc()
             return "skipped"
+        if self._pace is not None:
+            waited = await self._wait_for_slot(stop)
+            if waited != "go":
+                # Stopping, or a 429 paused the pace while this row waited:
+                # the row goes back unspent, its slot goes unused.
+                await self._store.give_back_work(row)
+                self._metrics.claims.labels(waited).inc()
+                return waited
         try:
             category = await self._classifier.classify(website.domain, website.favicon_url)
         except RateLimited as exc:
             self._paused_until = self._clock() + exc.retry_after_s
+            if self._pace is not None:
+                state = await self._pace.pace_pause(AI_PACE, exc.retry_after_s)
+                self._paused_until = self._clock() + state.paused_for_s
             await self._store.give_back_work(row)
             log.warning("claimer_rate_limited", retry_after_s=exc.retry_after_s, **bind)
             self._metrics.claims.labels("rate_limited").inc()
@@ -109,3 +151,52 @@ class Claimer:
         log.info("website_classified", domain=website.domain, category=category, **bind)
         self._metrics.claims.labels("completed").inc()
         return "completed"
+
+    async def _wait_for_slot(
+        self, stop: asyncio.Event | None
+    ) -> Literal["go", "paused", "stopped"]:
+        """Take the next shared slot and sleep until it (cluster scope only).
+
+        The slot is a time on the database's clock, turned into a deadline on
+        this host's monotonic clock through `DbClock`. The pause is looked at
+        shortly before the slot, so the call itself starts on a plain timer.
+        """
+        assert self._pace is not None
+        delay_s = self._settings.fixed_delay_s
+        lead_s = min(_PAUSE_CHECK_LEAD_S, delay_s / 4)
+        while True:
+            _slot, deadline = await self._db_clock.take(self._pace, AI_PACE, delay_s)
+            if await _sleep_or_stop(stop, deadline - lead_s - time.monotonic()):
+                return "stopped"
+            state = await self._pace.pace_state(AI_PACE)
+            if state is not None and state.paused_for_s > 0:
+                self._paused_until = self._clock() + state.paused_for_s
+                return "paused"
+            if await _sleep_or_stop(stop, deadline - time.monotonic()):
+                return "stopped"
+            late_s = time.monotonic() - deadline
+            if late_s <= late_limit(delay_s):
+                return "go"
+            # Woken too late (a descheduled process): calling now would start
+            # within fixed_delay_s of the next slot's holder. Skip this slot.
+            log.info("claimer_slot_missed", late_ms=round(late_s * 1000))
+
+
+def late_limit(delay_s: float) -> float:
+    """How late after its slot a call may still start: 5 % of the slot, at most 50 ms."""
+    return min(0.05, delay_s * 0.05)
+
+
+# How long before its slot a cluster claimer looks whether a 429 paused the pace.
+_PAUSE_CHECK_LEAD_S = 0.1
+
+
+async def _sleep_or_stop(stop: asyncio.Event | None, delay_s: float) -> bool:
+    """Sleep `delay_s` or until `stop` is set; True when stopping."""
+    if stop is None:
+        await asyncio.sleep(max(0.0, delay_s))
+        return False
+    if delay_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay_s)
+    return stop.is_set()

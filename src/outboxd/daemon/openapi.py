@@ -397,6 +397,24 @@ def _admin_schemas() -> dict[str, Schema]:
                     "required": list(table_names),
                     "additionalProperties": {"type": ["number", "null"], "minimum": 0},
                 },
+                "pace": {
+                    "type": "object",
+                    "description": "Cluster pace per resource (`ai`, `suwon`): the slots "
+                    "every instance shares, on the database's clock (Unix seconds); empty "
+                    "until a cluster-scope instance takes a slot.",
+                    "additionalProperties": _object(
+                        {
+                            "lastSlotAt": {"type": ["number", "null"]},
+                            "nextSlotAt": {"type": ["number", "null"]},
+                            "nextSlotInSeconds": {"type": "number", "minimum": 0},
+                            "pausedUntil": {"type": ["number", "null"]},
+                            "pausedForSeconds": {"type": "number", "minimum": 0},
+                            "sessions": {"type": "integer", "minimum": 0},
+                            "databaseNow": {"type": "number"},
+                        },
+                        description="One pace row; pausedUntil is set by a 429's Retry-After.",
+                    ),
+                },
                 "queues": {
                     "type": ["object", "null"],
                     "description": "SQS depth per queue (main, DLQ) and state, "

@@ -3,20 +3,23 @@
 One `fetch_record` call is one student's job. It runs with its own cookie jar, makes
 its requests one after another, and shares the instance's politeness limits
 (`max_concurrency` jobs at once, `min_interval_s` between any two requests) with every
-other job of the same `SuwonScraper`.
+other job of the same `SuwonScraper`. Those limits come from a `PortalPacing`: this
+instance's own by default, or one shared by every instance (`pace_scope = "cluster"`,
+given by the daemon; see docs/pacing.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import aiohttp
 import structlog
@@ -25,7 +28,14 @@ from yarl import URL
 from outboxd.config import SuwonScraperSettings
 from outboxd.errors import OutboxdError
 
-__all__ = ["PortalError", "PortalErrorCode", "ProgressCallback", "SuwonScraper"]
+__all__ = [
+    "InstancePacing",
+    "PortalError",
+    "PortalErrorCode",
+    "PortalPacing",
+    "ProgressCallback",
+    "SuwonScraper",
+]
 
 _log = structlog.get_logger(__name__)
 
@@ -262,6 +272,34 @@ class _Spacer:
             self._next_at = time.monotonic() + self._interval_s
 
 
+class PortalPacing(Protocol):
+    """The portal's politeness limits: a session per job, a spaced start per request."""
+
+    def session(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held from a job's login to the end of its scraping."""
+        ...
+
+    async def before_request(self) -> None:
+        """Returns when the next portal request may start."""
+        ...
+
+
+class InstancePacing:
+    """This instance's own limits: a semaphore of sessions and a spacer of requests."""
+
+    def __init__(self, max_concurrency: int, min_interval_s: float) -> None:
+        self._jobs = asyncio.Semaphore(max_concurrency)
+        self._spacer = _Spacer(min_interval_s)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[None]:
+        async with self._jobs:
+            yield
+
+    async def before_request(self) -> None:
+        await self._spacer.wait()
+
+
 @dataclass(frozen=True)
 class _Page:
     url: URL
@@ -281,12 +319,13 @@ class _Job:
 class SuwonScraper:
     """Fetches one student's academic record per call; see the module docstring for limits."""
 
-    def __init__(self, settings: SuwonScraperSettings) -> None:
+    def __init__(self, settings: SuwonScraperSettings, pacing: PortalPacing | None = None) -> None:
         self._settings = settings
         self._portal = settings.portal_base_url.rstrip("/")
         self._info = settings.info_base_url.rstrip("/")
-        self._jobs = asyncio.Semaphore(settings.max_concurrency)
-        self._spacer = _Spacer(settings.min_interval_s)
+        self._pacing: PortalPacing = pacing or InstancePacing(
+            settings.max_concurrency, settings.min_interval_s
+        )
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
         self._json_headers = {
             "Content-Type": 'application/json; charset="UTF-8"',
@@ -317,7 +356,7 @@ class SuwonScraper:
         """
         if self._closed:
             raise RuntimeError("SuwonScraper is closed")
-        async with self._jobs:
+        async with self._pacing.session():
             jar = aiohttp.CookieJar(unsafe=True)  # the fakes, and tests, run on 127.0.0.1
             async with aiohttp.ClientSession(
                 connector=self._get_connector(),
@@ -436,7 +475,7 @@ class SuwonScraper:
         """One request and its redirects, each spaced and timed on its own."""
         # Redirects are followed by hand so that every hop passes the spacer.
         for _ in range(_MAX_REDIRECTS + 1):
-            await self._spacer.wait()
+            await self._pacing.before_request()
             started = time.monotonic()
             try:
                 async with http.request(

@@ -141,6 +141,43 @@ class StatusCount:
 
 
 @dataclass(frozen=True)
+class PaceSlot:
+    """A start time handed out by a pace row, and the database's clock when it was."""
+
+    slot: float
+    now: float
+    paused_until: float
+
+    @property
+    def wait_s(self) -> float:
+        return max(0.0, self.slot - self.now)
+
+
+@dataclass(frozen=True)
+class PaceState:
+    """One pace row as the operator sees it; `now` is the database's clock."""
+
+    name: str
+    last_at: float | None
+    next_at: float
+    paused_until: float
+    now: float
+    sessions: int = 0
+
+    @property
+    def paused_for_s(self) -> float:
+        return max(0.0, self.paused_until - self.now)
+
+
+@dataclass(frozen=True)
+class PaceLease:
+    name: str
+    slot: int
+    holder: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
 class Page(Generic[T]):
     items: Sequence[T]
     next_cursor: str | None
@@ -249,6 +286,25 @@ class WebsiteStore(Protocol):
 
 class StatsStore(Protocol):
     async def status_counts(self) -> list[StatusCount]: ...
+    async def pace_states(self) -> list[PaceState]: ...
+
+
+class PaceStore(Protocol):
+    """Cluster pacing: slots and session leases shared by every instance on one database.
+
+    Times come from the database (Postgres) or the one host holding the file
+    (SQLite); callers only ever use differences against the returned `now`.
+    """
+
+    async def pace_ensure(self, name: str, lease_slots: int = 0) -> None: ...
+    async def pace_take(self, name: str, delay_s: float) -> PaceSlot: ...
+    async def pace_pause(self, name: str, pause_s: float) -> PaceState: ...
+    async def pace_state(self, name: str) -> PaceState | None: ...
+    async def lease_take(
+        self, name: str, holder: str, limit: int, lease_s: float
+    ) -> PaceLease | None: ...
+    async def lease_renew(self, lease: PaceLease, lease_s: float) -> bool: ...
+    async def lease_release(self, lease: PaceLease) -> bool: ...
 
 
 class PruneStore(Protocol):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from collections.abc import Generator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -22,6 +23,9 @@ from outboxd.storage.ports import (
     JobIntake,
     JobRecord,
     NewPortalJob,
+    PaceLease,
+    PaceSlot,
+    PaceState,
     Page,
     RelayFailure,
     RelayRow,
@@ -126,6 +130,18 @@ def _work(r: Row) -> WorkRow:
         last_error=r["last_error"],
         created_at=float(r["created_at"]),
         version=int(r["version"]),
+    )
+
+
+def _pace_state(r: Row) -> PaceState:
+    last = r["last_at"]
+    return PaceState(
+        name=r["name"],
+        last_at=float(last) if last is not None else None,
+        next_at=float(r["next_at"]),
+        paused_until=float(r["paused_until"]),
+        now=float(r["now"]),
+        sessions=int(r.get("sessions") or 0),
     )
 
 
@@ -635,6 +651,99 @@ class SqlStore:
 
         return await self.db.read(body)
 
+    async def pace_states(self) -> list[PaceState]:
+        def body() -> Generator[Op, Any, list[PaceState]]:
+            rows = yield fetch(self.q["pace_all"], {"now": time.time()})
+            return [_pace_state(r) for r in rows]
+
+        return await self.db.read(body)
+
+    # ------------------------------------------------------------ cluster pacing
+    # `now` is passed for SQLite (one host: its clock); the Postgres blocks
+    # ignore it and read clock_timestamp() instead.
+
+    async def pace_ensure(self, name: str, lease_slots: int = 0) -> None:
+        def body() -> Generator[Op, Any, None]:
+            yield execute(self.q["pace_ensure"], {"name": name})
+            for slot in range(lease_slots):
+                yield execute(self.q["lease_ensure"], {"name": name, "slot": slot})
+
+        await self.db.run(body)
+
+    async def pace_take(self, name: str, delay_s: float) -> PaceSlot:
+        def body() -> Generator[Op, Any, PaceSlot]:
+            params = {"name": name, "delay": float(delay_s), "now": time.time()}
+            row = yield from self._one("pace_take", params)
+            if row is None:  # first use on a database that has not seen this resource
+                yield execute(self.q["pace_ensure"], {"name": name})
+                row = yield from self._one("pace_take", params)
+            assert row is not None
+            return PaceSlot(
+                slot=float(row["slot"]),
+                now=float(row["now"]),
+                paused_until=float(row["paused_until"]),
+            )
+
+        return await self.db.run(body)
+
+    async def pace_pause(self, name: str, pause_s: float) -> PaceState:
+        def body() -> Generator[Op, Any, PaceState]:
+            params = {"name": name, "pause_s": float(pause_s), "now": time.time()}
+            row = yield from self._one("pace_pause", params)
+            if row is None:
+                yield execute(self.q["pace_ensure"], {"name": name})
+                row = yield from self._one("pace_pause", params)
+            assert row is not None
+            state = yield from self._one("pace_read", {"name": name, "now": row["now"]})
+            assert state is not None
+            return _pace_state(state)
+
+        return await self.db.run(body)
+
+    async def pace_state(self, name: str) -> PaceState | None:
+        def body() -> Generator[Op, Any, PaceState | None]:
+            row = yield from self._one("pace_read", {"name": name, "now": time.time()})
+            return _pace_state(row) if row else None
+
+        return await self.db.read(body)
+
+    async def lease_take(
+        self, name: str, holder: str, limit: int, lease_s: float
+    ) -> PaceLease | None:
+        def body() -> Generator[Op, Any, PaceLease | None]:
+            row = yield from self._one(
+                "lease_take",
+                {
+                    "name": name,
+                    "holder": holder,
+                    "limit": int(limit),
+                    "lease_s": float(lease_s),
+                    "now": time.time(),
+                },
+            )
+            if row is None:
+                return None
+            return PaceLease(name, int(row["slot"]), holder, float(row["expires_at"]))
+
+        return await self.db.run(body)
+
+    async def lease_renew(self, lease: PaceLease, lease_s: float) -> bool:
+        return await self._changed(
+            "lease_renew",
+            {
+                "name": lease.name,
+                "slot": lease.slot,
+                "holder": lease.holder,
+                "lease_s": float(lease_s),
+                "now": time.time(),
+            },
+        )
+
+    async def lease_release(self, lease: PaceLease) -> bool:
+        return await self._changed(
+            "lease_release", {"name": lease.name, "slot": lease.slot, "holder": lease.holder}
+        )
+
     async def republish_unfinished(self, lost_before: float) -> int:
         """SENT rows of unfinished jobs and tasks, sent before `lost_before`, back to PENDING.
 
@@ -678,6 +787,7 @@ def _check(store: SqlStore) -> None:
     _websites: ports.WebsiteStore = store
     _stats: ports.StatsStore = store
     _prune: ports.PruneStore = store
+    _pace: ports.PaceStore = store
 
 
 async def open_store(

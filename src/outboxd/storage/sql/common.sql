@@ -260,6 +260,58 @@ UPDATE work_outbox
        version = version + 1
  WHERE id = :id AND version = :version AND status = 'PROCESSING';
 
+-- ---------------------------------------------------------------- cluster pacing
+-- One row per paced resource ("ai", "suwon"). SQLite serves the processes of
+-- one host, so "now" is that host's clock; Postgres overrides every statement
+-- that reads the time with the database's clock_timestamp().
+
+-- name: pace_ensure
+INSERT INTO pace (name) VALUES (:name) ON CONFLICT (name) DO NOTHING;
+
+-- name: pace_take
+UPDATE pace
+   SET last_at = max(next_at, paused_until, :now),
+       next_at = max(next_at, paused_until, :now) + :delay,
+       updated_at = :now
+ WHERE name = :name
+RETURNING last_at AS slot, paused_until, CAST(:now AS REAL) AS now;
+
+-- name: pace_pause
+UPDATE pace
+   SET paused_until = max(paused_until, :now + :pause_s), updated_at = :now
+ WHERE name = :name
+RETURNING paused_until, CAST(:now AS REAL) AS now;
+
+-- name: pace_read
+SELECT name, last_at, next_at, paused_until, CAST(:now AS REAL) AS now
+  FROM pace WHERE name = :name;
+
+-- name: pace_all
+SELECT p.name, p.last_at, p.next_at, p.paused_until, CAST(:now AS REAL) AS now,
+       (SELECT COUNT(*) FROM pace_leases l
+         WHERE l.name = p.name AND l.holder IS NOT NULL AND l.expires_at > :now) AS sessions
+  FROM pace p ORDER BY p.name;
+
+-- name: lease_ensure
+INSERT INTO pace_leases (name, slot) VALUES (:name, :slot) ON CONFLICT (name, slot) DO NOTHING;
+
+-- name: lease_take
+UPDATE pace_leases SET holder = :holder, expires_at = :now + :lease_s
+ WHERE name = :name
+   AND slot = (SELECT slot FROM pace_leases
+                WHERE name = :name AND slot < :limit
+                  AND (holder IS NULL OR expires_at <= :now)
+                ORDER BY slot LIMIT 1)
+RETURNING slot, expires_at, CAST(:now AS REAL) AS now;
+
+-- name: lease_renew
+UPDATE pace_leases SET expires_at = :now + :lease_s
+ WHERE name = :name AND slot = :slot AND holder = :holder;
+
+-- name: lease_release
+UPDATE pace_leases SET holder = NULL, expires_at = 0
+ WHERE name = :name AND slot = :slot AND holder = :holder;
+
 -- ---------------------------------------------------------------- stats and pruning
 
 -- name: count_jobs

@@ -58,3 +58,57 @@ UPDATE jobs SET status = 'RUNNING', updated_at = :now
 -- name: tasks_sent
 UPDATE task_runs SET status = 'SENT'
  WHERE status = 'PENDING' AND id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
+
+-- Cluster pacing takes the time from the database, so instances on VMs whose
+-- clocks disagree still keep one pace. The row lock of the UPDATE queues
+-- concurrent takers; each one re-reads next_at after the one before it.
+
+-- name: pace_take
+WITH c AS (SELECT CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS now)
+UPDATE pace
+   SET last_at = GREATEST(pace.next_at, pace.paused_until, c.now),
+       next_at = GREATEST(pace.next_at, pace.paused_until, c.now) + :delay,
+       updated_at = c.now
+  FROM c
+ WHERE pace.name = :name
+RETURNING pace.last_at AS slot, pace.paused_until, c.now AS now;
+
+-- name: pace_pause
+WITH c AS (SELECT CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS now)
+UPDATE pace
+   SET paused_until = GREATEST(pace.paused_until, c.now + :pause_s), updated_at = c.now
+  FROM c
+ WHERE pace.name = :name
+RETURNING pace.paused_until, c.now AS now;
+
+-- name: pace_read
+SELECT name, last_at, next_at, paused_until,
+       CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS now
+  FROM pace WHERE name = :name;
+
+-- name: pace_all
+WITH c AS (SELECT CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS now)
+SELECT p.name, p.last_at, p.next_at, p.paused_until, c.now,
+       (SELECT COUNT(*) FROM pace_leases l
+         WHERE l.name = p.name AND l.holder IS NOT NULL AND l.expires_at > c.now) AS sessions
+  FROM pace p, c ORDER BY p.name;
+
+-- name: lease_take
+WITH c AS (SELECT CAST(extract(epoch FROM clock_timestamp()) AS double precision) AS now)
+UPDATE pace_leases SET holder = :holder, expires_at = c.now + :lease_s
+  FROM c
+ WHERE pace_leases.name = :name
+   AND pace_leases.slot = (SELECT l.slot FROM pace_leases l
+                            WHERE l.name = :name AND l.slot < :limit
+                              AND (l.holder IS NULL
+                                   OR l.expires_at
+                                      <= CAST(extract(epoch FROM clock_timestamp())
+                                              AS double precision))
+                            ORDER BY l.slot LIMIT 1
+                            FOR UPDATE SKIP LOCKED)
+RETURNING pace_leases.slot, pace_leases.expires_at, c.now AS now;
+
+-- name: lease_renew
+UPDATE pace_leases
+   SET expires_at = CAST(extract(epoch FROM clock_timestamp()) AS double precision) + :lease_s
+ WHERE name = :name AND slot = :slot AND holder = :holder;

@@ -1,0 +1,352 @@
+"""One pace across instances, end to end (docs/pacing.md): `outboxd serve` subprocesses on one
+database, the fake AI as its own process recording every call's wall-clock arrival, the
+strict fake portal recording requests and sessions.
+
+- 3 daemons on Postgres, 2 on one SQLite file, `claimer.pace_scope = "cluster"`: no two AI
+  calls closer than `fixed_delay_s` (10 % tolerance), each website classified once, and the
+  measured throughput within 15 % of `1 / fixed_delay_s`;
+- a 429 with `Retry-After: 2` answered to one daemon: no daemon calls for about 2 s;
+- one daemon SIGKILLed mid-run: the others finish, no gap longer than one slot plus
+  `processing_timeout_s`;
+- the portal in cluster scope: 3 daemons, 4 jobs for 4 accounts, all SUCCEED, requests
+  `min_interval_s` apart and, with `max_concurrency = 1`, never two sessions at once;
+- `pace_scope = "galaxy"` stops the daemon at start with a line naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outboxd.security import generate_key
+from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, http_request
+from tests.acceptance.conftest import wait_for as wait_until
+from tests.acceptance.test_claimer_e2e import (
+    KEY,
+    KEY_ENV,
+    Db,
+    daemon_config,
+    openai_classifier,
+    read_record,
+    register,
+    wait_for,
+)
+from tests.fakes.portal import SAMPLE_PASSWORD, sample_student
+from tests.support.daemon import DaemonProcess, FakeProcess
+from tests.support.moto import MotoServer
+from tests.support.ops import run_cli
+
+pytestmark = pytest.mark.slow
+
+DELAY_S = 0.4
+
+
+@pytest.fixture
+def daemons() -> Iterator[list[DaemonProcess]]:
+    made: list[DaemonProcess] = []
+    yield made
+    for d in made:
+        d.kill()
+
+
+@pytest.fixture
+def fakes() -> Iterator[list[FakeProcess]]:
+    made: list[FakeProcess] = []
+    yield made
+    for f in made:
+        f.stop()
+
+
+@pytest.fixture
+def env() -> dict[str, str]:
+    return {KEY_ENV: KEY, "OUTBOXD_SECRET_KEYS": generate_key()}
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Db]:
+    d = Db(db_url)
+    yield d
+    d.close()
+
+
+def instances(backend: str) -> int:
+    """Three daemons on Postgres, two processes on one SQLite file."""
+    return 3 if backend == "postgres" else 2
+
+
+def start_ai(tmp_path: Path, fakes: list[FakeProcess], *extra: str) -> tuple[FakeProcess, Path]:
+    record = tmp_path / "ai-calls.jsonl"
+    ai = FakeProcess(
+        tmp_path, "tests.fakes.ai", "--api-key", KEY, "--record-file", str(record), *extra
+    )
+    fakes.append(ai)
+    return ai, record
+
+
+def cluster_config(
+    db_url: str,
+    moto: MotoServer,
+    queue_names: dict[str, str],
+    ai: FakeProcess,
+    **claimer: Any,
+) -> dict[str, Any]:
+    classifier = {**openai_classifier(ai), "timeout_s": 1.0}
+    return daemon_config(
+        db_url,
+        moto,
+        queue_names,
+        classifier,
+        **{
+            "fixed_delay_s": DELAY_S,
+            "processing_timeout_s": 2.0,
+            "pace_scope": "cluster",
+            **claimer,
+        },
+    )
+
+
+def start_daemons(
+    n: int,
+    tmp_path: Path,
+    config: dict[str, Any],
+    env: dict[str, str],
+    daemons: list[DaemonProcess],
+) -> list[str]:
+    urls = []
+    for i in range(n):
+        d = DaemonProcess(tmp_path / f"d{i}", config, env=env, name=f"d{i}")
+        daemons.append(d)
+        urls.append(d.start())
+    return urls
+
+
+def registered_before_start(
+    tmp_path: Path, config: dict[str, Any], env: dict[str, str], domains: list[str]
+) -> None:
+    """The backlog, registered by an API-only daemon, so the run starts with all of it."""
+    api = DaemonProcess(
+        tmp_path / "api", {**config, "daemon": {"roles": ["api"]}}, env=env, name="api"
+    )
+    try:
+        url = api.start()
+        for d in domains:
+            register(url, d)
+    finally:
+        assert api.terminate() == 0
+
+
+def ok_starts(record: Path) -> list[float]:
+    return sorted(c["start"] for c in read_record(record) if c["status"] == 200)
+
+
+def all_classified(db: Db, domains: list[str]) -> bool:
+    work = db.work()
+    return all(work.get(d, {}).get("category") is not None for d in domains)
+
+
+# --- one pace for all daemons ------------------------------------------------------------------
+
+
+def test_daemons_in_cluster_scope_keep_one_pace_toward_the_provider(
+    backend: str,
+    db_url: str,
+    db: Db,
+    tmp_path: Path,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    env: dict[str, str],
+    daemons: list[DaemonProcess],
+    fakes: list[FakeProcess],
+) -> None:
+    ai, record = start_ai(tmp_path, fakes)
+    config = cluster_config(db_url, moto_server, queue_names, ai)
+    n_sites = 15
+    domains = [f"pace-{i}.example" for i in range(n_sites)]
+    registered_before_start(tmp_path, config, env, domains)
+    start_daemons(instances(backend), tmp_path, config, env, daemons)
+
+    wait_for(lambda: all_classified(db, domains), 90, "every website classified")
+    calls = read_record(record)
+    assert sorted(c["domain"] for c in calls) == sorted(domains), "one call per website"
+    assert all(c["status"] == 200 for c in calls)
+    starts = ok_starts(record)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.9 * DELAY_S, f"two calls {min(gaps):.3f}s apart: {gaps}"
+    # The measured window: first call to last, n - 1 intervals.
+    rate = (len(starts) - 1) / (starts[-1] - starts[0])
+    print(
+        f"\ncluster pace ({backend}, {instances(backend)} daemons): {rate:.3f} calls/s, "
+        f"target {1 / DELAY_S:.3f}, gaps {min(gaps):.3f}..{max(gaps):.3f}s"
+    )
+    assert abs(rate * DELAY_S - 1) <= 0.15, rate
+    work = db.work()
+    assert all(work[d]["attempt_count"] == 1 and work[d]["status"] == "COMPLETED" for d in domains)
+    # Several daemons took part: the slot goes to whoever is ready (the last one to start
+    # may find the backlog gone on a slow machine).
+    busy = [d for d in daemons if any(e.get("event") == "website_classified" for e in d.events())]
+    assert len(busy) >= 2, [d.config_path.stem for d in busy]
+    for d in daemons:
+        assert d.terminate() == 0
+
+
+def test_a_429_to_one_daemon_pauses_every_daemon(
+    backend: str,
+    db_url: str,
+    db: Db,
+    tmp_path: Path,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    env: dict[str, str],
+    daemons: list[DaemonProcess],
+    fakes: list[FakeProcess],
+) -> None:
+    ai, record = start_ai(tmp_path, fakes, "--rate-limit-call", "3=2")
+    config = cluster_config(db_url, moto_server, queue_names, ai)
+    domains = [f"limited-{i}.example" for i in range(7)]
+    registered_before_start(tmp_path, config, env, domains)
+    start_daemons(instances(backend), tmp_path, config, env, daemons)
+
+    wait_for(lambda: all_classified(db, domains), 90, "every website classified")
+    calls = sorted(read_record(record), key=lambda c: c["start"])
+    limited = [i for i, c in enumerate(calls) if c["status"] == 429]
+    assert len(limited) == 1, calls
+    i = limited[0]
+    quiet = calls[i + 1]["start"] - calls[i]["end"]
+    print(f"\nafter the 429 ({backend}): next call {quiet:.2f}s later")
+    assert quiet >= 2.0 * 0.9, f"a daemon called {quiet:.2f}s after the 429"
+    assert quiet <= 2.0 + DELAY_S + 2.0, quiet  # and the pace went on after the pause
+    assert sorted(c["domain"] for c in calls if c["status"] == 200) == sorted(domains)
+    assert all(r["attempt_count"] == 1 for r in db.work().values())  # the 429 spent nothing
+    for d in daemons:
+        assert d.terminate() == 0
+
+
+def test_a_killed_daemon_leaves_at_most_one_slot_plus_the_processing_timeout(
+    backend: str,
+    db_url: str,
+    db: Db,
+    tmp_path: Path,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    env: dict[str, str],
+    daemons: list[DaemonProcess],
+    fakes: list[FakeProcess],
+) -> None:
+    ai, record = start_ai(tmp_path, fakes, "--delay-s", "0.1")
+    timeout_s = 2.0
+    config = cluster_config(db_url, moto_server, queue_names, ai, processing_timeout_s=timeout_s)
+    domains = [f"kill-{i}.example" for i in range(12)]
+    registered_before_start(tmp_path, config, env, domains)
+    start_daemons(instances(backend), tmp_path, config, env, daemons)
+
+    wait_for(lambda: len(read_record(record)) >= 4, 60, "the run under way")
+    victim = daemons[0]
+    victim.kill()  # SIGKILL: whatever row and slot it held, it holds no more
+
+    wait_for(lambda: all_classified(db, domains), 90, "the others to finish the work")
+    calls = sorted(read_record(record), key=lambda c: c["start"])
+    starts = [c["start"] for c in calls]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    print(f"\nkilled one daemon ({backend}): longest gap {max(gaps):.2f}s")
+    # Generous for a loaded machine, and still far below two timeouts.
+    assert max(gaps) <= (DELAY_S + timeout_s) * 1.15 + 0.3, gaps
+    assert {c["domain"] for c in calls} == set(domains)
+    per_domain = {d: sum(1 for c in calls if c["domain"] == d) for d in domains}
+    # At most the killed daemon's one row is called again by its finisher.
+    assert sum(n - 1 for n in per_domain.values()) <= 1, per_domain
+    assert all(r["status"] == "COMPLETED" for r in db.work().values())
+    for d in daemons[1:]:
+        assert d.terminate() == 0
+
+
+# --- the portal -------------------------------------------------------------------------------
+
+
+def test_the_portal_sees_one_client_across_three_daemons(
+    backend: str,
+    db_url: str,
+    portal_thread: PortalThread,
+    pipeline_config: ConfigFactory,
+    spawn_daemon: DaemonFactory,
+) -> None:
+    accounts = [f"2020{1000 + i}" for i in range(4)]
+    sample = sample_student()
+    for sno in accounts:
+        # One semester each: fewer requests, so a wide interval still makes a short test.
+        one_term = dataclasses.replace(sample, sno=sno, semesters=sample.semesters[:1], totals=None)
+        portal_thread.add_student(one_term)
+    interval_s = 0.4
+    config = pipeline_config(
+        scrapers={
+            "suwon": {
+                "pace_scope": "cluster",
+                "min_interval_s": interval_s,
+                "max_concurrency": 1,
+                "timeout_s": 3.0,
+            }
+        },
+        consumer={"max_concurrency": 2, "heartbeat_s": 0.5, "backoff_base_s": 0},
+    )
+    urls = []
+    for i in range(3):
+        urls.append(spawn_daemon(config, name=f"p{i}").start())
+    jobs = []
+    for i, sno in enumerate(accounts):
+        resp = http_request(
+            "POST",
+            f"{urls[i % 3]}/v1/portal-link-jobs",
+            {"portal": "suwon", "username": sno, "password": SAMPLE_PASSWORD},
+            headers={"Idempotency-Key": f"pace-{sno}"},
+        )
+        assert resp.status == 202, resp.text
+        jobs.append(resp.json()["jobId"])
+
+    def finished() -> list[dict[str, Any]] | None:
+        # Seldom: the fake portal shares this process, and busy polling here would
+        # delay when it notes a request's arrival.
+        time.sleep(1.0)
+        bodies = [http_request("GET", f"{urls[0]}/v1/jobs/{j}").json() for j in jobs]
+        return (
+            bodies if all(b["status"] in ("SUCCEEDED", "FAILED", "DEAD") for b in bodies) else None
+        )
+
+    bodies = wait_until("all four jobs to finish", finished, 120)
+    assert [b["status"] for b in bodies] == ["SUCCEEDED"] * 4, bodies
+    requests = sorted(portal_thread.run(lambda: list(portal_thread.portal.requests)))
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(requests)]
+    close = [(a, b) for a, b in itertools.pairwise(requests) if b[0] - a[0] < 0.9 * interval_s]
+    assert not close, f"portal requests closer than {interval_s}s: {close}"
+    sessions = portal_thread.run(
+        lambda: {k: list(v) for k, v in portal_thread.portal.sessions.items()}
+    )
+    spans = sorted(sessions[sno] for sno in accounts)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end, f"two portal sessions at once: {spans}"
+    print(
+        f"\nportal ({backend}): {len(requests)} requests, min gap {min(gaps):.3f}s, "
+        f"sessions one at a time over {spans[-1][1] - spans[0][0]:.1f}s"
+    )
+
+
+# --- configuration --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["claimer.pace_scope", "scrapers.suwon.pace_scope"])
+def test_an_unknown_pace_scope_stops_the_daemon_at_start(tmp_path: Path, key: str) -> None:
+    section, name = key.rsplit(".", 1)
+    path = tmp_path / "galaxy.toml"
+    path.write_text(
+        f'[storage]\nurl = "sqlite:///{tmp_path / "g.db"}"\n[{section}]\n{name} = "galaxy"\n'
+    )
+    for command in ("serve", "status"):
+        done = run_cli(command, "--config", str(path))
+        assert done.returncode == 2, (command, done.stderr)
+        err = done.stderr.strip()
+        assert len(err.splitlines()) == 1 and key in err and "galaxy" in err, err
+    assert not (tmp_path / "g.db").exists()

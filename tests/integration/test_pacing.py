@@ -1,0 +1,322 @@
+"""Cluster pacing in-process, on both backends (docs/pacing.md).
+
+The pace table through `SqlStore` (slots, pauses, session leases), with a second
+store on the same database standing in for another instance; then cluster-scope
+claimers and the portal's `ClusterPortalPacing` against the fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+
+from outboxd.config import ClaimerSettings, ClassifierSettings, SuwonScraperSettings
+from outboxd.daemon.claimer import AI_PACE, Claimer
+from outboxd.daemon.pacing import ClusterPortalPacing
+from outboxd.observability import Metrics
+from outboxd.scrapers.classifier import OpenAIClassifier
+from outboxd.services.websites import WebsiteService
+from outboxd.storage.store import SqlStore, open_store
+from tests.fakes.ai import FakeAI
+
+KEY_ENV = "PACING_TEST_AI_KEY"
+KEY = "sk-pacing-test-90aa"
+
+
+@pytest_asyncio.fixture
+async def other(db_url: str, tmp_path: Path, store: SqlStore) -> AsyncIterator[SqlStore]:
+    """A second store on the same database: another instance's connections."""
+    s = await open_store(db_url, tmp_path, 5, 5.0)
+    yield s
+    await s.close()
+
+
+@pytest_asyncio.fixture
+async def ai() -> AsyncIterator[FakeAI]:
+    async with FakeAI(api_key=KEY) as server:
+        yield server
+
+
+def classifier_for(ai: FakeAI) -> OpenAIClassifier:
+    settings = ClassifierSettings(
+        provider="openai", base_url=ai.base_url, model="m", api_key_env=KEY_ENV, timeout_s=5.0
+    )
+    return OpenAIClassifier(settings, {KEY_ENV: KEY})
+
+
+def cluster_claimer(store: SqlStore, ai: FakeAI, **settings: Any) -> Claimer:
+    base: dict[str, Any] = {
+        "fixed_delay_s": 0.3,
+        "retry_delay_s": 10.0,
+        "processing_timeout_s": 30.0,
+        "max_attempts": 3,
+        "pace_scope": "cluster",
+    }
+    base.update(settings)
+    return Claimer(store, classifier_for(ai), ClaimerSettings(**base), Metrics(), pace=store)
+
+
+async def register(store: SqlStore, domain: str) -> None:
+    _website, created = await WebsiteService(store).register(domain, None)
+    assert created
+
+
+async def categories(store: SqlStore, domains: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for d in domains:
+        w = await store.get_website(d)
+        out[d] = w.category if w is not None else None
+    return out
+
+
+# --- the pace table ---------------------------------------------------------------------------
+
+
+async def test_slots_are_handed_out_delay_apart_across_two_stores(
+    store: SqlStore, other: SqlStore
+) -> None:
+    first = await store.pace_take("r", 0.5)
+    assert first.wait_s == 0  # an unused pace starts now
+    slots = await asyncio.gather(
+        *(s.pace_take("r", 0.5) for s in itertools.islice(itertools.cycle([store, other]), 8))
+    )
+    starts = sorted([first.slot, *(s.slot for s in slots)])
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(abs(g - 0.5) < 1e-6 for g in gaps), gaps
+    state = await other.pace_state("r")
+    assert state is not None
+    assert state.last_at == starts[-1]
+    assert abs(state.next_at - (starts[-1] + 0.5)) < 1e-6
+
+
+async def test_a_pause_holds_every_later_slot_back(store: SqlStore, other: SqlStore) -> None:
+    await store.pace_take("r", 0.1)
+    state = await store.pace_pause("r", 2.0)
+    assert 1.9 < state.paused_for_s <= 2.0
+    seen = await other.pace_state("r")
+    assert seen is not None and seen.paused_for_s > 1.8
+    slot = await other.pace_take("r", 0.1)
+    assert slot.slot >= state.paused_until
+    assert 1.8 < slot.wait_s <= 2.0
+    # A shorter pause never shortens the one in force.
+    again = await other.pace_pause("r", 0.5)
+    assert again.paused_until == state.paused_until
+
+
+async def test_session_leases_hold_the_limit_expire_and_come_back(
+    store: SqlStore, other: SqlStore
+) -> None:
+    await store.pace_ensure("p", 2)
+    a = await store.lease_take("p", "a", 2, 30.0)
+    b = await other.lease_take("p", "b", 2, 0.5)
+    assert a is not None and b is not None and a.slot != b.slot
+    assert await other.lease_take("p", "c", 2, 30.0) is None  # both sessions are held
+    # The limit is the caller's: with max_concurrency = 1 the second row is never used.
+    assert await store.lease_take("p", "c", 1, 30.0) is None
+    states = {s.name: s for s in await store.pace_states()}
+    assert states["p"].sessions == 2
+    # b's holder dies: its lease ends by itself.
+    deadline = time.monotonic() + 10
+    c = None
+    while c is None:
+        assert time.monotonic() < deadline, "the expired lease never came back"
+        await asyncio.sleep(0.1)
+        c = await store.lease_take("p", "c", 2, 30.0)
+    assert c.slot == b.slot
+    assert not await other.lease_release(b)  # no longer b's to give back
+    assert not await other.lease_renew(b, 30.0)
+    assert await store.lease_renew(a, 30.0)
+    assert await store.lease_release(a)
+    d = await other.lease_take("p", "d", 2, 30.0)
+    assert d is not None and d.slot == a.slot
+
+
+# --- cluster-scope claimers -------------------------------------------------------------------
+
+
+async def run_claimers(claimers: list[Claimer], done: Any, deadline_s: float = 40.0) -> None:
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(c.run(stop)) for c in claimers]
+    try:
+        deadline = time.monotonic() + deadline_s
+        while not await done():
+            assert time.monotonic() < deadline, "the claimers did not finish in time"
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 15)
+
+
+async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
+    store: SqlStore, other: SqlStore, ai: FakeAI
+) -> None:
+    delay = 0.3
+    claimers = [
+        cluster_claimer(store, ai, fixed_delay_s=delay),
+        cluster_claimer(other, ai, fixed_delay_s=delay),
+    ]
+    # Idle: nothing to classify for a while. No slot may be taken.
+    stop = asyncio.Event()
+    idle = [asyncio.create_task(c.run(stop)) for c in claimers]
+    await asyncio.sleep(4 * delay)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*idle), 10)
+    state = await store.pace_state(AI_PACE)
+    assert state is None or state.last_at is None, state
+
+    domains = [f"site{i}.example" for i in range(8)]
+    for d in domains:
+        await register(store, d)
+
+    async def done() -> bool:
+        return all(v is not None for v in (await categories(store, domains)).values())
+
+    await run_claimers(claimers, done)
+    starts = sorted(c.started_at_monotonic for c in ai.calls)
+    assert sorted(c.domain for c in ai.calls) == sorted(domains)  # once each
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.9 * delay, gaps
+    for c in claimers:
+        await c._classifier.close()
+
+
+async def test_a_429_pauses_both_cluster_claimers(
+    store: SqlStore, other: SqlStore, ai: FakeAI
+) -> None:
+    delay = 0.2
+    claimers = [
+        cluster_claimer(store, ai, fixed_delay_s=delay),
+        cluster_claimer(other, ai, fixed_delay_s=delay),
+    ]
+    domains = [f"r{i}.example" for i in range(4)]
+    for d in domains:
+        await register(store, d)
+    ai.rate_limit_next_n(1, 2.0)
+
+    async def done() -> bool:
+        return all(v is not None for v in (await categories(store, domains)).values())
+
+    await run_claimers(claimers, done)
+    calls = sorted(ai.calls, key=lambda c: c.started_at_monotonic)
+    assert calls[0].status == 429
+    after = [c for c in calls[1:]]
+    assert after, calls
+    quiet = after[0].started_at_monotonic - calls[0].finished_at_monotonic
+    assert quiet >= 1.9, f"a call {quiet:.2f}s after the 429"
+    assert sorted(c.domain for c in calls if c.status == 200) == sorted(domains)
+    for c in claimers:
+        await c._classifier.close()
+
+
+async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
+    store: SqlStore, other: SqlStore, ai: FakeAI
+) -> None:
+    # Another instance holds the next ten slots of 0.5 s: this one's slot is 5 s away.
+    for _ in range(10):
+        await other.pace_take(AI_PACE, 0.5)
+    await register(store, "waiting.example")
+    claimer = cluster_claimer(store, ai, fixed_delay_s=0.5)
+    stop = asyncio.Event()
+    task = asyncio.create_task(claimer.run(stop))
+    deadline = time.monotonic() + 10
+    while (await store.get_website("waiting.example")).work_status != "PROCESSING":  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "the row was never claimed"
+        await asyncio.sleep(0.05)
+    stopped_at = time.monotonic()
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert time.monotonic() - stopped_at < 2.0  # the wait for the slot ends at once
+    website = await store.get_website("waiting.example")
+    assert website is not None
+    assert (website.work_status, website.work_attempts) == ("PENDING", 0)
+    assert ai.calls == []
+    await claimer._classifier.close()
+
+
+# --- the portal's cluster pacing --------------------------------------------------------------
+
+
+async def test_portal_pacing_spaces_requests_and_limits_sessions_across_instances(
+    store: SqlStore, other: SqlStore
+) -> None:
+    settings = SuwonScraperSettings(
+        min_interval_s=0.1, max_concurrency=1, timeout_s=2.0, pace_scope="cluster"
+    )
+    pacings = [ClusterPortalPacing(store, settings), ClusterPortalPacing(other, settings)]
+    inside = 0
+    most = 0
+    starts: list[float] = []
+
+    async def job(p: ClusterPortalPacing) -> None:
+        nonlocal inside, most
+        async with p.session():
+            inside += 1
+            most = max(most, inside)
+            for _ in range(3):
+                await p.before_request()
+                starts.append(time.monotonic())
+            inside -= 1
+
+    await asyncio.wait_for(asyncio.gather(*(job(pacings[i % 2]) for i in range(4))), 30)
+    assert most == 1
+    starts.sort()
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(starts) == 12 and min(gaps) >= 0.09, gaps
+    states = {s.name: s for s in await store.pace_states()}
+    assert states["suwon"].sessions == 0  # every session given back
+
+
+# --- the operator's view ----------------------------------------------------------------------
+
+
+async def test_metrics_admin_stats_and_status_show_the_pace(
+    api: Any, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.ops import run_cli, write_config
+
+    await store.pace_take(AI_PACE, 0.5)
+    await store.pace_take(AI_PACE, 0.5)
+    await store.pace_pause(AI_PACE, 30.0)
+    await store.pace_ensure("suwon", 2)
+    assert await store.lease_take("suwon", "someone", 2, 60.0) is not None
+    ai_state = await store.pace_state(AI_PACE)
+    assert ai_state is not None and ai_state.last_at is not None
+
+    text = await (await api.get("/metrics")).text()
+    gauges = {
+        (s.name, s.labels.get("resource")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("outboxd_pace_")
+    }
+    assert gauges[("outboxd_pace_last_slot_timestamp_seconds", "ai")] == ai_state.last_at
+    assert gauges[("outboxd_pace_next_slot_timestamp_seconds", "ai")] == ai_state.next_at
+    assert gauges[("outboxd_pace_paused_until_timestamp_seconds", "ai")] == ai_state.paused_until
+    assert gauges[("outboxd_pace_sessions", "suwon")] == 1
+    assert gauges[("outboxd_pace_last_slot_timestamp_seconds", "suwon")] == 0  # no slot yet
+
+    stats = await (await api.get("/v1/admin/stats")).json()
+    ai_item = stats["pace"]["ai"]
+    assert ai_item["lastSlotAt"] == ai_state.last_at
+    assert 29 < ai_item["pausedForSeconds"] <= 30
+    assert stats["pace"]["suwon"]["sessions"] == 1
+
+    config = write_config(tmp_path, {"storage": {"url": db_url, "auto_migrate": False}})
+    done = run_cli("status", "--json", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert status["pace"]["ai"]["lastSlotAt"] == ai_state.last_at
+    assert status["pace"]["ai"]["pausedUntil"] == ai_state.paused_until
+    plain = run_cli("status", "--config", str(config))
+    assert plain.returncode == 0, plain.stderr
+    line = next(x for x in plain.stdout.splitlines() if x.startswith("pace ai"))
+    assert "s more" in line and "next slot" in line, line
