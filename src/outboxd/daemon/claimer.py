@@ -42,10 +42,13 @@ class Claimer:
         self._metrics = metrics
         self._clock = clock
         self._paused_until = 0.0
+        self._last_tick_at: float | None = None
+        self._next_tick_at: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("claimer_started", fixed_delay_s=self._settings.fixed_delay_s)
         while not stop.is_set():
+            self._last_tick_at = self._clock()
             try:
                 # Shielded: a shutdown lets the tick in flight record its
                 # outcome rather than leave a PROCESSING row for the timeout.
@@ -53,9 +56,15 @@ class Claimer:
             except Exception as exc:  # the loop outlives database and provider outages
                 log.warning("claimer_tick_failed", error=exc)
             delay = max(self._settings.fixed_delay_s, self._paused_until - self._clock())
+            self._next_tick_at = self._clock() + delay
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
         log.info("claimer_stopped")
+
+    def pace(self) -> tuple[float | None, float | None, float | None]:
+        """(last tick started, next tick due, paused until) for the console; None = not yet/not."""
+        paused = self._paused_until if self._paused_until > self._clock() else None
+        return self._last_tick_at, self._next_tick_at, paused
 
     async def tick(self) -> TickOutcome:
         row = await self._store.claim_work(
