@@ -311,7 +311,7 @@
   }
 
   function renderChart(box, points) {
-    const w = 600;
+    const w = 1000;
     const h = 120;
     const max = Math.max(1, ...points.map((p) => Math.max(p.accepted, p.finished)));
     const chart = svg("svg", { class: "chart", viewBox: `0 0 ${w} ${h + 14}`, role: "img", "data-testid": "chart" });
@@ -330,7 +330,7 @@
     });
     const label = svg("text", { x: 2, y: h + 12 });
     label.textContent = "−60 min";
-    const label2 = svg("text", { x: w - 30, y: h + 12 });
+    const label2 = svg("text", { x: w - 24, y: h + 12 });
     label2.textContent = "now";
     const top = svg("text", { x: 2, y: 10 });
     top.textContent = "max " + max + "/min";
