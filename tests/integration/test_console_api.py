@@ -241,3 +241,4 @@ async def test_console_files_are_public_with_strict_headers(
 
     await problem_of(await client.get("/ui/assets/other.js"), 404, "C04")
     await problem_of(await client.get("/ui/nowhere"), 404, "C04")
+    await problem_of(await client.get("/ui/jobs/not-a-job-id"), 404, "C04")

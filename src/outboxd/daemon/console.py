@@ -28,7 +28,8 @@ CONSOLE_PREFIX = "/ui/"
 PAGES = (
     "/ui/",
     "/ui/jobs",
-    "/ui/jobs/{job_id}",
+    # Job ids are UUIDs (lowercase, as the API issues them); anything else is 404 C04.
+    "/ui/jobs/{job_id:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}}",
     "/ui/dead-letters",
     "/ui/websites",
     "/ui/tasks",

@@ -746,6 +746,7 @@ _CURSOR: Final[Schema] = _query_param(
 _REQUEST_ID: Final[Schema] = {"$ref": "#/components/parameters/X-Request-Id"}
 _PUBLIC: Final[list[dict[str, list[str]]]] = []
 _ADMIN_ERRORS: Final = ("Unauthorized", "Forbidden", "InternalError", "StorageUnavailable")
+_JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 _CONSOLE_PAGES: Final = (
     ("/ui/", "consoleOverview", "Overview: counts, queues, readiness, pace, schedules, chart."),
     ("/ui/jobs", "consoleJobs", "Jobs: lookup by id and list by status."),
@@ -764,7 +765,7 @@ def _json_body(schema_name: str) -> Schema:
     return {"required": True, "content": {_JSON_MEDIA: {"schema": _ref(schema_name)}}}
 
 
-def _console_static(operation_id: str, summary: str, media: str) -> Schema:
+def _console_static(operation_id: str, summary: str, media: str, *errors: str) -> Schema:
     csp = _header("default-src 'self' and no inline script or style.", required=True)
     return {
         "operationId": operation_id,
@@ -787,6 +788,7 @@ def _console_static(operation_id: str, summary: str, media: str) -> Schema:
                     "content": {media: {"schema": {"type": "string"}}},
                 }
             },
+            *errors,
             "InternalError",
         ),
     }
@@ -796,9 +798,13 @@ def _console_paths() -> dict[str, Schema]:
     paths: dict[str, Schema] = {}
     for path, op_id, summary in _CONSOLE_PAGES:
         item: Schema = {"parameters": [_REQUEST_ID]}
+        errors: tuple[str, ...] = ()
         if "{job_id}" in path:
-            item["parameters"].insert(0, _path_param("job_id", "The job id."))
-        item["get"] = _console_static(op_id, summary, "text/html")
+            job_id = _path_param("job_id", "The job id (a UUID as the API issues it).")
+            job_id["schema"] = {"type": "string", "pattern": _JOB_ID_PATTERN}
+            item["parameters"].insert(0, job_id)
+            errors = ("NotFound",)
+        item["get"] = _console_static(op_id, summary, "text/html", *errors)
         paths[path] = item
     for path, op_id, media, summary in _CONSOLE_ASSETS:
         paths[path] = {"parameters": [_REQUEST_ID], "get": _console_static(op_id, summary, media)}
