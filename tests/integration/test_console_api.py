@@ -7,25 +7,32 @@ FAILED classifications are made with the claimer's own store transitions
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
+from outboxd.config import ClaimerSettings, ClassifierSettings
 from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.claimer import Claimer
 from outboxd.daemon.console import CONTENT_SECURITY_POLICY, ConsoleRuntime, Throughput
 from outboxd.observability import Metrics
+from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.security import KeyRing, generate_token, hash_token
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory
+from tests.fakes.ai import FakeAI
 from tests.integration.test_admin_api import problem_of, walk
 from tests.support.ops import kill_at_publish, kill_in_processing, submit_job, succeed
 
 Client = TestClient[Any, Any]
+AI_KEY = "sk-console-test-" + "3f9a"
 
 
 async def _failed_website(store: SqlStore, domain: str, error: str) -> None:
@@ -157,6 +164,56 @@ def test_throughput_counts_accepted_and_finished_per_minute() -> None:
     assert series[-1] == (6060.0, 1, 0)
     now[0] += 3600
     assert all(accepted == 0 and finished == 0 for _, accepted, finished in tp.series())
+
+
+async def test_runtime_shows_the_claimer_pace_and_a_provider_pause(
+    make_settings: SettingsFactory,
+    store: SqlStore,
+    keys: KeyRing,
+) -> None:
+    async with FakeAI(api_key=AI_KEY) as ai:
+        await _pace_through_a_pause(make_settings, store, keys, ai)
+
+
+async def _pace_through_a_pause(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing, ai: FakeAI
+) -> None:
+    classifier = OpenAIClassifier(
+        ClassifierSettings(
+            provider="openai", base_url=ai.base_url, model="m", api_key_env="K", timeout_s=5.0
+        ),
+        {"K": AI_KEY},
+    )
+    settings = ClaimerSettings(
+        fixed_delay_s=0.2, retry_delay_s=10.0, processing_timeout_s=30.0, max_attempts=3
+    )
+    claimer = Claimer(store, classifier, settings, Metrics())
+    runtime = ConsoleRuntime(Throughput(Metrics()), claimer=claimer)
+    assert runtime.claimer_pace() == (None, None, None)
+    deps = build_api_deps(
+        make_settings(), store, keys, Metrics(), queues=None, dispatcher=None, runtime=runtime
+    )
+    client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+    await client.start_server()
+    await WebsiteService(store).register("paused.example", None)
+    ai.rate_limit_next_n(1, retry_after_s=30.0)  # the provider asks for a 30 s pause
+    stop = asyncio.Event()
+    task = asyncio.create_task(claimer.run(stop))
+    try:
+        deadline = time.monotonic() + 30
+        while runtime.claimer_pace()[1] is None:
+            assert time.monotonic() < deadline, "the claimer never ticked"
+            await asyncio.sleep(0.05)
+        body = await (await client.get("/v1/admin/runtime")).json()
+    finally:
+        stop.set()
+        await task
+        await client.close()
+        await classifier.close()
+    pace = {k: datetime.fromisoformat(v).timestamp() for k, v in body["claimer"].items()}
+    assert 25 <= pace["pausedUntil"] - pace["lastTickAt"] <= 35
+    assert abs(pace["nextTickAt"] - pace["pausedUntil"]) < 2
+    assert body["readiness"]["status"] == "ok"
 
 
 @pytest_asyncio.fixture
