@@ -215,12 +215,16 @@ def sqs_link(moto_server: MotoServer) -> Iterator[SqsLink]:
 
 @pytest.fixture
 def console_daemon(
+    request: pytest.FixtureRequest,
     pipeline_config: ConfigFactory,
     spawn_daemon: DaemonFactory,
     fake_ai: FakeProcess,
     sqs_link: SqsLink,
 ) -> Iterator[DaemonProcess]:
+    # Indirect parametrization can add sections (a test's own relay settings).
+    extra: dict[str, Any] = getattr(request, "param", {})
     config = pipeline_config(
+        **extra,
         sqs={"endpoint_url": sqs_link.endpoint_url, "max_receive_count": 2},
         daemon={"roles": ["api", "relay", "consumer", "claimer", "scheduler"]},
         claimer={
@@ -324,13 +328,30 @@ def test_user_token_refused_then_admin_sees_the_daemon_live(
     assert page.context.cookies() == []
 
 
+# Two publish attempts, so a relay row dies quickly while SQS is cut.
+FAST_RELAY_DEATH = {"relay": {"max_attempts": 2, "backoff_base_s": 0.2, "backoff_max_s": 0.5}}
+
+
+@pytest.mark.parametrize("console_daemon", [FAST_RELAY_DEATH], indirect=True, ids=["relay2"])
 def test_dead_letters_websites_and_a_fast_clock(
     console_daemon: DaemonProcess,
     portal_thread: PortalThread,
+    sqs_link: SqsLink,
     browser: Browser,
 ) -> None:
     base = console_daemon.base_url
     assert base is not None
+    # A job whose relay row dies: SQS is cut for its publish attempts.
+    sqs_link.cut()
+    by_row = submit_job(base, USER)
+
+    def dead_row() -> str | None:
+        rows = http_request("GET", f"{base}/v1/admin/jobs/{by_row}", headers=ADMIN).json()
+        return str(rows["outbox"][0]["id"]) if rows["outbox"][0]["status"] == "DEAD" else None
+
+    row_id = wait_for("the relay row to die", dead_row, timeout_s=60)
+    sqs_link.mend()
+    # Two jobs that die in the consumer: the portal answers 503 to everything.
     portal_thread.run(lambda: setattr(portal_thread.portal, "always_fail_503", True))
     by_page, by_selection = submit_job(base, USER), submit_job(base, USER)
     resp = http_request("POST", base + "/v1/websites", {"domain": EVIL_DOMAIN}, headers=USER)
@@ -371,6 +392,16 @@ def test_dead_letters_websites_and_a_fast_clock(
     expect(page.locator("#notice")).to_contain_text("Redriven 1 item(s).")
     assert any(by_selection in d for d in tab.dialogs if d.startswith("confirm: Redrive 1"))
     wait_job(base, by_selection, "SUCCEEDED", timeout_s=90)
+
+    # The DEAD relay row, redriven from its own row: its job runs to SUCCEEDED.
+    page.goto(f"{base}/ui/dead-letters")
+    dead = page.locator(f"tr[data-outbox-id='{row_id}']")
+    expect(dead).to_contain_text("DEAD")
+    expect(dead).to_contain_text(by_row)
+    dead.get_by_test_id("redrive").click()
+    expect(page.locator("#notice")).to_contain_text("Redriven 1 item(s).")
+    assert any(f"outbox row {row_id}" in d for d in tab.dialogs)
+    wait_job(base, by_row, "SUCCEEDED", timeout_s=90)
 
     # The AI's answer (markup) is shown as text in the FAILED row, never parsed.
     page.goto(f"{base}/ui/websites")
