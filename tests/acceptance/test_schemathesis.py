@@ -193,5 +193,16 @@ def test_hand_made_flow_conforms(api_schema: Any) -> None:
     )
     assert refused.status_code == 409
     assert call("GET", "/v1/admin/stats").json()["queues"]["jobs"]["dlq"] == 0
+    # The console's admin reads and its job page.
+    detail = call("GET", "/v1/admin/jobs/{job_id}", path_parameters={"job_id": job_id})
+    assert detail.status_code == 200 and detail.json()["outbox"][0]["jobId"] == job_id
+    assert call("GET", "/v1/admin/jobs", query={"limit": 1}).status_code == 200
+    assert call("GET", "/v1/admin/websites", query={"limit": 1}).status_code == 200
+    not_failed = call(
+        "POST", "/v1/admin/websites/{domain}/retry", path_parameters={"domain": "example.org"}
+    )
+    assert not_failed.status_code == 409
+    assert call("GET", "/v1/admin/runtime").json()["claimer"] is not None
+    assert call("GET", "/ui/jobs/{job_id}", path_parameters={"job_id": job_id}).status_code == 200
     assert call("GET", "/readyz").status_code == 200
     assert call("GET", "/metrics").status_code == 200

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from outboxd.config import Settings
 from outboxd.daemon import inputs
 from outboxd.daemon.inputs import InputError
+from outboxd.daemon.console import add_console_routes, is_console_path
 from outboxd.daemon.openapi import openapi_document
 from outboxd.errors import InvalidState, NotFound, StorageError, StorageUnavailable
 from outboxd.observability import Metrics
@@ -35,6 +36,7 @@ from outboxd.services.websites import InvalidDomain, WebsiteService, normalize_d
 from outboxd.storage.ports import (
     JobRecord,
     PaceState,
+    JobStore,
     RelayRow,
     RelayStore,
     StatsStore,
@@ -80,8 +82,16 @@ class QueueStats(Protocol):
     async def queue_stats(self) -> dict[str, dict[str, int]]: ...
 
 
-class ApiStore(RelayStore, TaskStore, StatsStore, Protocol):
+class ApiStore(JobStore, RelayStore, TaskStore, StatsStore, Protocol):
     pass
+
+
+class RuntimeView(Protocol):
+    """This process's in-memory state for the console (see daemon/console.py)."""
+
+    def claimer_pace(self) -> tuple[float | None, float | None, float | None] | None: ...
+    def schedules(self) -> list[tuple[str, str, float]]: ...
+    def throughput_series(self) -> list[tuple[float, int, int]]: ...
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class ApiDeps:
     metrics: Metrics
     readiness: Readiness
     queue_stats: QueueStats | None = None
+    runtime: RuntimeView | None = None
 
 
 DEPS = web.AppKey("deps", ApiDeps)
@@ -208,7 +219,7 @@ async def _guarded(
             )
         if http_exc is not None:
             raise ApiError(404, "C04", "no such resource")
-        if request.path not in PUBLIC_PATHS:
+        if request.path not in PUBLIC_PATHS and not is_console_path(request.path):
             request[PRINCIPAL] = _authenticate(request, deps.tokens)
         return await handler(request)
     except ApiError as err:
@@ -561,6 +572,94 @@ async def admin_redrive_job(request: web.Request) -> web.Response:
     return web.json_response(job_body(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 
+# ------------------------------------------------------------------ admin: the console's reads
+
+
+def _status_filter(request: web.Request, allowed: tuple[str, ...]) -> str | None:
+    status = request.query.get("status")
+    if status is not None and status not in allowed:
+        _fail("status", "must be one of: " + ", ".join(allowed))
+    return status
+
+
+async def admin_list_jobs(request: web.Request) -> web.Response:
+    _require_admin(request)
+    _only_query(request, {"status", "limit", "cursor"})
+    deps = request.app[DEPS]
+    status = _status_filter(request, ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"))
+    page = await deps.store.list_jobs(status, _limit(request), _cursor(request))
+    return web.json_response(
+        {"items": [job_body(j) for j in page.items], "nextCursor": page.next_cursor}
+    )
+
+
+async def admin_get_job(request: web.Request) -> web.Response:
+    _require_admin(request)
+    deps = request.app[DEPS]
+    job = await deps.store.get_job(request.match_info["job_id"])
+    if job is None:
+        raise ApiError(404, "C04", "no such job")
+    rows = await deps.store.relay_rows_for_job(job.id, 20)
+    return web.json_response({**job_body(job), "outbox": [relay_item(r) for r in rows]})
+
+
+async def admin_list_websites(request: web.Request) -> web.Response:
+    _require_admin(request)
+    _only_query(request, {"status", "limit", "cursor"})
+    deps = request.app[DEPS]
+    status = _status_filter(request, ("PENDING", "PROCESSING", "COMPLETED", "FAILED"))
+    page = await deps.websites.list(status, _limit(request), _cursor(request))
+    return web.json_response(
+        {"items": [website_body(w) for w in page.items], "nextCursor": page.next_cursor}
+    )
+
+
+async def admin_retry_website(request: web.Request) -> web.Response:
+    _require_admin(request)
+    deps = request.app[DEPS]
+    try:
+        domain = normalize_domain(request.match_info["domain"])
+        website = await deps.websites.retry(domain)
+    except (InvalidDomain, NotFound):
+        raise ApiError(404, "C04", "no such website") from None
+    except InvalidState as exc:
+        raise ApiError(409, "C11", str(exc)) from None
+    return web.json_response(website_body(website))
+
+
+async def admin_runtime(request: web.Request) -> web.Response:
+    _require_admin(request)
+    deps = request.app[DEPS]
+    checks = await deps.readiness.check()
+    rt = deps.runtime
+    pace = rt.claimer_pace() if rt is not None else None
+    return web.json_response(
+        {
+            "now": iso(time.time()),
+            "readiness": {
+                "status": "ok" if all(v == "ok" for v in checks.values()) else "unavailable",
+                "checks": checks,
+            },
+            "claimer": None
+            if pace is None
+            else {
+                "lastTickAt": iso(pace[0]),
+                "nextTickAt": iso(pace[1]),
+                "pausedUntil": iso(pace[2]),
+            },
+            "schedules": [
+                {"name": name, "task": task, "nextFireAt": iso(at)}
+                for name, task, at in (rt.schedules() if rt is not None else [])
+            ],
+            "throughput": [
+                {"minute": iso(at), "accepted": accepted, "finished": finished}
+                for at, accepted, finished in (rt.throughput_series() if rt is not None else [])
+            ],
+            "taskTypes": list(BUILTIN_TASKS),
+        }
+    )
+
+
 async def admin_stats(request: web.Request) -> web.Response:
     _require_admin(request)
     deps = request.app[DEPS]
@@ -745,6 +844,12 @@ def create_app(deps: ApiDeps) -> web.Application:
     r.add_get("/v1/admin/stats", admin_stats, allow_head=False)
     r.add_post("/v1/admin/tasks", admin_enqueue_task)
     r.add_get("/v1/admin/tasks", admin_list_tasks, allow_head=False)
+    r.add_get("/v1/admin/jobs", admin_list_jobs, allow_head=False)
+    r.add_get("/v1/admin/jobs/{job_id}", admin_get_job, allow_head=False)
+    r.add_get("/v1/admin/websites", admin_list_websites, allow_head=False)
+    r.add_post("/v1/admin/websites/{domain}/retry", admin_retry_website)
+    r.add_get("/v1/admin/runtime", admin_runtime, allow_head=False)
+    add_console_routes(r)
     r.add_get("/healthz", healthz, allow_head=False)
     r.add_get("/readyz", readyz, allow_head=False)
     r.add_get("/metrics", metrics, allow_head=False)

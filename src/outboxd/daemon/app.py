@@ -28,6 +28,7 @@ from aiohttp import web
 from outboxd.config import ConfigError, Settings, is_loopback_host
 from outboxd.daemon.api import ApiDeps, create_app
 from outboxd.daemon.claimer import Claimer
+from outboxd.daemon.console import ConsoleRuntime, Throughput
 from outboxd.daemon.consumer import Consumer
 from outboxd.daemon.http_server import ConnectionLimits, GuardedSite, guard_app
 from outboxd.daemon.loops import backoff, sleep_or_stop
@@ -240,6 +241,7 @@ def build_api_deps(
     metrics: Metrics,
     queues: SqsQueues | None,
     dispatcher: Dispatcher | None,
+    runtime: ConsoleRuntime | None = None,
 ) -> ApiDeps:
     """Everything the HTTP API needs, wired the same way in the daemon and in tests."""
     readiness = Readiness(store, queues)
@@ -253,6 +255,7 @@ def build_api_deps(
         metrics=metrics,
         readiness=readiness,
         queue_stats=readiness if queues is not None else None,
+        runtime=runtime,
     )
 
 
@@ -418,8 +421,11 @@ async def _serve(
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
     api_server: ApiServer | None = None
+    console = ConsoleRuntime(Throughput(metrics))
     if "api" in roles:
-        deps = build_api_deps(settings, store, keys, metrics, queues=queues, dispatcher=relay)
+        deps = build_api_deps(
+            settings, store, keys, metrics, queues=queues, dispatcher=relay, runtime=console
+        )
         if not settings.auth.tokens and not is_loopback_host(settings.server.host):
             raise ValueError("refusing to bind a non-loopback address with no auth tokens")
         api_server = ApiServer(
@@ -434,6 +440,7 @@ async def _serve(
             ),
         )
         components.append(("api", api_server))
+        components.append(("console_throughput", console.throughput))
     if "relay" in roles:
         components.append(("relay", relay))
     if "consumer" in roles:
@@ -459,11 +466,11 @@ async def _serve(
     if "claimer" in roles:
         classifier = build_classifier(settings.scrapers.classifier, env)
         stack.push_async_callback(classifier.close)
-        components.append(
-            ("claimer", Claimer(store, classifier, settings.claimer, metrics, pace=store))
-        )
+        console.claimer = Claimer(store, classifier, settings.claimer, metrics, pace=store)
+        components.append(("claimer", console.claimer))
     if "scheduler" in roles and settings.scheduler.jobs:
-        components.append(("scheduler", Scheduler(settings.scheduler, tasks)))
+        console.scheduler = Scheduler(settings.scheduler, tasks)
+        components.append(("scheduler", console.scheduler))
 
     failures: list[str] = []
     async with asyncio.TaskGroup() as tg:

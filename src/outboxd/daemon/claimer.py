@@ -58,6 +58,8 @@ class Claimer:
         self._db_clock = DbClock()
         if settings.pace_scope == "cluster" and pace is None:
             raise ValueError("claimer.pace_scope = 'cluster' needs a PaceStore")
+        self._last_tick_at: float | None = None
+        self._next_tick_at: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info(
@@ -67,6 +69,7 @@ class Claimer:
         )
         while not stop.is_set():
             outcome: TickOutcome | None = None
+            self._last_tick_at = self._clock()
             try:
                 # Shielded: a shutdown lets the tick in flight record its
                 # outcome rather than leave a PROCESSING row for the timeout.
@@ -79,8 +82,14 @@ class Claimer:
                 # The shared slots space the calls: the next tick claims a row
                 # at once and queues for its slot, so the pace has no holes.
                 delay = max(0.0, self._paused_until - self._clock())
+            self._next_tick_at = self._clock() + delay
             await sleep_or_stop(stop, delay)
         log.info("claimer_stopped")
+
+    def pace(self) -> tuple[float | None, float | None, float | None]:
+        """(last tick started, next tick due, paused until) for the console; None = not yet/not."""
+        paused = self._paused_until if self._paused_until > self._clock() else None
+        return self._last_tick_at, self._next_tick_at, paused
 
     async def tick(self, stop: asyncio.Event | None = None) -> TickOutcome:
         if self._pace is not None:

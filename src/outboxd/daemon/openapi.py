@@ -486,6 +486,104 @@ def _admin_schemas() -> dict[str, Schema]:
     }
 
 
+def _console_schemas() -> dict[str, Schema]:
+    """The admin reads the operator console (/ui/) is built on."""
+    return {
+        "JobPage": _object(
+            {
+                "items": {"type": "array", "items": _ref("Job")},
+                "nextCursor": _text("Pass as `cursor` for the next page.", nullable=True),
+            },
+            description="Jobs, newest first.",
+        ),
+        "JobDetail": {
+            "allOf": [
+                _ref("Job"),
+                {
+                    "type": "object",
+                    "required": ["outbox"],
+                    "properties": {
+                        "outbox": {
+                            "type": "array",
+                            "items": _ref("OutboxItem"),
+                            "maxItems": 20,
+                            "description": "The job's relay outbox rows, newest first.",
+                        }
+                    },
+                },
+            ],
+            "description": "A job with its relay outbox rows (admin view).",
+        },
+        "WebsitePage": _object(
+            {
+                "items": {"type": "array", "items": _ref("Website")},
+                "nextCursor": _text("Pass as `cursor` for the next page.", nullable=True),
+            },
+            description="Websites, newest first.",
+        ),
+        "Runtime": _object(
+            {
+                "now": _timestamp("The server's clock"),
+                "readiness": _ref("Readiness"),
+                "claimer": {
+                    "anyOf": [
+                        _object(
+                            {
+                                "lastTickAt": _timestamp(
+                                    "When the last tick started", nullable=True
+                                ),
+                                "nextTickAt": _timestamp(
+                                    "When the next tick is due", nullable=True
+                                ),
+                                "pausedUntil": _timestamp(
+                                    "End of a provider-asked pause (429); null when not paused",
+                                    nullable=True,
+                                ),
+                            },
+                            description="This process's claimer pace.",
+                        ),
+                        {"type": "null"},
+                    ],
+                    "description": "Null when this process runs no claimer.",
+                },
+                "schedules": {
+                    "type": "array",
+                    "description": "This process's scheduler entries.",
+                    "items": _object(
+                        {
+                            "name": {"type": "string"},
+                            "task": {"type": "string"},
+                            "nextFireAt": _timestamp("The next fire time"),
+                        },
+                        description="One schedule.",
+                    ),
+                },
+                "throughput": {
+                    "type": "array",
+                    "description": "Portal jobs accepted by this process's API and finished by "
+                    "its consumer, per minute over the last hour, oldest first (kept in memory; "
+                    "empty after a restart).",
+                    "items": _object(
+                        {
+                            "minute": _timestamp("The minute's start"),
+                            "accepted": _count("Jobs accepted."),
+                            "finished": _count("Jobs that reached SUCCEEDED, FAILED or DEAD."),
+                        },
+                        description="One minute.",
+                    ),
+                },
+                "taskTypes": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": list(TASK_TYPES)},
+                    "description": "The built-in task types POST /v1/admin/tasks accepts.",
+                },
+            },
+            description="What only the running process knows: readiness, claimer pace, "
+            "schedules, throughput.",
+        ),
+    }
+
+
 def _operations_schemas() -> dict[str, Schema]:
     return {
         "Health": _object(
@@ -552,6 +650,7 @@ def _schemas() -> dict[str, Schema]:
         **_portal_result_schemas(),
         **_website_schemas(),
         **_admin_schemas(),
+        **_console_schemas(),
         **_operations_schemas(),
     }
 
@@ -692,15 +791,165 @@ _CURSOR: Final[Schema] = _query_param(
 _REQUEST_ID: Final[Schema] = {"$ref": "#/components/parameters/X-Request-Id"}
 _PUBLIC: Final[list[dict[str, list[str]]]] = []
 _ADMIN_ERRORS: Final = ("Unauthorized", "Forbidden", "InternalError", "StorageUnavailable")
+_JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_CONSOLE_PAGES: Final = (
+    ("/ui/", "consoleOverview", "Overview: counts, queues, readiness, pace, schedules, chart."),
+    ("/ui/jobs", "consoleJobs", "Jobs: lookup by id and list by status."),
+    ("/ui/jobs/{job_id}", "consoleJob", "One job: status, progress, error, result, outbox rows."),
+    ("/ui/dead-letters", "consoleDeadLetters", "DEAD jobs and relay rows, with redrive."),
+    ("/ui/websites", "consoleWebsites", "Classification states and FAILED rows."),
+    ("/ui/tasks", "consoleTasks", "Recent task runs and an enqueue form."),
+)
+_CONSOLE_ASSETS: Final = (
+    ("/ui/assets/app.js", "consoleScript", "text/javascript", "The console's script."),
+    ("/ui/assets/app.css", "consoleStyles", "text/css", "The console's stylesheet."),
+)
 
 
 def _json_body(schema_name: str) -> Schema:
     return {"required": True, "content": {_JSON_MEDIA: {"schema": _ref(schema_name)}}}
 
 
+def _console_static(operation_id: str, summary: str, media: str, *errors: str) -> Schema:
+    csp = _header("default-src 'self' and no inline script or style.", required=True)
+    return {
+        "operationId": operation_id,
+        "tags": ["console"],
+        "summary": summary,
+        "description": "Static; public, like every /ui/ response: the page asks for an admin "
+        "token and sends it to the admin API as a bearer token (no cookies).",
+        "security": _PUBLIC,
+        "responses": _responses(
+            {
+                "200": {
+                    "description": "The file.",
+                    "headers": _headers(
+                        **{
+                            "Content-Security-Policy": csp,
+                            "X-Content-Type-Options": _header("nosniff", required=True),
+                            "Referrer-Policy": _header("no-referrer", required=True),
+                        }
+                    ),
+                    "content": {media: {"schema": {"type": "string"}}},
+                }
+            },
+            *errors,
+            "InternalError",
+        ),
+    }
+
+
+def _console_paths() -> dict[str, Schema]:
+    paths: dict[str, Schema] = {}
+    for path, op_id, summary in _CONSOLE_PAGES:
+        item: Schema = {"parameters": [_REQUEST_ID]}
+        errors: tuple[str, ...] = ()
+        if "{job_id}" in path:
+            job_id = _path_param("job_id", "The job id (a UUID as the API issues it).")
+            job_id["schema"] = {"type": "string", "pattern": _JOB_ID_PATTERN}
+            item["parameters"].insert(0, job_id)
+            errors = ("NotFound",)
+        item["get"] = _console_static(op_id, summary, "text/html", *errors)
+        paths[path] = item
+    for path, op_id, media, summary in _CONSOLE_ASSETS:
+        paths[path] = {"parameters": [_REQUEST_ID], "get": _console_static(op_id, summary, media)}
+    return paths
+
+
+def _admin_console_paths() -> dict[str, Schema]:
+    status = {"type": "string", "enum": list(JOB_STATUSES)}
+    return {
+        "/v1/admin/jobs": {
+            "parameters": [_REQUEST_ID],
+            "get": {
+                "operationId": "listJobs",
+                "tags": ["admin"],
+                "summary": "Jobs, newest first (keyset pagination), any user's.",
+                "parameters": [
+                    _query_param("status", status, "Only jobs in this state."),
+                    _LIMIT,
+                    _CURSOR,
+                ],
+                "responses": _responses(
+                    {"200": _json_response("A page of jobs.", "JobPage")},
+                    "BadRequest",
+                    *_ADMIN_ERRORS,
+                ),
+            },
+        },
+        "/v1/admin/jobs/{job_id}": {
+            "parameters": [_path_param("job_id", "The job id."), _REQUEST_ID],
+            "get": {
+                "operationId": "getJobDetail",
+                "tags": ["admin"],
+                "summary": "Any user's job with its relay outbox rows.",
+                "responses": _responses(
+                    {"200": _json_response("The job.", "JobDetail")},
+                    "NotFound",
+                    *_ADMIN_ERRORS,
+                ),
+            },
+        },
+        "/v1/admin/websites": {
+            "parameters": [_REQUEST_ID],
+            "get": {
+                "operationId": "listWebsites",
+                "tags": ["admin"],
+                "summary": "Websites by classification state, newest first (keyset pagination).",
+                "parameters": [
+                    _query_param(
+                        "status",
+                        {"type": "string", "enum": list(WORK_STATUSES)},
+                        "Only websites whose classification is in this state.",
+                    ),
+                    _LIMIT,
+                    _CURSOR,
+                ],
+                "responses": _responses(
+                    {"200": _json_response("A page of websites.", "WebsitePage")},
+                    "BadRequest",
+                    *_ADMIN_ERRORS,
+                ),
+            },
+        },
+        "/v1/admin/websites/{domain}/retry": {
+            "parameters": [
+                _path_param("domain", "The host name (normalised before the lookup)."),
+                _REQUEST_ID,
+            ],
+            "post": {
+                "operationId": "retryWebsite",
+                "tags": ["admin"],
+                "summary": "A FAILED classification back to PENDING, its attempts reset.",
+                "responses": _responses(
+                    {"200": _json_response("The website after the retry.", "Website")},
+                    "NotFound",
+                    "InvalidState",
+                    *_ADMIN_ERRORS,
+                ),
+            },
+        },
+        "/v1/admin/runtime": {
+            "parameters": [_REQUEST_ID],
+            "get": {
+                "operationId": "getRuntime",
+                "tags": ["admin"],
+                "summary": "Readiness, claimer pace, schedules and per-minute throughput "
+                "of this process.",
+                "responses": _responses(
+                    {"200": _json_response("This process's state.", "Runtime")},
+                    *_ADMIN_ERRORS,
+                ),
+            },
+        },
+    }
+
+
 def _paths() -> dict[str, Schema]:
     location = _header("/v1/jobs/{jobId}", required=True)
     return {
+        **_admin_console_paths(),
+        **_console_paths(),
         "/v1/portal-link-jobs": {
             "parameters": [_REQUEST_ID],
             "post": {
@@ -1006,7 +1255,8 @@ def _build() -> dict[str, Any]:
             "(the Problem schema). Every response carries X-Request-Id (the caller's, when it "
             "is 1-128 characters of [A-Za-z0-9._:-], else a fresh one). A method a path does "
             "not list answers 405 C10 with an Allow header (components.responses."
-            "MethodNotAllowed). /healthz, /readyz, /metrics and /openapi.json need no token. "
+            "MethodNotAllowed). /healthz, /readyz, /metrics, /openapi.json and the console's "
+            "static files under /ui/ need no token. "
             "Bodies are RFC 8259 JSON: NaN, Infinity, numbers beyond a double, integers over 64 "
             "digits, nesting deeper than 32, NUL characters and lone surrogates are 400 C01, as "
             "is a body that is not the gzip or deflate stream its Content-Encoding says. "
@@ -1022,6 +1272,7 @@ def _build() -> dict[str, Any]:
             {"name": "websites", "description": "Websites and their category."},
             {"name": "admin", "description": "Administration (role admin)."},
             {"name": "operations", "description": "Health, readiness, metrics, this document."},
+            {"name": "console", "description": "The operator console's static pages (/ui/)."},
         ],
         "security": [{"bearer": []}],
         "paths": _paths(),

@@ -83,6 +83,10 @@ class Scheduler:
             await sleep_or_stop(stop, self._sleep_s())
         log.info("scheduler_stopped")
 
+    def next_fires(self) -> list[tuple[str, str, datetime]]:
+        """(schedule name, task type, next fire time) of every schedule, for the console."""
+        return [(s.entry.name, s.entry.task, s.next_fire) for s in self._slots]
+
     def _sleep_s(self) -> float:
         if not self._slots:
             return self._settings.tick_s

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import idna
 import structlog
 
-from outboxd.storage.ports import Website, WebsiteStore
+from outboxd.storage.ports import Page, Website, WebsiteStore
 
 log = structlog.get_logger(__name__)
 
@@ -85,3 +85,12 @@ class WebsiteService:
 
     async def get(self, domain: str) -> Website | None:
         return await self._store.get_website(domain)
+
+    async def list(self, status: str | None, limit: int, cursor: str | None) -> Page[Website]:
+        return await self._store.list_websites(status, limit, cursor)
+
+    async def retry(self, domain: str) -> Website:
+        """A FAILED classification back to PENDING (NotFound, InvalidState otherwise)."""
+        website = await self._store.retry_failed_website(domain)
+        log.info("website_classification_retried", website_id=website.id, domain=domain)
+        return website

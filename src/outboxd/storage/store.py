@@ -11,7 +11,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Awaitable, Generator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -473,6 +473,34 @@ class SqlStore:
         nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
         return Page(items=items, next_cursor=nxt)
 
+    async def relay_rows_for_job(self, job_id: str, limit: int) -> list[RelayRow]:
+        def body() -> Generator[Op, Any, list[RelayRow]]:
+            rows = yield fetch(self.q["list_relay_for_job"], {"job_id": job_id, "limit": limit})
+            return [_relay(r) for r in rows]
+
+        return await self.db.read(body)
+
+    async def list_jobs(
+        self, status: str | None, limit: int, cursor: str | None
+    ) -> Page[JobRecord]:
+        rows = await self._keyset("list_jobs", {"status": status}, limit, cursor)
+        items = [_job(r) for r in rows[:limit]]
+        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
+        return Page(items=items, next_cursor=nxt)
+
+    def _keyset(
+        self, name: str, params: Mapping[str, Any], limit: int, cursor: str | None
+    ) -> Awaitable[list[Row]]:
+        """One page (plus one row, to tell whether another follows) of a keyset query."""
+        created, row_id = decode_cursor(cursor)
+        bound = {**params, "cursor_created": created, "cursor_id": row_id, "limit": limit + 1}
+
+        def body() -> Generator[Op, Any, list[Row]]:
+            rows: list[Row] = yield fetch(self.q[name], bound)
+            return rows
+
+        return self.db.read(body)
+
     # ------------------------------------------------------------ tasks
 
     async def enqueue_task(
@@ -624,6 +652,30 @@ class SqlStore:
 
     async def give_back_work(self, row: WorkRow) -> bool:
         return await self._changed("work_give_back", {"id": row.id, "version": row.version})
+
+    async def list_websites(
+        self, status: str | None, limit: int, cursor: str | None
+    ) -> Page[Website]:
+        rows = await self._keyset("list_websites", {"status": status}, limit, cursor)
+        items = [_website(r) for r in rows[:limit]]
+        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
+        return Page(items=items, next_cursor=nxt)
+
+    async def retry_failed_website(self, domain: str) -> Website:
+        def body() -> Generator[Op, Any, Website]:
+            before = yield from self._one("select_website_by_domain", {"domain": domain})
+            if before is None:
+                raise NotFound(f"no website {domain}")
+            n = yield from self._count("work_retry_failed", {"website_id": before["id"]})
+            if n != 1:
+                raise InvalidState(
+                    f"classification is {before['work_status'] or 'missing'}, not FAILED"
+                )
+            row = yield from self._one("select_website_by_domain", {"domain": domain})
+            assert row is not None
+            return _website(row)
+
+        return await self.db.run(body)
 
     # ------------------------------------------------------------ stats and pruning
 

@@ -164,6 +164,17 @@ SELECT * FROM relay_outbox
  ORDER BY created_at DESC, id DESC
  LIMIT :limit;
 
+-- name: list_relay_for_job
+SELECT * FROM relay_outbox WHERE job_id = :job_id ORDER BY created_at DESC, id DESC LIMIT :limit;
+
+-- name: list_jobs
+SELECT * FROM jobs
+ WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
+        OR (created_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
+ ORDER BY created_at DESC, id DESC
+ LIMIT :limit;
+
 -- ---------------------------------------------------------------- tasks
 
 -- name: insert_task_run
@@ -311,6 +322,22 @@ UPDATE pace_leases SET expires_at = :now + :lease_s
 -- name: lease_release
 UPDATE pace_leases SET holder = NULL, expires_at = 0
  WHERE name = :name AND slot = :slot AND holder = :holder;
+-- name: list_websites
+SELECT w.*, o.status AS work_status, o.attempt_count AS work_attempts,
+       o.last_error AS work_last_error
+  FROM websites w JOIN work_outbox o ON o.website_id = w.id
+ WHERE (CAST(:status AS TEXT) IS NULL OR o.status = :status)
+   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR w.created_at < :cursor_created
+        OR (w.created_at = :cursor_created AND w.id < CAST(:cursor_id AS TEXT)))
+ ORDER BY w.created_at DESC, w.id DESC
+ LIMIT :limit;
+
+-- name: work_retry_failed
+-- An operator sends a FAILED classification back: attempts start again from zero.
+UPDATE work_outbox
+   SET status = 'PENDING', attempt_count = 0, attempted_at = NULL, last_error = NULL,
+       version = version + 1
+ WHERE website_id = :website_id AND status = 'FAILED';
 
 -- ---------------------------------------------------------------- stats and pruning
 
