@@ -680,3 +680,34 @@ async def test_a_rejection_page_with_an_error_status_fails_after_one_login(
     await rig.wait_queue_empty()
     assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
     assert len(rig.receiver.receives_of(job_id)) == 1
+
+
+async def test_the_heartbeat_renews_the_job_lease_so_a_duplicate_does_not_run_the_job(
+    make_rig: RigFactory,
+) -> None:
+    """A job running longer than the visibility timeout keeps its lease live: a duplicate
+    message arriving after the first lease would have run out finds the job busy."""
+    rig = await make_rig(sqs={"visibility_timeout_s": 2}, consumer={"heartbeat_s": 0.5})
+    rig.portal.delay_s = 0.5  # ~11 requests: about 5.5 s, well past the 2 s lease
+    rig.start_consumer()
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+
+    async def run_started() -> bool:
+        return (await rig.job(job_id)).attempts == 1
+
+    await rig.wait_until("the run to start", run_started)
+    first = await rig.job(job_id)
+    assert first.lease_until is not None
+    await asyncio.sleep(max(0.0, first.lease_until + 0.5 - time.time()))  # past the first lease
+
+    running = await rig.job(job_id)
+    assert running.status == "RUNNING" and running.attempts == 1, running
+    assert running.lease_until is not None and running.lease_until > time.time()
+    row = await rig.store.latest_relay_row_for_job(job_id)
+    assert row is not None
+    await rig.queues.send_batch("jobs", [OutgoingMessage("dup", message_body(row))])
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    assert job.status == "SUCCEEDED" and job.attempts == 1, job
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+    await rig.wait_queue_empty()

@@ -105,6 +105,7 @@ class Outcome:
     verdict: str  # KILLED, SURVIVED, NOT-APPLIED, ERROR
     detail: str
     seconds: float
+    reason: str = ""  # a KILLED mutant's first failure, as pytest summarised it
 
 
 class Runner:
@@ -206,9 +207,10 @@ class Runner:
             with self._lock:
                 self._procs.discard(proc)
         took = time.monotonic() - started
-        failed = re.findall(r"^FAILED (\S+)", output, re.MULTILINE)
+        failed = re.findall(r"^FAILED (\S+)(?: - (.*))?$", output, re.MULTILINE)
         if proc.returncode == 1 and failed:
-            return Outcome("KILLED", failed[0], took)
+            test, reason = failed[0]
+            return Outcome("KILLED", test, took, reason[:160])
         if proc.returncode == 0:
             return Outcome("SURVIVED", _summary(output), took)
         tail = " | ".join(output.strip().splitlines()[-3:])
@@ -250,7 +252,8 @@ def select(mutants: Sequence[Mutant], names: Sequence[str]) -> list[Mutant]:
 
 def _line(m: Mutant, o: Outcome) -> str:
     if o.verdict == "KILLED":
-        return f"KILLED {m.name} by {o.detail} ({o.seconds:.0f}s)"
+        why = f": {o.reason}" if o.reason else ""
+        return f"KILLED {m.name} by {o.detail} ({o.seconds:.0f}s){why}"
     if o.verdict == "SURVIVED":
         return f"SURVIVED {m.name} ({o.detail})"
     return f"{o.verdict} {m.name}: {o.detail}"
