@@ -147,6 +147,7 @@ class Runner:
                 [str(tree / "src"), str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]
             )
             env["PYTHONDONTWRITEBYTECODE"] = "1"
+            env["COLUMNS"] = "400"  # pytest fits the summary's failure message to the width
             problem = self._check_import(tree, env)
             if problem is not None:
                 return Outcome("ERROR", problem, time.monotonic() - started)
@@ -179,7 +180,7 @@ class Runner:
             "no:cacheprovider",
             "-q",
             "-rf",
-            "--tb=no",
+            "--tb=line",
             "--no-header",
             *([] if self.keep_going else ["-x"]),
             *m.tests,
