@@ -16,6 +16,7 @@ POINTS = frozenset(
         "after_commit_before_publish",
         "after_publish_before_sent",
         "during_handler",
+        "after_handler_before_commit",
         "after_handler_before_delete",
         "during_claim",
         "after_classify_before_complete",

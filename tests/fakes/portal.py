@@ -197,7 +197,9 @@ class FakePortal:
 
     Switches (set any time): `always_fail_503`, `always_expire`, `delay_s`, `garbage`,
     `locked_users`, `sso_quote` (quote character of the JS redirect), `broken_sso_page`
-    (mainLogin.face answers a page without `location.href`); methods
+    (mainLogin.face answers a page without `location.href`), `reject_status` (the HTTP
+    status of the wrong-password / unknown-user / locked pages: 200 as the real portal,
+    or e.g. 401 to check a rejection is recognised by its text, whatever the status); methods
     `fail_next_n_with_503(n)` and `expire_sessions_after(n)`.
     Records: `login_attempts`, `requests`, `in_flight_max`, `sessions` (per student: the
     monotonic start of the first and end of the last request made as them, login included).
@@ -217,6 +219,7 @@ class FakePortal:
         self.broken_sso_page = False
         self.sso_quote = '"'
         self.locked_users: set[str] = set()
+        self.reject_status = 200
         # Records.
         self.login_attempts: dict[str, int] = {}
         self.requests: list[tuple[float, str, str]] = []
@@ -353,12 +356,13 @@ class FakePortal:
         ):
             return _page("오류", "잘못된 요청입니다.", status=400)
         student = self.students.get(user_id)
+        rejected = self.reject_status
         if user_id in self.locked_users:
-            return _page("로그인", "계정이 잠금 상태입니다 (account locked).")
+            return _page("로그인", "계정이 잠금 상태입니다 (account locked).", status=rejected)
         if student is None:
-            return _page("로그인", "존재하지 않는 사용자입니다.")
+            return _page("로그인", "존재하지 않는 사용자입니다.", status=rejected)
         if form.get("pwd") != student.password:
-            return _page("로그인", "비밀번호가 일치하지 않습니다.")
+            return _page("로그인", "비밀번호가 일치하지 않습니다.", status=rejected)
         # A fresh session id after login, as real portals do against session fixation.
         del self._portal_sessions[sid]
         new_sid = secrets.token_hex(16)

@@ -16,16 +16,18 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pytest
 import pytest_asyncio
 
 from outboxd.config import Settings
 from outboxd.daemon.consumer import Consumer
 from outboxd.daemon.relay import Relay, message_body
+from outboxd.errors import StorageError
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import (
     BatchResult,
@@ -576,3 +578,138 @@ async def test_no_password_in_any_message_or_the_finished_row(make_rig: RigFacto
     for body in bodies:
         assert secret not in body
         assert set(json.loads(body)) == {"type", "jobId", "outboxId"}
+
+
+# ---------------------------------------------------------------- guards on the failure paths
+
+
+class FinishFailsOnce(SqlStore):
+    """The real store on the same database, whose first SUCCEEDED commit fails, as a
+    database blip at that moment would (the fault is injected, the store is real)."""
+
+    def __init__(self, inner: SqlStore) -> None:
+        super().__init__(inner.db)
+        self.failures = 0
+
+    async def finish_job(
+        self,
+        job: JobRecord,
+        status: Literal["SUCCEEDED", "FAILED"],
+        now: float,
+        result: Mapping[str, Any] | None = None,
+        error: tuple[str, str] | None = None,
+    ) -> JobRecord | None:
+        if status == "SUCCEEDED" and self.failures == 0:
+            self.failures += 1
+            raise StorageError("injected: the SUCCEEDED commit failed")
+        return await super().finish_job(job, status, now, result, error)
+
+
+async def test_a_failed_succeeded_commit_keeps_the_message_and_redelivery_finishes_the_job(
+    make_rig: RigFactory,
+) -> None:
+    """The message is deleted only after the outcome committed: with the first commit
+    failing, the message comes back and the job still ends SUCCEEDED."""
+    rig = await make_rig(sqs={"max_receive_count": 5})
+    flaky = FinishFailsOnce(rig.store)
+    rig.start_consumer(flaky)
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD", timeout_s=40)
+
+    assert job.status == "SUCCEEDED", job
+    assert flaky.failures == 1
+    receives = rig.receiver.receives_of(job_id)
+    assert len(receives) >= 2
+    assert receives[0].receipt_handle not in rig.receiver.deleted
+    assert job.sealed is None and job.result is not None
+    await rig.wait_queue_empty()
+
+
+async def test_a_rejected_login_after_a_takeover_does_not_delete_the_message(
+    make_rig: RigFactory,
+) -> None:
+    """The run meets PORTAL_AUTH_FAILED after another run took the job over: its FAILED
+    commit is refused, so it must leave the message (the job's only carrier) alone."""
+    rig = await make_rig(sqs={"max_receive_count": 5})
+    rig.portal.delay_s = 1.0  # the login answer comes ~2 s after the first request
+    rig.start_consumer()
+    wrong = f"pw-{uuid.uuid4()}"
+    job_id = await rig.submit(SAMPLE_SNO, wrong)
+
+    async def run_started() -> bool:
+        return bool(rig.portal.requests) and (await rig.job(job_id)).attempts == 1
+
+    await rig.wait_until("the first run to reach the portal", run_started)
+    # Another run takes the job over, as one would once this run's lease ran out.
+    other = await rig.store.start_job_run(job_id, time.time() + 100, 10.0)
+    assert other is not None and other.attempts == 2
+
+    async def login_answered_and_message_back() -> bool:
+        return (
+            rig.portal.login_attempts.get(SAMPLE_SNO) == 1
+            and len(rig.receiver.receives_of(job_id)) >= 2
+        )
+
+    # The stale run is done once its message comes back: it was not deleted.
+    await rig.wait_until(
+        "the message to be received again", login_answered_and_message_back, timeout_s=20
+    )
+    first = rig.receiver.receives_of(job_id)[0]
+    assert first.receipt_handle not in rig.receiver.deleted
+    job = await rig.job(job_id)
+    assert (job.status, job.attempts, job.error_code) == ("RUNNING", 2, None)
+    assert job.sealed is not None
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_rejection_page_with_an_error_status_fails_after_one_login(
+    make_rig: RigFactory, status: int
+) -> None:
+    """The wrong-password page recognised by its text whatever its HTTP status: FAILED with
+    PORTAL_AUTH_FAILED after exactly one login, never retried (that can lock the account)."""
+    rig = await make_rig(sqs={"max_receive_count": 3})
+    rig.portal.reject_status = status
+    rig.start_consumer()
+    wrong = f"pw-{uuid.uuid4()}"
+    job_id = await rig.submit(SAMPLE_SNO, wrong)
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+
+    assert (job.status, job.error_code) == ("FAILED", "PORTAL_AUTH_FAILED"), job
+    assert job.sealed is None
+    await rig.wait_queue_empty()
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+    assert len(rig.receiver.receives_of(job_id)) == 1
+
+
+async def test_the_heartbeat_renews_the_job_lease_so_a_duplicate_does_not_run_the_job(
+    make_rig: RigFactory,
+) -> None:
+    """A job running longer than the visibility timeout keeps its lease live: a duplicate
+    message arriving after the first lease would have run out finds the job busy."""
+    rig = await make_rig(sqs={"visibility_timeout_s": 2}, consumer={"heartbeat_s": 0.5})
+    rig.portal.delay_s = 0.5  # ~11 requests: about 5.5 s, well past the 2 s lease
+    rig.start_consumer()
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+
+    async def run_started() -> bool:
+        return (await rig.job(job_id)).attempts == 1
+
+    await rig.wait_until("the run to start", run_started)
+    first = await rig.job(job_id)
+    assert first.lease_until is not None
+    await asyncio.sleep(max(0.0, first.lease_until + 0.5 - time.time()))  # past the first lease
+
+    running = await rig.job(job_id)
+    assert running.status == "RUNNING" and running.attempts == 1, running
+    assert running.lease_until is not None and running.lease_until > time.time()
+    row = await rig.store.latest_relay_row_for_job(job_id)
+    assert row is not None
+    await rig.queues.send_batch("jobs", [OutgoingMessage("dup", message_body(row))])
+
+    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    assert job.status == "SUCCEEDED" and job.attempts == 1, job
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
+    await rig.wait_queue_empty()

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from outboxd.config import SqsSettings
+from outboxd.queue.sqs import QueueDepth, SqsQueues
 from outboxd.storage.db import PostgresDatabase, Query
 from tests.reliability.harness import (
     Db,
@@ -106,6 +108,19 @@ def started(daemon: DaemonProcess, job_id: str) -> list[dict[str, Any]]:
     ]
 
 
+def queue_depth(moto_server: MotoServer, queue_names: dict[str, str]) -> QueueDepth:
+    """The jobs queue's depth, read with a client of the test's own."""
+    settings = SqsSettings(
+        endpoint_url=moto_server.endpoint_url, create_queues=False, **queue_names
+    )
+
+    async def read() -> QueueDepth:
+        async with SqsQueues(settings, moto_server.endpoint_url) as q:
+            return await q.depth("jobs")
+
+    return asyncio.run(read())
+
+
 def sigterm_and_time(daemon: DaemonProcess, timeout_s: float = 30) -> tuple[int, float]:
     t0 = time.monotonic()
     code = daemon.terminate(timeout_s=timeout_s)
@@ -152,7 +167,11 @@ def test_sigterm_lets_work_in_flight_finish(make_daemon: MakeDaemon, fakes: Fake
 
 @pytest.mark.timeout(120)
 def test_sigterm_releases_what_cannot_finish_and_a_restart_picks_it_up(
-    make_daemon: MakeDaemon, fakes: Fakes, db: Db
+    make_daemon: MakeDaemon,
+    fakes: Fakes,
+    db: Db,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
 ) -> None:
     visibility_s = 10
     processing_timeout_s = 5.0
@@ -185,8 +204,11 @@ def test_sigterm_releases_what_cannot_finish_and_a_restart_picks_it_up(
     job = db.rows("SELECT status, lease_until, attempts FROM jobs WHERE id = ?", job_id)[0]
     assert job["status"] == "RUNNING" and job["lease_until"] is None, job  # released
     assert any(e["event"] == "job_released" for e in log_events([daemon]))
+    # The message is visible again right now, not after the visibility timeout.
+    assert queue_depth(moto_server, queue_names) == QueueDepth(1, 0, 0)
+    # The classification cut short went back to PENDING with its attempt counted.
     work_after_exit = db.rows("SELECT status, attempt_count FROM work_outbox")[0]
-    print(f"work row after exit: {work_after_exit}")
+    assert work_after_exit == {"status": "PENDING", "attempt_count": 1}, work_after_exit
 
     # The outside world is fast again; a restart must pick the job up at once, not after
     # the 10 s visibility timeout nor the job lease (both given back at shutdown).

@@ -236,6 +236,7 @@ class Consumer:
                 state.job, msg, ("HANDLER_ERROR", f"{type(exc).__name__}"), bind
             )
         await _cancel(heartbeat)
+        crash_point("after_handler_before_commit")
         finished = await asyncio.shield(
             self._store.finish_job(state.job, "SUCCEEDED", self._clock(), result=result)
         )

@@ -1,0 +1,131 @@
+"""send_batch splits a batch by size; when a later request fails, the earlier one's
+messages are still reported as sent (the relay must not publish them a second time).
+
+SQS is the session's moto behind a small HTTP proxy of our own that forwards every call
+and answers one chosen SendMessageBatch call with an error, as an SQS hiccup would.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from outboxd.config import SqsSettings
+from outboxd.queue.sqs import MAX_MESSAGE_BYTES, OutgoingMessage, QueueError, SqsQueues
+from tests.support.moto import MotoServer
+
+HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+
+
+@dataclass
+class FailingProxy:
+    """Forwards to moto; SendMessageBatch calls numbered in `fail_batches` (1-based) get a
+    400 InternalFailure-style error instead and never reach moto."""
+
+    upstream: str
+    fail_batches: frozenset[int] = frozenset()
+    batches: int = 0
+    url: str = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.headers.get("X-Amz-Target", "").endswith(".SendMessageBatch"):
+            self.batches += 1
+            if self.batches in self.fail_batches:
+                return web.Response(
+                    status=400,
+                    body=json.dumps(
+                        {"__type": "com.amazonaws.sqs#InvalidAddress", "message": "injected"}
+                    ).encode(),
+                    content_type="application/x-amz-json-1.0",
+                )
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                request.method, self.upstream + request.path_qs, data=body, headers=headers
+            ) as resp,
+        ):
+            payload = await resp.read()
+            out = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+            return web.Response(status=resp.status, body=payload, headers=out)
+
+
+@pytest_asyncio.fixture
+async def proxy(moto_server: MotoServer) -> AsyncIterator[FailingProxy]:
+    p = FailingProxy(upstream=moto_server.endpoint_url.rstrip("/"))
+    app = web.Application(client_max_size=4 * MAX_MESSAGE_BYTES)
+    app.router.add_route("*", "/{tail:.*}", p.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    p.url = f"http://127.0.0.1:{port}"
+    try:
+        yield p
+    finally:
+        await runner.cleanup()
+
+
+@pytest_asyncio.fixture
+async def queues(proxy: FailingProxy) -> AsyncIterator[SqsQueues]:
+    tag = uuid.uuid4().hex[:12]
+    settings = SqsSettings(
+        endpoint_url=proxy.url,
+        jobs_queue=f"t{tag}-jobs",
+        tasks_queue=f"t{tag}-tasks.fifo",
+        create_queues=True,
+        max_receive_count=2,
+        visibility_timeout_s=30,
+        wait_time_s=0,
+    )
+    q = SqsQueues(settings, proxy.url)
+    await q.start()
+    try:
+        yield q
+    finally:
+        await q.close()
+
+
+def big(entry_id: str) -> OutgoingMessage:
+    """A body so large that two do not fit one request: one request per message."""
+    return OutgoingMessage(entry_id, entry_id + ":" + "x" * (MAX_MESSAGE_BYTES // 2 + 10))
+
+
+async def test_a_failing_second_request_still_reports_the_first_as_sent(
+    proxy: FailingProxy, queues: SqsQueues
+) -> None:
+    """An oversized body is failed before sending; of the three requests the second fails:
+    the first and third messages are reported successful, with their MessageIds."""
+    proxy.fail_batches = frozenset({2})
+    huge = OutgoingMessage("huge", "y" * (MAX_MESSAGE_BYTES + 1))
+
+    result = await queues.send_batch("jobs", [big("a"), huge, big("b"), big("c")])
+
+    assert proxy.batches == 3  # one request per message that fits; the second was failed
+    assert set(result.successful) == {"a", "c"}
+    assert len(set(result.successful.values())) == 2
+    assert set(result.failed) == {"huge", "b"}
+    assert result.failed["huge"].startswith("MessageTooLong:")
+    assert "InvalidAddress" in result.failed["b"]
+    depth = await queues.depth("jobs")
+    assert depth.visible == 2  # what is reported sent is what is on the queue
+
+
+async def test_a_failing_first_request_fails_the_whole_call(
+    proxy: FailingProxy, queues: SqsQueues
+) -> None:
+    """Nothing was sent yet: the caller sees the error itself, not per-entry failures."""
+    proxy.fail_batches = frozenset({1})
+    with pytest.raises(QueueError, match="InvalidAddress"):
+        await queues.send_batch("jobs", [big("a"), big("b")])
+    assert proxy.batches == 1
+    assert (await queues.depth("jobs")).visible == 0
