@@ -18,8 +18,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from outboxd.config import Settings
 from outboxd.daemon import inputs
-from outboxd.daemon.inputs import InputError
 from outboxd.daemon.console import add_console_routes, is_console_path
+from outboxd.daemon.inputs import InputError
 from outboxd.daemon.openapi import openapi_document
 from outboxd.errors import InvalidState, NotFound, StorageError, StorageUnavailable
 from outboxd.observability import Metrics
@@ -35,15 +35,14 @@ from outboxd.services.tasks import BUILTIN_TASKS, TaskService
 from outboxd.services.websites import InvalidDomain, WebsiteService, normalize_domain
 from outboxd.storage.ports import (
     JobRecord,
-    PaceState,
     JobStore,
+    PaceState,
     RelayRow,
     RelayStore,
     StatsStore,
     TaskRun,
     TaskStore,
     Website,
-    decode_cursor,
 )
 
 log = structlog.get_logger(__name__)

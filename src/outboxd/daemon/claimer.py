@@ -201,11 +201,10 @@ _PAUSE_CHECK_LEAD_S = 0.1
 
 
 async def _sleep_or_stop(stop: asyncio.Event | None, delay_s: float) -> bool:
-    """Sleep `delay_s` or until `stop` is set; True when stopping."""
+    """`sleep_or_stop` that also serves a tick run without a stop Event; True when stopping."""
     if stop is None:
         await asyncio.sleep(max(0.0, delay_s))
         return False
     if delay_s > 0:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), delay_s)
+        await sleep_or_stop(stop, delay_s)
     return stop.is_set()

@@ -138,9 +138,7 @@ def resolve_region(
     """
     if settings.region:
         return settings.region
-    region = os.environ.get("AWS_REGION") or (session or AioSession()).get_config_variable(
-        "region"
-    )
+    region = os.environ.get("AWS_REGION") or (session or AioSession()).get_config_variable("region")
     if region:
         return str(region)
     if is_loopback_endpoint(endpoint_url):

@@ -6,7 +6,6 @@ checks that it does (see the assignments at the end of store.py).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence

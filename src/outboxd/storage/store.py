@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Awaitable, Generator, Mapping, Sequence
 from functools import partial
