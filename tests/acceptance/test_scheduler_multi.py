@@ -32,7 +32,12 @@ def config(
     return {
         "server": {"host": "127.0.0.1", "port": 0},
         "storage": {"url": dsn, "pool_size": 4},
-        "sqs": {"endpoint_url": moto.endpoint_url, **queues, "wait_time_s": 1},
+        "sqs": {
+            "endpoint_url": moto.endpoint_url,
+            **queues,
+            "wait_time_s": 1,
+            "visibility_timeout_s": 6,
+        },
         "relay": {"interval_s": 0.2},
         "security": {"keys_file": str(keys)},
         "daemon": {"shutdown_timeout_s": 5, **roles},
@@ -113,7 +118,9 @@ def test_three_daemons_enqueue_each_fire_time_once(
             name="drain",
         )
         drainer.start()
-        deadline = time.monotonic() + 20
+        # A message a stopping daemon received as it stopped comes back after the
+        # visibility timeout (6 s here): at least once, never lost.
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             statuses = Counter(r[2] for r in task_rows(pg_database))
             if set(statuses) == {"SUCCEEDED"}:
