@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, cast
 
 import structlog
 from aiohttp import web
@@ -17,7 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from outboxd.config import Settings
-from outboxd.daemon import inputs
+from outboxd.daemon import inputs, models
 from outboxd.daemon.console import add_console_routes, is_console_path
 from outboxd.daemon.inputs import InputError
 from outboxd.daemon.openapi import openapi_document
@@ -25,7 +23,6 @@ from outboxd.errors import InvalidState, NotFound, StorageError, StorageUnavaila
 from outboxd.observability import Metrics
 from outboxd.security import Principal, TokenVerifier
 from outboxd.services.portal_jobs import (
-    PORTALS,
     DispatchFailed,
     IdempotencyConflict,
     PortalJobService,
@@ -49,11 +46,6 @@ log = structlog.get_logger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 PROBLEM_TYPE = "urn:outboxd:problem:"
-_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
-# What SQS accepts as a MessageDeduplicationId: a task whose id holds anything
-# else could never be sent to AWS.
-_DEDUP_RE = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
 SERVER_HEADER = "outboxd"
 _CODES: dict[str, tuple[str, str]] = {
     "C01": ("VALIDATION_FAILED", "The request is not valid"),
@@ -139,18 +131,31 @@ def _fail(field: str, message: str, status: int = 400) -> NoReturn:
 
 def problem(request: web.Request, err: ApiError) -> web.Response:
     name, title = _CODES[err.code]
-    body: dict[str, Any] = {
-        "type": PROBLEM_TYPE + name,
-        "title": title,
-        "status": err.status,
-        "detail": err.detail,
-        "code": err.code,
-        "requestId": request.get(REQUEST_ID),
-    }
-    if err.errors is not None:
-        body["errors"] = err.errors
-    return web.json_response(
-        body, status=err.status, content_type="application/problem+json", headers=err.headers
+    body = models.Problem(
+        type=PROBLEM_TYPE + name,
+        title=title,
+        status=err.status,
+        detail=err.detail,
+        code=cast(models.ProblemCode, err.code),
+        request_id=request.get(REQUEST_ID),
+        errors=None
+        if err.errors is None
+        else [models.FieldError(e["field"], e["message"]) for e in err.errors],
+    )
+    return web.Response(
+        body=models.encode(body),
+        status=err.status,
+        content_type="application/problem+json",
+        headers=err.headers,
+    )
+
+
+def _json(
+    body: object, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """A JSON response encoded by msgspec (a Struct, or plain dicts and lists)."""
+    return web.Response(
+        body=models.encode(body), status=status, content_type="application/json", headers=headers
     )
 
 
@@ -177,7 +182,7 @@ async def edge_middleware(
     """Request id, structured access log, metrics, and every error as problem+json."""
     deps = request.app[DEPS]
     incoming = request.headers.get("X-Request-Id", "")
-    request_id = incoming if _REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
+    request_id = incoming if models.REQUEST_ID_RE.match(incoming) else uuid.uuid4().hex
     request[REQUEST_ID] = request_id
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
@@ -306,7 +311,7 @@ async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, An
     return inputs.decode_json_object(bytes(body))
 
 
-def _check_fields(body: Mapping[str, Any], allowed: set[str]) -> None:
+def _check_fields(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise ApiError(
@@ -317,57 +322,46 @@ def _check_fields(body: Mapping[str, Any], allowed: set[str]) -> None:
         )
 
 
-def _string(
-    body: Mapping[str, Any], field: str, max_len: int, *, nullable: bool = False
-) -> str | None:
-    if field not in body:
-        if nullable:
-            return None
-        _fail(field, "is required")
-    value = body[field]
-    if value is None and nullable:
-        return None
-    if not isinstance(value, str):
-        _fail(field, "must be a string")
-    if not value.strip():
-        _fail(field, "must not be empty")
-    if len(value) > max_len:
-        _fail(field, f"must be at most {max_len} characters")
-    why = inputs.bad_char(value)
-    if why is not None:
-        _fail(field, why)
-    return value
-
-
 # ------------------------------------------------------------------ renderers
 
 
-def job_body(job: JobRecord) -> dict[str, Any]:
+def job_model(job: JobRecord) -> models.Job:
     error = (
-        {"code": job.error_code, "message": job.error_message or ""}
+        models.JobError(job.error_code, job.error_message or "")
         if job.error_code is not None and job.status != "SUCCEEDED"
         else None
     )
-    progress = dict(job.progress) if job.progress is not None else None
-    return {
-        "jobId": job.id,
-        "kind": job.kind,
-        "portal": job.portal,
-        "status": job.status,
-        "attempts": job.attempts,
-        "createdAt": iso(job.created_at),
-        "updatedAt": iso(job.updated_at),
-        "finishedAt": iso(job.finished_at),
-        "progress": progress,
-        "error": error,
-        "result": dict(job.result) if job.result is not None else None,
-    }
+    # progress and result are the stored JSON documents, sent as they are.
+    progress: Any = dict(job.progress) if job.progress is not None else None
+    result: Any = dict(job.result) if job.result is not None else None
+    return models.Job(
+        job_id=job.id,
+        kind=cast(Any, job.kind),
+        portal=cast(Any, job.portal),
+        status=job.status,
+        attempts=job.attempts,
+        created_at=cast(str, iso(job.created_at)),
+        updated_at=cast(str, iso(job.updated_at)),
+        finished_at=iso(job.finished_at),
+        progress=progress,
+        error=error,
+        result=result,
+    )
+
+
+def job_body(job: JobRecord) -> dict[str, Any]:
+    return models.to_builtins(job_model(job))
+
+
+def dispatch_model(outbox: RelayRow | None) -> models.Dispatch | None:
+    if outbox is None:
+        return None
+    return models.Dispatch(outbox.id, outbox.status, outbox.queue_message_id)
 
 
 def dispatch_body(outbox: RelayRow | None) -> dict[str, Any] | None:
-    if outbox is None:
-        return None
-    return {"outboxId": outbox.id, "status": outbox.status, "messageId": outbox.queue_message_id}
+    model = dispatch_model(outbox)
+    return None if model is None else models.to_builtins(model)
 
 
 def relay_item(row: RelayRow) -> dict[str, Any]:
@@ -389,40 +383,56 @@ def relay_item(row: RelayRow) -> dict[str, Any]:
     return item
 
 
+def task_model(run: TaskRun) -> models.TaskRun:
+    return models.TaskRun(
+        task_id=run.id,
+        type=run.type,
+        dedup_id=run.dedup_id,
+        status=run.status,
+        enqueued_at=cast(str, iso(run.enqueued_at)),
+        finished_at=iso(run.finished_at),
+        error=run.error,
+    )
+
+
 def task_item(run: TaskRun) -> dict[str, Any]:
-    return {
-        "taskId": run.id,
-        "type": run.type,
-        "dedupId": run.dedup_id,
-        "status": run.status,
-        "enqueuedAt": iso(run.enqueued_at),
-        "finishedAt": iso(run.finished_at),
-        "error": run.error,
-    }
+    return models.to_builtins(task_model(run))
+
+
+def website_model(w: Website) -> models.Website:
+    return models.Website(
+        id=w.id,
+        domain=w.domain,
+        favicon_url=w.favicon_url,
+        category=w.category,
+        classification=models.Classification(w.work_status, w.work_attempts, w.work_last_error),
+    )
 
 
 def website_body(w: Website) -> dict[str, Any]:
-    return {
-        "id": w.id,
-        "domain": w.domain,
-        "faviconUrl": w.favicon_url,
-        "category": w.category,
-        "classification": {
-            "status": w.work_status,
-            "attempts": w.work_attempts,
-            "lastError": w.work_last_error,
-        },
-    }
+    return models.to_builtins(website_model(w))
 
 
 # ------------------------------------------------------------------ handlers
+
+
+_PORTAL_LINK_FIELDS = models.wire_names(models.PortalLinkRequest)
+_check_portal_link = models.check_text_fields(
+    models.PortalLinkRequest, ("portal", "username", "password")
+)
+_WEBSITE_FIELDS = models.wire_names(models.WebsiteRequest)
+_check_favicon = models.check_text_fields(models.WebsiteRequest, ("favicon_url",))
+_TASK_FIELDS = models.wire_names(models.TaskRequest)
+_TASK_PAYLOAD_FIELDS = models.wire_names(models.TaskPayload)
+_check_task_type = models.check_text_fields(models.TaskRequest, ("type",))
+_check_dedup_id = models.check_text_fields(models.TaskRequest, ("dedup_id",))
 
 
 async def post_portal_link_job(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     user = principal_of(request).user
     key = request.headers.get("Idempotency-Key")
-    if key is None or not _KEY_RE.match(key):
+    if key is None or not models.IDEMPOTENCY_KEY_RE.match(key):
         raise ApiError(
             400,
             "C06",
@@ -430,15 +440,13 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
             [{"field": "Idempotency-Key", "message": "missing, empty, too long or not ASCII"}],
         )
     body = await read_json_object(request, deps.settings.server.max_body_bytes)
-    _check_fields(body, {"portal", "username", "password"})
-    portal = _string(body, "portal", 32)
-    if portal not in PORTALS:
-        _fail("portal", "must be one of: " + ", ".join(PORTALS))
-    username = _string(body, "username", 64)
-    password = _string(body, "password", 256)
-    assert username is not None and password is not None
+    _check_fields(body, _PORTAL_LINK_FIELDS)
+    fields = _check_portal_link(body)
+    link = PortalLinkRequest(
+        cast(str, fields["portal"]), cast(str, fields["username"]), cast(str, fields["password"])
+    )
     try:
-        sub = await deps.jobs.submit(user, key, PortalLinkRequest(portal, username, password))
+        sub = await deps.jobs.submit(user, key, link)
     except IdempotencyConflict:
         raise ApiError(
             409, "C07", "this Idempotency-Key was already used with a different request"
@@ -457,11 +465,8 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     headers = {"Location": f"/v1/jobs/{sub.job.id}"}
     if sub.replayed:
         headers["Idempotent-Replayed"] = "true"
-    return web.json_response(
-        {"jobId": sub.job.id, "status": sub.job.status, "dispatch": dispatch_body(sub.outbox)},
-        status=202,
-        headers=headers,
-    )
+    accepted = models.PortalLinkAccepted(sub.job.id, sub.job.status, dispatch_model(sub.outbox))
+    return _json(accepted, 202, headers)
 
 
 def _visible_job(request: web.Request, job: JobRecord | None) -> JobRecord:
@@ -476,13 +481,13 @@ async def get_job(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     found = await deps.jobs.get(inputs.path_id(request, "job_id"))
     job = _visible_job(request, found[0] if found else None)
-    return web.json_response(job_body(job))
+    return _json(job_model(job))
 
 
 async def post_website(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     body = await read_json_object(request, deps.settings.server.max_body_bytes)
-    _check_fields(body, {"domain", "faviconUrl"})
+    _check_fields(body, _WEBSITE_FIELDS)
     raw_domain = body.get("domain")
     if not isinstance(raw_domain, str):
         _fail("domain", "is required and must be a string")
@@ -494,11 +499,11 @@ async def post_website(request: web.Request) -> web.Response:
         _fail("domain", str(exc))
     except UnicodeError:
         _fail("domain", "is not a valid internationalised name")
-    favicon = _string(body, "faviconUrl", 2048, nullable=True)
+    favicon = _check_favicon(body)["favicon_url"]
     if favicon is not None and not favicon.startswith(("http://", "https://")):
         _fail("faviconUrl", "must be an http(s) URL or null")
     website, created = await deps.websites.register(domain, favicon)
-    return web.json_response(website_body(website), status=201 if created else 200)
+    return _json(website_model(website), 201 if created else 200)
 
 
 async def get_website(request: web.Request) -> web.Response:
@@ -510,7 +515,7 @@ async def get_website(request: web.Request) -> web.Response:
     website = await deps.websites.get(domain)
     if website is None:
         raise ApiError(404, "C04", "no such website")
-    return web.json_response(website_body(website))
+    return _json(website_model(website))
 
 
 def _limit(request: web.Request) -> int:
@@ -538,12 +543,10 @@ async def admin_list_outbox(request: web.Request) -> web.Response:
     _only_query(request, {"status", "limit", "cursor"})
     deps = request.app[DEPS]
     status = inputs.query_text(request, "status", 32)
-    if status is not None and status not in ("PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"):
-        _fail("status", "must be PENDING, SENT, RETRYABLE_FAILED or DEAD")
+    if status is not None and status not in models.RELAY_STATUSES:
+        _fail("status", "must be " + ", ".join(models.RELAY_STATUSES[:-1]) + " or DEAD")
     page = await deps.store.list_relay_rows(status, _limit(request), _cursor(request))
-    return web.json_response(
-        {"items": [relay_item(r) for r in page.items], "nextCursor": page.next_cursor}
-    )
+    return _json({"items": [relay_item(r) for r in page.items], "nextCursor": page.next_cursor})
 
 
 async def admin_redrive_outbox(request: web.Request) -> web.Response:
@@ -556,7 +559,7 @@ async def admin_redrive_outbox(request: web.Request) -> web.Response:
     except InvalidState as exc:
         raise ApiError(409, "C11", str(exc)) from None
     log.info("outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id)
-    return web.json_response(relay_item(row))
+    return _json(relay_item(row))
 
 
 async def admin_redrive_job(request: web.Request) -> web.Response:
@@ -568,7 +571,7 @@ async def admin_redrive_job(request: web.Request) -> web.Response:
         raise ApiError(404, "C04", "no such job") from None
     except InvalidState as exc:
         raise ApiError(409, "C11", str(exc)) from None
-    return web.json_response(job_body(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
+    return _json(job_model(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 
 # ------------------------------------------------------------------ admin: the console's reads
@@ -585,11 +588,9 @@ async def admin_list_jobs(request: web.Request) -> web.Response:
     _require_admin(request)
     _only_query(request, {"status", "limit", "cursor"})
     deps = request.app[DEPS]
-    status = _status_filter(request, ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"))
+    status = _status_filter(request, models.JOB_STATUSES)
     page = await deps.store.list_jobs(status, _limit(request), _cursor(request))
-    return web.json_response(
-        {"items": [job_body(j) for j in page.items], "nextCursor": page.next_cursor}
-    )
+    return _json(models.JobPage([job_model(j) for j in page.items], page.next_cursor))
 
 
 async def admin_get_job(request: web.Request) -> web.Response:
@@ -599,18 +600,16 @@ async def admin_get_job(request: web.Request) -> web.Response:
     if job is None:
         raise ApiError(404, "C04", "no such job")
     rows = await deps.store.relay_rows_for_job(job.id, 20)
-    return web.json_response({**job_body(job), "outbox": [relay_item(r) for r in rows]})
+    return _json({**job_body(job), "outbox": [relay_item(r) for r in rows]})
 
 
 async def admin_list_websites(request: web.Request) -> web.Response:
     _require_admin(request)
     _only_query(request, {"status", "limit", "cursor"})
     deps = request.app[DEPS]
-    status = _status_filter(request, ("PENDING", "PROCESSING", "COMPLETED", "FAILED"))
+    status = _status_filter(request, models.WORK_STATUSES)
     page = await deps.websites.list(status, _limit(request), _cursor(request))
-    return web.json_response(
-        {"items": [website_body(w) for w in page.items], "nextCursor": page.next_cursor}
-    )
+    return _json(models.WebsitePage([website_model(w) for w in page.items], page.next_cursor))
 
 
 async def admin_retry_website(request: web.Request) -> web.Response:
@@ -623,7 +622,7 @@ async def admin_retry_website(request: web.Request) -> web.Response:
         raise ApiError(404, "C04", "no such website") from None
     except InvalidState as exc:
         raise ApiError(409, "C11", str(exc)) from None
-    return web.json_response(website_body(website))
+    return _json(website_model(website))
 
 
 async def admin_runtime(request: web.Request) -> web.Response:
@@ -632,7 +631,7 @@ async def admin_runtime(request: web.Request) -> web.Response:
     checks = await deps.readiness.check()
     rt = deps.runtime
     pace = rt.claimer_pace() if rt is not None else None
-    return web.json_response(
+    return _json(
         {
             "now": iso(time.time()),
             "readiness": {
@@ -662,7 +661,7 @@ async def admin_runtime(request: web.Request) -> web.Response:
 async def admin_stats(request: web.Request) -> web.Response:
     _require_admin(request)
     deps = request.app[DEPS]
-    return web.json_response(await collect_stats(deps.store, deps.queue_stats))
+    return _json(await collect_stats(deps.store, deps.queue_stats))
 
 
 async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[str, Any]:
@@ -721,35 +720,20 @@ async def admin_enqueue_task(request: web.Request) -> web.Response:
     _require_admin(request)
     deps = request.app[DEPS]
     body = await read_json_object(request, deps.settings.server.max_body_bytes)
-    _check_fields(body, {"type", "payload", "dedupId"})
-    type_ = _string(body, "type", 100)
-    assert type_ is not None
-    if type_ not in BUILTIN_TASKS:
-        _fail("type", "must be one of: " + ", ".join(BUILTIN_TASKS))
+    _check_fields(body, _TASK_FIELDS)
+    type_ = cast(str, _check_task_type(body)["type"])
     payload = body.get("payload", {})
     if not isinstance(payload, dict):
         _fail("payload", "must be a JSON object")
-    _check_task_payload(payload)
-    dedup = _string(body, "dedupId", 128, nullable=True)
-    if dedup is not None and not _DEDUP_RE.match(dedup):
+    _check_fields(payload, _TASK_PAYLOAD_FIELDS)
+    models.payload_days(payload)
+    dedup = _check_dedup_id(body)["dedup_id"]
+    if dedup is not None and not models.DEDUP_ID_RE.match(dedup):
         _fail("dedupId", "must be 1-128 characters of letters, digits and ASCII punctuation")
     run, created = await deps.tasks.enqueue(type_, payload, dedup)
     if not created and run.type != type_:
         raise ApiError(409, "C11", "dedupId is already used by a task of another type")
-    return web.json_response({"taskId": run.id}, status=202)
-
-
-def _check_task_payload(payload: Mapping[str, Any]) -> None:
-    """The one payload field a built-in task reads (outbox.prune's age); nothing else."""
-    _check_fields(payload, {"older_than_days"})
-    days = payload.get("older_than_days", 7)
-    if (
-        isinstance(days, bool)
-        or not isinstance(days, int | float)
-        or not math.isfinite(days)
-        or not 0 <= days <= 36500
-    ):
-        _fail("payload.older_than_days", "must be a finite number 0-36500")
+    return _json(models.TaskAccepted(run.id), 202)
 
 
 async def admin_list_tasks(request: web.Request) -> web.Response:
@@ -758,19 +742,17 @@ async def admin_list_tasks(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
     type_ = inputs.query_text(request, "type", 100) or None
     page = await deps.store.list_tasks(type_, _limit(request), _cursor(request))
-    return web.json_response(
-        {"items": [task_item(r) for r in page.items], "nextCursor": page.next_cursor}
-    )
+    return _json(models.TaskPage([task_model(r) for r in page.items], page.next_cursor))
 
 
 async def healthz(_request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return _json(models.Health("ok"))
 
 
 async def readyz(request: web.Request) -> web.Response:
     checks = await request.app[DEPS].readiness.check()
     ok = all(v == "ok" for v in checks.values())
-    return web.json_response(
+    return _json(
         {"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503
     )
 
@@ -815,7 +797,7 @@ async def refresh_gauges(deps: ApiDeps) -> None:
 
 
 async def get_openapi(_request: web.Request) -> web.Response:
-    return web.json_response(openapi_document())
+    return _json(openapi_document())
 
 
 async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:

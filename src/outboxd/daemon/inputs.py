@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+import msgspec
 from aiohttp import web
 
 from outboxd.storage.ports import decode_cursor
@@ -130,8 +131,60 @@ def _check_strings(value: Any) -> None:
             stack.extend(v)
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+
+
+def _could_be_refused(raw: bytes) -> bool:
+    """Whether the strict path might refuse `raw` for its nesting or an integer's length.
+
+    Counted on the bytes (a duplicate key's dropped value counts too, as it does there):
+    at most MAX_JSON_DEPTH brackets cannot nest deeper, and without a run of more than
+    MAX_INT_DIGITS digits no integer is that long.
+    """
+    return (
+        raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+        or _LONG_DIGITS.search(raw) is not None
+    )
+
+
+def _storable(value: Any) -> bool:
+    """No NUL and no lone surrogate in any key or string value."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if "\x00" in v or (not v.isascii() and _lone_surrogate(v)):
+                return False
+        elif isinstance(v, dict):
+            stack.extend(v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return True
+
+
+def _lone_surrogate(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def decode_json_object(raw: bytes) -> dict[str, Any]:
-    """`raw` as a JSON object per RFC 8259, or InputError."""
+    """`raw` as a JSON object per RFC 8259, or InputError.
+
+    msgspec decodes a body that passes the cheap byte checks; whatever it refuses, or
+    what holds a string that cannot be stored, goes through the strict path below,
+    which names the reason (so the answers are the same either way).
+    """
+    if not _could_be_refused(raw):
+        try:
+            fast = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            fast = None
+        if isinstance(fast, dict) and _storable(fast):
+            return fast
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -14,6 +14,9 @@ from functools import cache
 from importlib import metadata
 from typing import Any, Final
 
+from outboxd.daemon import models
+from outboxd.daemon.models import JOB_STATUSES, RELAY_STATUSES, TASK_STATUSES, WORK_STATUSES
+from outboxd.services.tasks import BUILTIN_TASKS
 from outboxd.storage.ports import CURSOR_PATTERN
 
 Schema = dict[str, Any]
@@ -23,44 +26,8 @@ _RESPONSES: Final = "#/components/responses/"
 _PROBLEM_MEDIA: Final = "application/problem+json"
 _JSON_MEDIA: Final = "application/json"
 
-JOB_STATUSES: Final = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD")
-RELAY_STATUSES: Final = ("PENDING", "SENT", "RETRYABLE_FAILED", "DEAD")
-WORK_STATUSES: Final = ("PENDING", "PROCESSING", "COMPLETED", "FAILED")
-TASK_STATUSES: Final = ("PENDING", "SENT", "SUCCEEDED", "FAILED", "DEAD")
-TASK_TYPES: Final = ("outbox.prune", "noop")
-PROBLEM_CODES: Final = (
-    "C01",
-    "C02",
-    "C03",
-    "C04",
-    "C05",
-    "C06",
-    "C07",
-    "C08",
-    "C09",
-    "C10",
-    "C11",
-    "C99",
-)
-
-# The handlers' `_string` check: no C0 or C1 control characters, no DEL.
+# A control-character-free filter value.
 _NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
-# Not blank (the server strips whitespace before its emptiness check) and no C0/C1
-# control characters.
-_CTRL: Final = "\\u0000-\\u001f\\u007f-\\u009f"
-_VISIBLE_TEXT: Final = f"^[^{_CTRL}]*[^\\s{_CTRL}][^{_CTRL}]*$"
-# What SQS accepts in a MessageDeduplicationId.
-_DEDUP_ID: Final = "^[A-Za-z0-9!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~]{1,128}$"
-# What the document promises to accept: ASCII letter-digit-hyphen labels of 1-63
-# characters, no leading or trailing hyphen and no "--" in the 3rd and 4th place
-# (the rules IDNA adds for ASCII labels, so never an invalid `xn--` label); two
-# labels at least, the last starting with a letter. Every such name passes IDNA.
-# IDN input (U-labels, valid A-labels) is accepted too and described in words.
-_A: Final = "[A-Za-z0-9]"
-_L: Final = "[A-Za-z0-9-]"
-_LABEL_TAIL: Final = f"(?:{_L}?{_A})?|{_L}{_L}{_A}|{_L}(?:{_A}{_L}|-{_A}){_L}{{0,58}}{_A}"
-_HOST_NAME: Final = f"^(?:{_A}(?:{_LABEL_TAIL})\\.)+[A-Za-z](?:{_LABEL_TAIL})\\.?$"
-_REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9._:-]{1,128}$"
 
 
 def _ref(name: str) -> Schema:
@@ -108,73 +75,6 @@ def _object(properties: dict[str, Schema], *, description: str, closed: bool = F
 # ------------------------------------------------------------------ schemas
 
 
-def _portal_result_schemas() -> dict[str, Schema]:
-    """The portal job's result (docs/portal.md#the-jobs-result).
-
-    A source leaf that is absent is null.
-    """
-    return {
-        "PortalStudent": _object(
-            {
-                "studentNumber": _text("Student number.", nullable=True),
-                "name": _text("Name.", nullable=True),
-                "college": _text("College.", nullable=True),
-                "department": _text("Department.", nullable=True),
-                "major": _text("Major.", nullable=True),
-                "status": _text("Enrolment status, as the portal words it.", nullable=True),
-                "year": {"type": ["integer", "null"], "description": "Year of study."},
-            },
-            description="The student's profile.",
-        ),
-        "PortalCourse": _object(
-            {
-                "code": _text("Course code.", nullable=True),
-                "title": _text("Course title.", nullable=True),
-                "credits": _number("Credits."),
-                "grade": _text("Letter grade (A+ ... F, or P).", nullable=True),
-                "gradePoints": _number("Grade points."),
-                "category": _text("Category, e.g. 전공필수 or 교양선택.", nullable=True),
-                "department": _text("Offering department.", nullable=True),
-            },
-            description="One course taken in a semester.",
-        ),
-        "PortalSemester": _object(
-            {
-                "year": {"type": ["integer", "null"], "description": "Academic year."},
-                "term": {
-                    "type": "string",
-                    "enum": ["1", "summer", "2", "winter"],
-                    "description": "First, summer, second or winter term.",
-                },
-                "creditsAttempted": _number("Credits attempted."),
-                "creditsEarned": _number("Credits earned."),
-                "gpa": _number("Grade point average."),
-                "percentile": _number("Percentile score."),
-                "rank": _text('Rank in the department, e.g. "6/33".', nullable=True),
-                "courses": {"type": "array", "items": _ref("PortalCourse")},
-            },
-            description="One semester taken, with its courses.",
-        ),
-        "PortalTotals": _object(
-            {
-                "creditsAttempted": _number("Credits attempted."),
-                "creditsEarned": _number("Credits earned."),
-                "gpa": _number("Grade point average."),
-                "percentile": _number("Percentile score."),
-            },
-            description="Totals over all semesters.",
-        ),
-        "PortalResult": _object(
-            {
-                "student": _ref("PortalStudent"),
-                "semesters": {"type": "array", "items": _ref("PortalSemester")},
-                "totals": _ref("PortalTotals"),
-            },
-            description="The academic record a SUCCEEDED portal job fetched.",
-        ),
-    }
-
-
 def _job_schemas() -> dict[str, Schema]:
     relay_status: Schema = {
         "type": "string",
@@ -189,139 +89,6 @@ def _job_schemas() -> dict[str, Schema]:
             "being worked), SUCCEEDED, FAILED (not retryable) or DEAD (retries exhausted).",
         },
         "RelayStatus": relay_status,
-        "PortalLinkRequest": {
-            "type": "object",
-            "description": "Link a student's portal account; unknown fields are rejected.",
-            "required": ["portal", "username", "password"],
-            "additionalProperties": False,
-            "properties": {
-                "portal": {"type": "string", "enum": ["suwon"], "description": "The portal."},
-                "username": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 64,
-                    "pattern": _VISIBLE_TEXT,
-                    "description": "Portal user id; not blank, no control characters.",
-                },
-                "password": {
-                    "type": "string",
-                    "format": "password",
-                    "writeOnly": True,
-                    "minLength": 1,
-                    "maxLength": 256,
-                    "pattern": _VISIBLE_TEXT,
-                    "description": "Portal password; encrypted at rest and never echoed.",
-                },
-            },
-        },
-        "Dispatch": _object(
-            {
-                "outboxId": {"type": "string", "format": "uuid"},
-                "status": _ref("RelayStatus"),
-                "messageId": _text("The SQS message id once published.", nullable=True),
-            },
-            description="The job's relay outbox row after the synchronous publish attempt.",
-        ),
-        "PortalLinkAccepted": _object(
-            {
-                "jobId": {"type": "string", "format": "uuid"},
-                "status": _ref("JobStatus"),
-                "dispatch": _nullable(_ref("Dispatch")),
-            },
-            description="Normally RUNNING/SENT; QUEUED with a RETRYABLE_FAILED row when the "
-            "publish failed and the relay will deliver it later.",
-        ),
-        "JobProgress": _object(
-            {
-                "step": _text("LOGIN, SSO, PROFILE, SEMESTERS or GRADES."),
-                "done": _count("Units done in this step (semesters fetched in GRADES)."),
-                "total": _count("Units in this step (0 when not counted)."),
-            },
-            description="Where a running job is.",
-        ),
-        "JobError": _object(
-            {
-                "code": _text(
-                    "PORTAL_AUTH_FAILED, PORTAL_UNAVAILABLE, PORTAL_SESSION_EXPIRED, "
-                    "PORTAL_BAD_RESPONSE or RETRIES_EXHAUSTED."
-                ),
-                "message": {"type": "string"},
-            },
-            description="The last error; null once the job SUCCEEDED.",
-        ),
-        "Job": _object(
-            {
-                "jobId": {"type": "string", "format": "uuid"},
-                "kind": {"type": "string", "enum": ["portal_link"]},
-                "portal": {"type": "string", "enum": ["suwon"]},
-                "status": _ref("JobStatus"),
-                "attempts": _count("Processing attempts so far."),
-                "createdAt": _timestamp("When the job was accepted"),
-                "updatedAt": _timestamp("Last change"),
-                "finishedAt": _timestamp(
-                    "When it reached SUCCEEDED, FAILED or DEAD", nullable=True
-                ),
-                "progress": _nullable(_ref("JobProgress")),
-                "error": _nullable(_ref("JobError")),
-                "result": _nullable(_ref("PortalResult")),
-            },
-            description="A portal link job, as its owner (or an admin) sees it.",
-        ),
-    }
-
-
-def _website_schemas() -> dict[str, Schema]:
-    return {
-        "WebsiteRequest": {
-            "type": "object",
-            "description": "Register a website (upsert by normalised domain); unknown fields "
-            "are rejected.",
-            "required": ["domain"],
-            "additionalProperties": False,
-            "properties": {
-                "domain": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 253,
-                    "pattern": _HOST_NAME,
-                    "description": "A bare host name: lowercased, IDNA-encoded, "
-                    "one trailing dot dropped. The pattern states the ASCII names every IDNA "
-                    "implementation accepts; an internationalised name (U-labels or valid "
-                    "xn-- A-labels) is accepted too and stored in its ASCII form. "
-                    "A scheme, path, port, IP address, empty label or "
-                    "label over 63 characters is rejected (400 C01), not stripped.",
-                },
-                "faviconUrl": {
-                    "type": ["string", "null"],
-                    "minLength": 1,
-                    "maxLength": 2048,
-                    "pattern": "^https?://[^\\u0000-\\u001f\\u007f-\\u009f]*$",
-                    "description": "An http(s) URL, or null.",
-                },
-            },
-        },
-        "Classification": _object(
-            {
-                "status": {
-                    "type": ["string", "null"],
-                    "enum": [*WORK_STATUSES, None],
-                    "description": "The classification work row's state.",
-                },
-                "attempts": _count("Classification attempts so far."),
-                "lastError": _text("The last classification error.", nullable=True),
-            },
-            description="The website's classification work.",
-        ),
-        "Website": _object(
-            {
-                "id": {"type": "string", "format": "uuid"},
-                "domain": _text("The normalised (ASCII, lowercase) host name."),
-                "faviconUrl": _text("The favicon URL given at registration.", nullable=True),
-                "category": _text("The category, once classified.", nullable=True),
-                "classification": _ref("Classification"),
-            },
-            description="A registered website and its category.",
-        ),
     }
 
 
@@ -429,73 +196,13 @@ def _admin_schemas() -> dict[str, Schema]:
             },
             description="Counts and ages (shared with `outboxd status` and /metrics).",
         ),
-        "TaskRequest": {
-            "type": "object",
-            "description": "Enqueue a task through the task outbox; unknown fields are rejected.",
-            "required": ["type"],
-            "additionalProperties": False,
-            "properties": {
-                "type": {"type": "string", "enum": list(TASK_TYPES)},
-                "payload": {
-                    "type": "object",
-                    "default": {},
-                    "additionalProperties": False,
-                    "properties": {
-                        "older_than_days": {
-                            "type": "number",
-                            "minimum": 0,
-                            "maximum": 36500,
-                            "description": "outbox.prune: the age of finished rows to delete "
-                            "(default 7); a finite number, never NaN or Infinity.",
-                        }
-                    },
-                },
-                "dedupId": {
-                    "type": ["string", "null"],
-                    "minLength": 1,
-                    "maxLength": 128,
-                    "pattern": _DEDUP_ID,
-                    "description": "Deduplication id; defaults to the task id.",
-                },
-            },
-        },
-        "TaskAccepted": _object(
-            {"taskId": {"type": "string", "format": "uuid"}},
-            description="The enqueued task.",
-        ),
         "TaskStatus": {"type": "string", "enum": list(TASK_STATUSES)},
-        "TaskRun": _object(
-            {
-                "taskId": {"type": "string", "format": "uuid"},
-                "type": {"type": "string"},
-                "dedupId": {"type": "string"},
-                "status": _ref("TaskStatus"),
-                "enqueuedAt": _timestamp("When it was enqueued"),
-                "finishedAt": _timestamp("When it finished", nullable=True),
-                "error": _text("Why it failed.", nullable=True),
-            },
-            description="One task run.",
-        ),
-        "TaskPage": _object(
-            {
-                "items": {"type": "array", "items": _ref("TaskRun")},
-                "nextCursor": _text("Pass as `cursor` for the next page.", nullable=True),
-            },
-            description="Task runs, newest first.",
-        ),
     }
 
 
 def _console_schemas() -> dict[str, Schema]:
     """The admin reads the operator console (/ui/) is built on."""
     return {
-        "JobPage": _object(
-            {
-                "items": {"type": "array", "items": _ref("Job")},
-                "nextCursor": _text("Pass as `cursor` for the next page.", nullable=True),
-            },
-            description="Jobs, newest first.",
-        ),
         "JobDetail": {
             "allOf": [
                 _ref("Job"),
@@ -514,13 +221,6 @@ def _console_schemas() -> dict[str, Schema]:
             ],
             "description": "A job with its relay outbox rows (admin view).",
         },
-        "WebsitePage": _object(
-            {
-                "items": {"type": "array", "items": _ref("Website")},
-                "nextCursor": _text("Pass as `cursor` for the next page.", nullable=True),
-            },
-            description="Websites, newest first.",
-        ),
         "Runtime": _object(
             {
                 "now": _timestamp("The server's clock"),
@@ -574,7 +274,7 @@ def _console_schemas() -> dict[str, Schema]:
                 },
                 "taskTypes": {
                     "type": "array",
-                    "items": {"type": "string", "enum": list(TASK_TYPES)},
+                    "items": {"type": "string", "enum": list(BUILTIN_TASKS)},
                     "description": "The built-in task types POST /v1/admin/tasks accepts.",
                 },
             },
@@ -584,74 +284,13 @@ def _console_schemas() -> dict[str, Schema]:
     }
 
 
-def _operations_schemas() -> dict[str, Schema]:
-    return {
-        "Health": _object(
-            {"status": {"type": "string", "const": "ok"}},
-            description="The event loop answers.",
-        ),
-        "Readiness": _object(
-            {
-                "status": {"type": "string", "enum": ["ok", "unavailable"]},
-                "checks": {
-                    "type": "object",
-                    "description": 'Component name -> "ok" or a short reason.',
-                    "additionalProperties": {"type": "string"},
-                },
-            },
-            description="Whether the database and SQS answer.",
-        ),
-    }
-
-
-def _problem_schemas() -> dict[str, Schema]:
-    return {
-        "FieldError": _object(
-            {"field": {"type": "string"}, "message": {"type": "string"}},
-            description="One invalid field.",
-        ),
-        "Problem": {
-            "type": "object",
-            "description": "RFC 9457 problem details. Never echoes secrets.",
-            "required": ["type", "title", "status", "detail", "code", "requestId"],
-            "properties": {
-                "type": {
-                    "type": "string",
-                    "format": "uri",
-                    "description": "urn:outboxd:problem:<NAME>, e.g. "
-                    "urn:outboxd:problem:VALIDATION_FAILED.",
-                },
-                "title": {"type": "string"},
-                "status": {"type": "integer", "minimum": 400, "maximum": 599},
-                "detail": {"type": "string"},
-                "code": {
-                    "type": "string",
-                    "enum": list(PROBLEM_CODES),
-                    "description": "C01 VALIDATION_FAILED, C02 UNAUTHENTICATED, C03 FORBIDDEN, "
-                    "C04 NOT_FOUND, C05 PAYLOAD_TOO_LARGE, C06 IDEMPOTENCY_KEY_REQUIRED, "
-                    "C07 IDEMPOTENCY_KEY_CONFLICT, C08 ENQUEUE_FAILED, C09 STORAGE_UNAVAILABLE, "
-                    "C10 METHOD_NOT_ALLOWED, C11 INVALID_STATE, C99 INTERNAL_ERROR.",
-                },
-                "requestId": {"type": "string", "description": "Also in X-Request-Id."},
-                "errors": {
-                    "type": "array",
-                    "description": "Present for validation failures.",
-                    "items": _ref("FieldError"),
-                },
-            },
-        },
-    }
-
-
 def _schemas() -> dict[str, Schema]:
+    """The bodies defined in daemon/models.py, and the few written here by hand."""
     return {
-        **_problem_schemas(),
+        **models.openapi_components(_SCHEMAS),
         **_job_schemas(),
-        **_portal_result_schemas(),
-        **_website_schemas(),
         **_admin_schemas(),
         **_console_schemas(),
-        **_operations_schemas(),
     }
 
 
@@ -1298,7 +937,7 @@ def _build() -> dict[str, Any]:
                         "type": "string",
                         "minLength": 1,
                         "maxLength": 255,
-                        "pattern": "^[!-~]{1,255}$",
+                        "pattern": models.IDEMPOTENCY_KEY_PATTERN,
                     },
                 },
                 "X-Request-Id": {
@@ -1315,7 +954,7 @@ def _build() -> dict[str, Any]:
                 "X-Request-Id": {
                     "description": "The request's id (also in logs and in problem bodies).",
                     "required": True,
-                    "schema": {"type": "string", "pattern": _REQUEST_ID_PATTERN},
+                    "schema": {"type": "string", "pattern": models.REQUEST_ID_PATTERN},
                 }
             },
         },

@@ -1,0 +1,557 @@
+"""The API's request and response bodies, defined once (msgspec Structs).
+
+Each Struct is the single definition of one JSON body: its camelCase field names
+(`rename="camel"`), its types, its limits (`Meta`) and its description. From it come
+
+- the OpenAPI components (`openapi_components`, used by daemon/openapi.py);
+- the request checks (`check_body`, used by daemon/api.py), which read the same
+  limits and answer with the field-by-field 400 C01 messages the API has always used;
+- the JSON the handlers send (`encode`; `to_builtins` for the dict renderers).
+
+Patterns that a check implements in code rather than with a regex (the domain's IDNA
+rules, "not blank") are documentation here and enforced by `check_body` and the
+handlers; a pattern is never the only guard.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_args
+
+import msgspec
+from msgspec import Meta, Struct
+
+from outboxd.daemon import inputs
+from outboxd.services.portal_jobs import PORTALS
+from outboxd.services.tasks import BUILTIN_TASKS
+from outboxd.storage.ports import CURSOR_PATTERN, JobStatus, RelayStatus, TaskStatus, WorkStatus
+
+__all__ = ["CURSOR_PATTERN"]
+
+# ------------------------------------------------------------------ the shared rules
+
+# An incoming X-Request-Id is echoed when it matches this, else replaced.
+REQUEST_ID_PATTERN: Final = "^[A-Za-z0-9._:-]{1,128}$"
+REQUEST_ID_RE: Final = re.compile(REQUEST_ID_PATTERN)
+IDEMPOTENCY_KEY_PATTERN: Final = "^[!-~]{1,255}$"
+IDEMPOTENCY_KEY_RE: Final = re.compile(IDEMPOTENCY_KEY_PATTERN)
+# What SQS accepts as a MessageDeduplicationId: a task whose id holds anything else
+# could never be sent to AWS.
+DEDUP_ID_PATTERN: Final = "^[A-Za-z0-9!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~]{1,128}$"
+DEDUP_ID_RE: Final = re.compile(DEDUP_ID_PATTERN)
+# No C0 or C1 control characters, no DEL; and not blank (the server strips whitespace
+# before its emptiness check).
+_CTRL: Final = "\\u0000-\\u001f\\u007f-\\u009f"
+VISIBLE_TEXT: Final = f"^[^{_CTRL}]*[^\\s{_CTRL}][^{_CTRL}]*$"
+# What the document promises to accept as a domain: ASCII letter-digit-hyphen labels of
+# 1-63 characters, no leading or trailing hyphen and no "--" in the 3rd and 4th place
+# (the rules IDNA adds for ASCII labels, so never an invalid `xn--` label); two labels at
+# least, the last starting with a letter. Every such name passes IDNA. IDN input
+# (U-labels, valid A-labels) is accepted too and described in words.
+_A: Final = "[A-Za-z0-9]"
+_L: Final = "[A-Za-z0-9-]"
+_LABEL_TAIL: Final = f"(?:{_L}?{_A})?|{_L}{_L}{_A}|{_L}(?:{_A}{_L}|-{_A}){_L}{{0,58}}{_A}"
+HOST_NAME: Final = f"^(?:{_A}(?:{_LABEL_TAIL})\\.)+[A-Za-z](?:{_LABEL_TAIL})\\.?$"
+
+if TYPE_CHECKING:
+    PortalName = str
+    TaskType = str
+else:
+    # The enums come from where portals and task types are defined.
+    PortalName = Literal[PORTALS]
+    TaskType = Literal[BUILTIN_TASKS]
+ProblemCode = Literal[
+    "C01", "C02", "C03", "C04", "C05", "C06", "C07", "C08", "C09", "C10", "C11", "C99"
+]
+
+JOB_STATUSES: Final = get_args(JobStatus)
+RELAY_STATUSES: Final = get_args(RelayStatus)
+WORK_STATUSES: Final = get_args(WorkStatus)
+TASK_STATUSES: Final = get_args(TaskStatus)
+PROBLEM_CODES: Final = get_args(ProblemCode)
+
+# ------------------------------------------------------------------ field types
+
+Uuid = Annotated[str, Meta(extra_json_schema={"format": "uuid"})]
+Count = Annotated[int, Meta(ge=0)]
+
+
+_DATE_TIME: Final = Meta(extra_json_schema={"format": "date-time"})
+_RFC3339: Final = " (RFC 3339, UTC, millisecond precision)."
+
+
+Cursor = Annotated[str | None, Meta(description="Pass as `cursor` for the next page.")]
+
+
+class _Body(Struct, rename="camel", forbid_unknown_fields=True):
+    """Base of the bodies: camelCase on the wire, unknown fields refused."""
+
+
+# ------------------------------------------------------------------ requests
+
+
+class PortalLinkRequest(_Body):
+    """Link a student's portal account; unknown fields are rejected."""
+
+    portal: Annotated[PortalName, Meta(description="The portal.")]
+    username: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=64,
+            pattern=VISIBLE_TEXT,
+            description="Portal user id; not blank, no control characters.",
+        ),
+    ]
+    password: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=256,
+            pattern=VISIBLE_TEXT,
+            description="Portal password; encrypted at rest and never echoed.",
+            extra_json_schema={"format": "password", "writeOnly": True},
+        ),
+    ]
+
+
+class WebsiteRequest(_Body):
+    """Register a website (upsert by normalised domain); unknown fields are rejected."""
+
+    domain: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=253,
+            pattern=HOST_NAME,
+            description="A bare host name: lowercased, IDNA-encoded, one trailing dot dropped. "
+            "The pattern states the ASCII names every IDNA implementation accepts; an "
+            "internationalised name (U-labels or valid xn-- A-labels) is accepted too and "
+            "stored in its ASCII form. A scheme, path, port, IP address, empty label or "
+            "label over 63 characters is rejected (400 C01), not stripped.",
+        ),
+    ]
+    favicon_url: (
+        Annotated[
+            str,
+            Meta(
+                min_length=1,
+                max_length=2048,
+                pattern=f"^https?://[^{_CTRL}]*$",
+                description="An http(s) URL, or null.",
+            ),
+        ]
+        | None
+    ) = None
+
+
+class TaskPayload(Struct, forbid_unknown_fields=True):
+    """The one payload field a built-in task reads."""
+
+    older_than_days: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=36500,
+            description="outbox.prune: the age of finished rows to delete (default 7); a "
+            "finite number, never NaN or Infinity.",
+        ),
+    ] = 7
+
+
+class TaskRequest(_Body):
+    """Enqueue a task through the task outbox; unknown fields are rejected."""
+
+    type: TaskType
+    payload: TaskPayload = msgspec.field(default_factory=TaskPayload)
+    dedup_id: (
+        Annotated[
+            str,
+            Meta(
+                min_length=1,
+                max_length=128,
+                pattern=DEDUP_ID_PATTERN,
+                description="Deduplication id; defaults to the task id.",
+            ),
+        ]
+        | None
+    ) = None
+
+
+# ------------------------------------------------------------------ responses
+
+
+class FieldError(Struct):
+    """One invalid field."""
+
+    field: str
+    message: str
+
+
+class Problem(Struct, rename="camel", omit_defaults=True):
+    """RFC 9457 problem details. Never echoes secrets."""
+
+    type: Annotated[
+        str,
+        Meta(
+            description="urn:outboxd:problem:<NAME>, e.g. urn:outboxd:problem:VALIDATION_FAILED.",
+            extra_json_schema={"format": "uri"},
+        ),
+    ]
+    title: str
+    status: Annotated[int, Meta(ge=400, le=599)]
+    detail: str
+    code: Annotated[
+        ProblemCode,
+        Meta(
+            description="C01 VALIDATION_FAILED, C02 UNAUTHENTICATED, C03 FORBIDDEN, "
+            "C04 NOT_FOUND, C05 PAYLOAD_TOO_LARGE, C06 IDEMPOTENCY_KEY_REQUIRED, "
+            "C07 IDEMPOTENCY_KEY_CONFLICT, C08 ENQUEUE_FAILED, C09 STORAGE_UNAVAILABLE, "
+            "C10 METHOD_NOT_ALLOWED, C11 INVALID_STATE, C99 INTERNAL_ERROR."
+        ),
+    ]
+    request_id: Annotated[str | None, Meta(description="Also in X-Request-Id.")]
+    errors: Annotated[
+        list[FieldError] | None, Meta(description="Present for validation failures.")
+    ] = None
+
+
+class Dispatch(Struct, rename="camel"):
+    """The job's relay outbox row after the synchronous publish attempt."""
+
+    outbox_id: Uuid
+    status: Annotated[RelayStatus, Meta(description="Relay outbox state.")]
+    message_id: Annotated[str | None, Meta(description="The SQS message id once published.")]
+
+
+class PortalLinkAccepted(Struct, rename="camel"):
+    """Normally RUNNING/SENT; QUEUED with a RETRYABLE_FAILED row when the publish failed and
+    the relay will deliver it later."""
+
+    job_id: Uuid
+    status: JobStatus
+    dispatch: Dispatch | None
+
+
+class JobProgress(Struct):
+    """Where a running job is."""
+
+    step: Annotated[str, Meta(description="LOGIN, SSO, PROFILE, SEMESTERS or GRADES.")]
+    done: Annotated[
+        int, Meta(ge=0, description="Units done in this step (semesters fetched in GRADES).")
+    ]
+    total: Annotated[int, Meta(ge=0, description="Units in this step (0 when not counted).")]
+
+
+class JobError(Struct):
+    """The last error; null once the job SUCCEEDED."""
+
+    code: Annotated[
+        str,
+        Meta(
+            description="PORTAL_AUTH_FAILED, PORTAL_UNAVAILABLE, PORTAL_SESSION_EXPIRED, "
+            "PORTAL_BAD_RESPONSE or RETRIES_EXHAUSTED."
+        ),
+    ]
+    message: str
+
+
+class PortalStudent(Struct, rename="camel"):
+    """The student's profile."""
+
+    student_number: Annotated[str | None, Meta(description="Student number.")]
+    name: Annotated[str | None, Meta(description="Name.")]
+    college: Annotated[str | None, Meta(description="College.")]
+    department: Annotated[str | None, Meta(description="Department.")]
+    major: Annotated[str | None, Meta(description="Major.")]
+    status: Annotated[str | None, Meta(description="Enrolment status, as the portal words it.")]
+    year: Annotated[int | None, Meta(description="Year of study.")]
+
+
+class PortalCourse(Struct, rename="camel"):
+    """One course taken in a semester."""
+
+    code: Annotated[str | None, Meta(description="Course code.")]
+    title: Annotated[str | None, Meta(description="Course title.")]
+    credits: Annotated[float | None, Meta(description="Credits.")]
+    grade: Annotated[str | None, Meta(description="Letter grade (A+ ... F, or P).")]
+    grade_points: Annotated[float | None, Meta(description="Grade points.")]
+    category: Annotated[str | None, Meta(description="Category, e.g. 전공필수 or 교양선택.")]
+    department: Annotated[str | None, Meta(description="Offering department.")]
+
+
+class PortalSemester(Struct, rename="camel"):
+    """One semester taken, with its courses."""
+
+    year: Annotated[int | None, Meta(description="Academic year.")]
+    term: Annotated[
+        Literal["1", "summer", "2", "winter"],
+        Meta(description="First, summer, second or winter term."),
+    ]
+    credits_attempted: Annotated[float | None, Meta(description="Credits attempted.")]
+    credits_earned: Annotated[float | None, Meta(description="Credits earned.")]
+    gpa: Annotated[float | None, Meta(description="Grade point average.")]
+    percentile: Annotated[float | None, Meta(description="Percentile score.")]
+    rank: Annotated[str | None, Meta(description='Rank in the department, e.g. "6/33".')]
+    courses: list[PortalCourse]
+
+
+class PortalTotals(Struct, rename="camel"):
+    """Totals over all semesters."""
+
+    credits_attempted: Annotated[float | None, Meta(description="Credits attempted.")]
+    credits_earned: Annotated[float | None, Meta(description="Credits earned.")]
+    gpa: Annotated[float | None, Meta(description="Grade point average.")]
+    percentile: Annotated[float | None, Meta(description="Percentile score.")]
+
+
+class PortalResult(Struct):
+    """The academic record a SUCCEEDED portal job fetched."""
+
+    student: PortalStudent
+    semesters: list[PortalSemester]
+    totals: PortalTotals
+
+
+class Job(Struct, rename="camel"):
+    """A portal link job, as its owner (or an admin) sees it."""
+
+    job_id: Uuid
+    kind: Literal["portal_link"]
+    portal: PortalName
+    status: JobStatus
+    attempts: Annotated[int, Meta(ge=0, description="Processing attempts so far.")]
+    created_at: Annotated[str, _DATE_TIME, Meta(description="When the job was accepted" + _RFC3339)]
+    updated_at: Annotated[str, _DATE_TIME, Meta(description="Last change" + _RFC3339)]
+    finished_at: Annotated[
+        str | None,
+        Meta(
+            description="When it reached SUCCEEDED, FAILED or DEAD (RFC 3339, UTC, "
+            "millisecond precision).",
+            extra_json_schema={"format": "date-time"},
+        ),
+    ]
+    # The stored JSON documents, rendered as they are (typed here for the document).
+    progress: JobProgress | None
+    error: JobError | None
+    result: PortalResult | None
+
+
+class Classification(Struct, rename="camel"):
+    """The website's classification work."""
+
+    status: Annotated[WorkStatus | None, Meta(description="The classification work row's state.")]
+    attempts: Annotated[int, Meta(ge=0, description="Classification attempts so far.")]
+    last_error: Annotated[str | None, Meta(description="The last classification error.")]
+
+
+class Website(Struct, rename="camel"):
+    """A registered website and its category."""
+
+    id: Uuid
+    domain: Annotated[str, Meta(description="The normalised (ASCII, lowercase) host name.")]
+    favicon_url: Annotated[str | None, Meta(description="The favicon URL given at registration.")]
+    category: Annotated[str | None, Meta(description="The category, once classified.")]
+    classification: Classification
+
+
+class TaskAccepted(Struct, rename="camel"):
+    """The enqueued task."""
+
+    task_id: Uuid
+
+
+class TaskRun(Struct, rename="camel"):
+    """One task run."""
+
+    task_id: Uuid
+    type: str
+    dedup_id: str
+    status: TaskStatus
+    enqueued_at: Annotated[str, _DATE_TIME, Meta(description="When it was enqueued" + _RFC3339)]
+    finished_at: Annotated[
+        str | None,
+        Meta(
+            description="When it finished (RFC 3339, UTC, millisecond precision).",
+            extra_json_schema={"format": "date-time"},
+        ),
+    ]
+    error: Annotated[str | None, Meta(description="Why it failed.")]
+
+
+class JobPage(Struct, rename="camel"):
+    """Jobs, newest first."""
+
+    items: list[Job]
+    next_cursor: Cursor
+
+
+class WebsitePage(Struct, rename="camel"):
+    """Websites, newest first."""
+
+    items: list[Website]
+    next_cursor: Cursor
+
+
+class TaskPage(Struct, rename="camel"):
+    """Task runs, newest first."""
+
+    items: list[TaskRun]
+    next_cursor: Cursor
+
+
+class Health(Struct):
+    """The event loop answers."""
+
+    status: Literal["ok"]
+
+
+class Readiness(Struct):
+    """Whether the database and SQS answer."""
+
+    status: Literal["ok", "unavailable"]
+    checks: Annotated[dict[str, str], Meta(description='Component name -> "ok" or a short reason.')]
+
+
+MODELS: Final = (
+    Problem,
+    FieldError,
+    PortalLinkRequest,
+    PortalLinkAccepted,
+    Dispatch,
+    Job,
+    JobProgress,
+    JobError,
+    PortalResult,
+    WebsiteRequest,
+    Website,
+    Classification,
+    TaskRequest,
+    TaskAccepted,
+    TaskRun,
+    TaskPage,
+    JobPage,
+    WebsitePage,
+    Health,
+    Readiness,
+)
+
+
+def openapi_components(ref_prefix: str) -> dict[str, dict[str, Any]]:
+    """The JSON Schema of every model, as OpenAPI components (refs under `ref_prefix`)."""
+    _, components = msgspec.json.schema_components(MODELS, ref_template=ref_prefix + "{name}")
+    for schema in components.values():
+        schema.pop("title", None)
+    return components
+
+
+# ------------------------------------------------------------------ JSON out
+
+_encoder = msgspec.json.Encoder()
+encode = _encoder.encode
+
+
+def to_builtins(value: Struct) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(value)
+    return out
+
+
+# ------------------------------------------------------------------ checks in
+
+
+class _TextField:
+    """One string field's checks, read once from its Struct's msgspec type info."""
+
+    __slots__ = ("choices", "max_length", "name", "optional", "wire")
+
+    def __init__(self, field: Any) -> None:
+        self.name: str = field.name
+        self.wire: str = field.encode_name
+        t = field.type
+        self.optional = not field.required
+        if isinstance(t, msgspec.inspect.UnionType):
+            t = next(x for x in t.types if not isinstance(x, msgspec.inspect.NoneType))
+        if isinstance(t, msgspec.inspect.Metadata):
+            t = t.type
+        self.choices: tuple[str, ...] | None = None
+        self.max_length: int | None = None
+        if isinstance(t, msgspec.inspect.LiteralType):
+            self.choices = tuple(str(v) for v in t.values)
+        else:
+            assert isinstance(t, msgspec.inspect.StrType), (self.name, t)
+            self.max_length = t.max_length
+
+
+def wire_names(model: type[Struct]) -> frozenset[str]:
+    """The JSON names of `model`'s fields (anything else in a body is refused)."""
+    return frozenset(model.__struct_encode_fields__)
+
+
+def _text_fields(model: type[Struct], names: tuple[str, ...]) -> tuple[_TextField, ...]:
+    info = msgspec.inspect.type_info(model)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return tuple(_TextField(f) for f in info.fields if f.name in names)
+
+
+def check_text_fields(
+    model: type[Struct], names: tuple[str, ...]
+) -> Callable[[dict[str, Any]], dict[str, str | None]]:
+    """A checker for `model`'s string fields `names`, in declaration order.
+
+    Each value must be a string, not blank, within the model's max_length, storable
+    text (`inputs.bad_char`) and one of the Literal's values where the field is one;
+    a missing optional field or an explicit null for one is None. The checker returns
+    the values by field name, or raises `inputs.InputError` for the first bad field.
+    """
+    fields = _text_fields(model, names)
+
+    def check(body: dict[str, Any]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for f in fields:
+            value = body.get(f.wire)
+            if value is None and f.optional:
+                out[f.name] = None
+                continue
+            if f.wire not in body:
+                inputs.fail(f.wire, "is required")
+            if not isinstance(value, str):
+                inputs.fail(f.wire, "must be a string")
+            if not value.strip():
+                inputs.fail(f.wire, "must not be empty")
+            if f.max_length is not None and len(value) > f.max_length:
+                inputs.fail(f.wire, f"must be at most {f.max_length} characters")
+            why = inputs.bad_char(value)
+            if why is not None:
+                inputs.fail(f.wire, why)
+            if f.choices is not None and value not in f.choices:
+                inputs.fail(f.wire, "must be one of: " + ", ".join(f.choices))
+            out[f.name] = value
+        return out
+
+    return check
+
+
+def payload_days(payload: dict[str, Any]) -> float:
+    """TaskPayload.older_than_days within the model's bounds (finite, 0-36500)."""
+    meta = _DAYS_META
+    days = payload.get("older_than_days", TaskPayload.__struct_defaults__[0])
+    if (
+        isinstance(days, bool)
+        or not isinstance(days, int | float)
+        or not math.isfinite(days)
+        or not meta.ge <= days <= meta.le
+    ):
+        inputs.fail("payload.older_than_days", f"must be a finite number {meta.ge:g}-{meta.le:g}")
+    return float(days)
+
+
+def _days_meta() -> Any:
+    info = msgspec.inspect.type_info(TaskPayload)
+    assert isinstance(info, msgspec.inspect.StructType)
+    t = info.fields[0].type
+    return t.type if isinstance(t, msgspec.inspect.Metadata) else t
+
+
+_DAYS_META: Final = _days_meta()
