@@ -205,7 +205,9 @@ class TokenVerifier:
     """Bearer tokens checked against configured SHA-256 hashes in constant time."""
 
     def __init__(self, entries: Iterable[tuple[str, str, str]]) -> None:
-        self._entries = [(bytes.fromhex(h), user, role) for h, user, role in entries]
+        # Hashes decoded and principals built once, at startup; a request only hashes
+        # the token it sent and compares.
+        self._entries = [(bytes.fromhex(h), Principal(user, role)) for h, user, role in entries]
 
     @property
     def enabled(self) -> bool:
@@ -218,7 +220,7 @@ class TokenVerifier:
         found: Principal | None = None
         # Compare against every entry, never stopping early, so timing says
         # nothing about which entry (if any) matched.
-        for expected, user, role in self._entries:
+        for expected, principal in self._entries:
             if hmac.compare_digest(digest, expected) and found is None:
-                found = Principal(user, role)
+                found = principal
         return found

@@ -249,7 +249,9 @@ def query_cursor(request: web.Request) -> str | None:
 def single_header(headers: Mapping[str, str], name: str) -> str | None:
     """A header that must appear at most once (a second Authorization is refused)."""
     getall = getattr(headers, "getall", None)
-    values = list(getall(name, [])) if getall is not None else []
+    if getall is None:
+        return headers.get(name)
+    values = getall(name, ())
     if len(values) > 1:
         fail(name, "must be sent once")
-    return values[0] if values else headers.get(name)
+    return values[0] if values else None
