@@ -48,6 +48,8 @@ def fail(field: str, message: str) -> NoReturn:
 
 def bad_char(value: str) -> str | None:
     """Why `value` cannot be stored as text anywhere (None when it can)."""
+    if value.isascii() and value.isprintable():
+        return None  # the usual case, without a loop in Python
     for c in value:
         o = ord(c)
         if o == 0:
