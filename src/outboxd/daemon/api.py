@@ -138,7 +138,7 @@ def problem(request: web.Request, err: ApiError) -> web.Response:
         status=err.status,
         detail=err.detail,
         code=cast(models.ProblemCode, err.code),
-        request_id=request.get(REQUEST_ID),
+        request_id=request.get(REQUEST_ID, ""),
         errors=None
         if err.errors is None
         else [models.FieldError(e["field"], e["message"]) for e in err.errors],

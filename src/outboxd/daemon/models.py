@@ -212,7 +212,7 @@ class Problem(Struct, rename="camel", omit_defaults=True):
             "C10 METHOD_NOT_ALLOWED, C11 INVALID_STATE, C99 INTERNAL_ERROR."
         ),
     ]
-    request_id: Annotated[str | None, Meta(description="Also in X-Request-Id.")]
+    request_id: Annotated[str, Meta(description="Also in X-Request-Id.")]
     errors: Annotated[
         list[FieldError] | None, Meta(description="Present for validation failures.")
     ] = None
