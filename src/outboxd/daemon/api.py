@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, NoReturn, Protocol, cast
 
+import msgspec
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -399,23 +400,25 @@ def dispatch_body(outbox: RelayRow | None) -> dict[str, Any] | None:
     return None if model is None else models.to_builtins(model)
 
 
-def relay_item(row: RelayRow) -> dict[str, Any]:
-    item: dict[str, Any] = {"id": row.id, "kind": row.kind}
-    if row.kind == "job":
-        item["jobId"] = row.job_id
-    else:
-        item["taskId"] = row.task_id
-    item.update(
+def relay_model(row: RelayRow) -> models.OutboxItem:
+    return models.OutboxItem(
+        id=row.id,
+        kind=row.kind,
+        job_id=cast(str, row.job_id) if row.kind == "job" else msgspec.UNSET,
+        task_id=cast(str, row.task_id) if row.kind == "task" else msgspec.UNSET,
         status=row.status,
         attempts=row.attempt_count,
-        nextAttemptAt=iso(row.next_attempt_at)
+        next_attempt_at=iso(row.next_attempt_at)
         if row.status in ("PENDING", "RETRYABLE_FAILED")
         else None,
-        lastError=row.last_error,
-        messageId=row.queue_message_id,
-        createdAt=iso(row.created_at),
+        last_error=row.last_error,
+        message_id=row.queue_message_id,
+        created_at=cast(str, iso(row.created_at)),
     )
-    return item
+
+
+def relay_item(row: RelayRow) -> dict[str, Any]:
+    return models.to_builtins(relay_model(row))
 
 
 def task_model(run: TaskRun) -> models.TaskRun:
@@ -581,7 +584,7 @@ async def admin_list_outbox(request: web.Request) -> web.Response:
     if status is not None and status not in models.RELAY_STATUSES:
         _fail("status", "must be " + ", ".join(models.RELAY_STATUSES[:-1]) + " or DEAD")
     page = await deps.store.list_relay_rows(status, _limit(request), _cursor(request))
-    return _json({"items": [relay_item(r) for r in page.items], "nextCursor": page.next_cursor})
+    return _json(models.OutboxPage([relay_model(r) for r in page.items], page.next_cursor))
 
 
 async def admin_redrive_outbox(request: web.Request) -> web.Response:
@@ -594,7 +597,7 @@ async def admin_redrive_outbox(request: web.Request) -> web.Response:
     except InvalidState as exc:
         raise ApiError(409, "C11", str(exc)) from None
     log.info("outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id)
-    return _json(relay_item(row))
+    return _json(relay_model(row))
 
 
 async def admin_redrive_job(request: web.Request) -> web.Response:

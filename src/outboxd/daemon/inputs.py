@@ -144,8 +144,7 @@ def _could_be_refused(raw: bytes) -> bool:
     MAX_INT_DIGITS digits no integer is that long.
     """
     return (
-        raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
-        or _LONG_DIGITS.search(raw) is not None
+        raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH or _LONG_DIGITS.search(raw) is not None
     )
 
 

@@ -381,6 +381,51 @@ class TaskRun(Struct, rename="camel"):
     error: Annotated[str | None, Meta(description="Why it failed.")]
 
 
+class OutboxItem(Struct, rename="camel", kw_only=True):
+    """A relay outbox row (its payload is never shown): jobId for kind job, taskId for kind
+    task."""
+
+    id: Uuid
+    kind: Literal["job", "task"]
+    job_id: str | msgspec.UnsetType = msgspec.UNSET
+    task_id: str | msgspec.UnsetType = msgspec.UNSET
+    status: RelayStatus
+    attempts: Annotated[int, Meta(ge=0, description="Publish attempts.")]
+    next_attempt_at: Annotated[
+        str | None,
+        Meta(
+            description="Next publish attempt; null unless PENDING or RETRYABLE_FAILED" + _RFC3339,
+            extra_json_schema={"format": "date-time"},
+        ),
+    ]
+    last_error: Annotated[str | None, Meta(description="The last publish error.")]
+    message_id: Annotated[str | None, Meta(description="The SQS message id once published.")]
+    created_at: Annotated[str, _DATE_TIME, Meta(description="When the row was created" + _RFC3339)]
+
+
+# What JSON Schema says of OutboxItem beyond its fields: exactly one of jobId and taskId,
+# the one its kind names.
+OUTBOX_ITEM_ONE_OF: Final = [
+    {
+        "properties": {"kind": {"const": "job"}},
+        "required": ["jobId"],
+        "not": {"required": ["taskId"]},
+    },
+    {
+        "properties": {"kind": {"const": "task"}},
+        "required": ["taskId"],
+        "not": {"required": ["jobId"]},
+    },
+]
+
+
+class OutboxPage(Struct, rename="camel"):
+    """Relay outbox rows, newest first."""
+
+    items: list[OutboxItem]
+    next_cursor: Cursor
+
+
 class JobPage(Struct, rename="camel"):
     """Jobs, newest first."""
 
@@ -432,6 +477,7 @@ MODELS: Final = (
     TaskAccepted,
     TaskRun,
     TaskPage,
+    OutboxPage,
     JobPage,
     WebsitePage,
     Health,
@@ -444,6 +490,7 @@ def openapi_components(ref_prefix: str) -> dict[str, dict[str, Any]]:
     _, components = msgspec.json.schema_components(MODELS, ref_template=ref_prefix + "{name}")
     for schema in components.values():
         schema.pop("title", None)
+    components["OutboxItem"]["oneOf"] = OUTBOX_ITEM_ONE_OF
     return components
 
 

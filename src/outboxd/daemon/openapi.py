@@ -100,55 +100,6 @@ def _admin_schemas() -> dict[str, Schema]:
     }
     table_names = ("jobs", "relay_outbox", "work_outbox", "task_runs")
     return {
-        "OutboxItem": {
-            "type": "object",
-            "description": "A relay outbox row (its payload is never shown): jobId for "
-            "kind job, taskId for kind task.",
-            "required": [
-                "id",
-                "kind",
-                "status",
-                "attempts",
-                "nextAttemptAt",
-                "lastError",
-                "messageId",
-                "createdAt",
-            ],
-            "properties": {
-                "id": {"type": "string", "format": "uuid"},
-                "kind": {"type": "string", "enum": ["job", "task"]},
-                "jobId": {"type": "string"},
-                "taskId": {"type": "string"},
-                "status": _ref("RelayStatus"),
-                "attempts": _count("Publish attempts."),
-                "nextAttemptAt": _timestamp(
-                    "Next publish attempt; null unless PENDING or RETRYABLE_FAILED",
-                    nullable=True,
-                ),
-                "lastError": _text("The last publish error.", nullable=True),
-                "messageId": _text("The SQS message id once published.", nullable=True),
-                "createdAt": _timestamp("When the row was created"),
-            },
-            "oneOf": [
-                {
-                    "properties": {"kind": {"const": "job"}},
-                    "required": ["jobId"],
-                    "not": {"required": ["taskId"]},
-                },
-                {
-                    "properties": {"kind": {"const": "task"}},
-                    "required": ["taskId"],
-                    "not": {"required": ["jobId"]},
-                },
-            ],
-        },
-        "OutboxPage": _object(
-            {
-                "items": {"type": "array", "items": _ref("OutboxItem")},
-                "nextCursor": _text("Pass as `cursor` for the next page.", nullable=True),
-            },
-            description="Relay outbox rows, newest first.",
-        ),
         "Stats": _object(
             {
                 "tables": {
