@@ -51,6 +51,7 @@ from tests.fakes.portal import (
     sample_student,
 )
 from tests.support.moto import MotoServer
+from tests.support.records import CS101_RECORD
 from tests.support.sqs import read_all
 
 BROKEN_SNO = "20209999"
@@ -87,7 +88,7 @@ def broken_student(sno: str = BROKEN_SNO, password: str = BROKEN_PASSWORD) -> St
 # ---------------------------------------------------------------- test doubles (real classes)
 
 
-class RecordingPublisher:
+class BodyRecordingPublisher:
     """SqsQueues' send_batch, keeping every body as it was sent (to grep for secrets)."""
 
     def __init__(self, inner: SqsQueues) -> None:
@@ -146,7 +147,7 @@ class Rig:
     queues: SqsQueues
     portal: FakePortal
     receiver: RecordingReceiver
-    publisher: RecordingPublisher
+    publisher: BodyRecordingPublisher
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     scrapers: list[SuwonScraper] = field(default_factory=list)
@@ -291,7 +292,7 @@ async def make_rig(
             queues=queues,
             portal=portal,
             receiver=RecordingReceiver(queues),
-            publisher=RecordingPublisher(queues),
+            publisher=BodyRecordingPublisher(queues),
         )
         rigs.append(rig)
         return rig
@@ -341,15 +342,7 @@ async def test_success_stores_the_record_erases_credentials_and_deletes_the_mess
     ]
     first = result["semesters"][0]
     assert (first["creditsAttempted"], first["gpa"], first["rank"]) == (18, 4.12, "6/33")
-    assert first["courses"][0] == {
-        "code": "CS101",
-        "title": "자료구조",
-        "credits": 3,
-        "grade": "A+",
-        "gradePoints": 4.5,
-        "category": "전공필수",
-        "department": "컴퓨터학부",
-    }
+    assert first["courses"][0] == CS101_RECORD
     assert result["totals"] == {
         "creditsAttempted": 40,
         "creditsEarned": 40,

@@ -15,7 +15,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from outboxd.security import KeyRing
 from outboxd.storage.ports import NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore, open_store
 from tests.conftest import SettingsFactory
+from tests.support.clock import Clock
 from tests.support.moto import MotoServer
 
 FAIL_REASON = "InternalError: simulated per-entry failure"
@@ -38,17 +38,7 @@ FAIL_REASON = "InternalError: simulated per-entry failure"
 # ---------------------------------------------------------------- helpers
 
 
-@dataclass
-class Clock:
-    """A clock the test moves by hand, so backoff windows are exact."""
-
-    now: float = field(default_factory=time.time)
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class RecordingPublisher:
+class PartialFailurePublisher:
     """A real publisher in front of SqsQueues: records every batch it is handed and
     fails (as SQS's `Failed` entries would) the entries `fail` names a reason for."""
 
@@ -169,7 +159,7 @@ async def test_pending_rows_go_out_in_batches_and_are_marked_sent(
     clock = Clock()
     made = [await new_job(store, keys, password, clock.now) for _ in range(23)]
     job_of = {outbox_id: job_id for job_id, outbox_id in made}
-    pub = RecordingPublisher(queues)
+    pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
 
     claimed = [await relay.relay_once() for _ in range(2)]
@@ -209,7 +199,9 @@ async def test_failed_entries_back_off_with_jitter_then_die(
     clock = Clock()
     made = [await new_job(store, keys, "pw-x", clock.now) for _ in range(10)]
     failing = {outbox_id for _, outbox_id in made[:6]}
-    pub = RecordingPublisher(queues, fail=lambda m: FAIL_REASON if m.entry_id in failing else None)
+    pub = PartialFailurePublisher(
+        queues, fail=lambda m: FAIL_REASON if m.entry_id in failing else None
+    )
     settings = relay_settings(max_attempts=3, backoff_base_s=10.0, backoff_max_s=1000.0)
     relay = Relay(store, pub, settings, Metrics(), clock=clock)
 
@@ -329,7 +321,7 @@ async def test_publish_now_sends_one_request_row_once(
 ) -> None:
     clock = Clock()
     job_id, outbox_id = await new_job(store, keys, "pw-now", clock.now)
-    pub = RecordingPublisher(queues)
+    pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
 
     assert await relay.publish_now(outbox_id) is True
@@ -355,7 +347,7 @@ async def test_publish_now_sends_one_request_row_once(
 
     # A failed request publish leaves the row for the relay, RETRYABLE_FAILED.
     _, failing = await new_job(store, keys, "pw-now", clock.now)
-    flaky = RecordingPublisher(queues, fail=lambda m: FAIL_REASON)
+    flaky = PartialFailurePublisher(queues, fail=lambda m: FAIL_REASON)
     assert (
         await Relay(store, flaky, relay_settings(), Metrics(), clock=clock).publish_now(failing)
         is False
@@ -385,7 +377,7 @@ async def test_concurrent_relays_never_claim_the_same_row(
     stores: list[SqlStore] = []
     if backend == "postgres":
         stores = [await open_store(db_url, tmp_path, 3, 5.0) for _ in range(4)]
-    publishers = [RecordingPublisher(queues) for _ in range(4)]
+    publishers = [PartialFailurePublisher(queues) for _ in range(4)]
     relays = [
         Relay(
             stores[i] if stores else store,
@@ -422,7 +414,7 @@ async def test_concurrent_relays_never_claim_the_same_row(
     assert per_outbox == {o: 1 for _, o in made}
 
 
-class SlowPublisher(RecordingPublisher):
+class SlowPublisher(PartialFailurePublisher):
     """Signals when a batch arrives, then takes `delay_s` to send it."""
 
     def __init__(self, inner: SqsQueues, delay_s: float) -> None:
@@ -445,7 +437,7 @@ async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     job_id, outbox_id = await new_job(store, keys, "pw-race", time.time())
     loop_publisher = SlowPublisher(queues, delay_s=0.5)
     loop = Relay(store, loop_publisher, relay_settings(), Metrics())
-    request = Relay(store, RecordingPublisher(queues), relay_settings(), Metrics())
+    request = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
 
     loop_pass = asyncio.create_task(loop.relay_once())
     await asyncio.wait_for(loop_publisher.entered.wait(), 10)  # the loop holds the row

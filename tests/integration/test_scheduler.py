@@ -23,19 +23,12 @@ from outboxd.daemon.scheduler import Scheduler
 from outboxd.services.tasks import TaskService
 from outboxd.storage.ports import RelayRow, TaskRun, TaskStore
 from outboxd.storage.store import SqlStore, open_store
+from tests.support.clock import Clock
 
 
 def ts(text: str) -> float:
     """`2024-03-10T12:03:30.5` (UTC) as epoch seconds."""
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def every(name: str, seconds: float, task: str = "noop", **payload: Any) -> ScheduleEntry:

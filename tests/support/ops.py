@@ -6,9 +6,7 @@ API, /metrics or the CLI report never trust the code under test.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -16,39 +14,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
-from outboxd.storage.db import sqlite_path
 from outboxd.storage.ports import JobRecord, RelayFailure, RelayRow
 from outboxd.storage.store import SqlStore
+from tests.support.db import sql as sql
+from tests.support.db import sql_sync as sql_sync
 
 TABLES = ("jobs", "relay_outbox", "work_outbox", "task_runs")
-
-
-async def sql(db_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows of `query` (`?` placeholders on SQLite, `$1` on Postgres) on a connection of its own."""
-    if db_url.startswith("sqlite:///"):
-        path = sqlite_path(db_url, Path.cwd())
-
-        def run() -> list[tuple[Any, ...]]:
-            conn = sqlite3.connect(path, timeout=10)
-            try:
-                return [tuple(r) for r in conn.execute(query, args).fetchall()]
-            finally:
-                conn.close()
-
-        return await asyncio.to_thread(run)
-    conn = await asyncpg.connect(db_url, timeout=5)
-    try:
-        return [tuple(r) for r in await conn.fetch(query, *args)]
-    finally:
-        await conn.close()
-
-
-def sql_sync(db_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    return asyncio.run(sql(db_url, query, *args))
 
 
 async def db_counts(db_url: str) -> dict[str, dict[str, int]]:

@@ -33,6 +33,7 @@ from outboxd.storage.ports import (
     TaskRun,
     Website,
 )
+from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 
 _BASE = "urn:outboxd:openapi"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -92,15 +93,7 @@ def _walk(node: Any) -> Iterator[Any]:
 
 def _portal_result() -> dict[str, Any]:
     return {
-        "student": {
-            "studentNumber": "20201234",
-            "name": "홍길동",
-            "college": "IT대학",
-            "department": "컴퓨터학부",
-            "major": "컴퓨터SW",
-            "status": "재학",
-            "year": 3,
-        },
+        "student": {**SAMPLE_STUDENT_RECORD, "name": "홍길동"},
         "semesters": [
             {
                 "year": 2024,
@@ -111,15 +104,7 @@ def _portal_result() -> dict[str, Any]:
                 "percentile": 93.5,
                 "rank": "6/33",
                 "courses": [
-                    {
-                        "code": "CS101",
-                        "title": "자료구조",
-                        "credits": 3,
-                        "grade": "A+",
-                        "gradePoints": 4.5,
-                        "category": "전공필수",
-                        "department": "컴퓨터학부",
-                    },
+                    dict(CS101_RECORD),
                     {
                         "code": "GE200",
                         "title": "글쓰기",
