@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from outboxd.storage.store import SqlStore
-from tests.support.db import RawDb, raw_count
+from tests.support.db import raw_count, raw_db
 
 URL = "/v1/portal-link-jobs"
 SECRET = "pw-atomicity-7f3a9c"
@@ -19,7 +19,7 @@ MARKER = "injected-outbox-fault"
 
 async def install_fault(db_url: str) -> None:
     """A trigger that makes every insert into relay_outbox fail inside the transaction."""
-    async with RawDb(db_url) as db:
+    async with raw_db(db_url) as db:
         if db.url.startswith("sqlite:///"):
             await db.execute(
                 "CREATE TRIGGER fail_outbox BEFORE INSERT ON relay_outbox "
@@ -37,7 +37,7 @@ async def install_fault(db_url: str) -> None:
 
 
 async def remove_fault(db_url: str) -> None:
-    async with RawDb(db_url) as db:
+    async with raw_db(db_url) as db:
         if db.url.startswith("sqlite:///"):
             await db.execute("DROP TRIGGER fail_outbox")
             return

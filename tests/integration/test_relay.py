@@ -26,11 +26,12 @@ from outboxd.daemon.relay import Relay
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
-from outboxd.storage.ports import NewPortalJob, RelayRow
+from outboxd.storage.ports import RelayRow
 from outboxd.storage.store import SqlStore, open_store
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
 from tests.support.moto import MotoServer
+from tests.support.ops import insert_portal_job
 
 FAIL_REASON = "InternalError: simulated per-entry failure"
 
@@ -67,28 +68,6 @@ class PartialFailurePublisher:
     @property
     def bodies(self) -> list[str]:
         return [m.body for batch in self.batches for m in batch]
-
-
-async def new_job(store: SqlStore, keys: KeyRing, password: str, now: float) -> tuple[str, str]:
-    """A portal job committed with its outbox row, as the API would: (job id, outbox id)."""
-    job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
-    canonical = {"portal": "suwon", "username": "20201234", "password": password}
-    sealed = keys.seal_json({"username": "20201234", "password": password}, associated_data=job_id)
-    intake = await store.create_portal_job(
-        NewPortalJob(
-            job_id=job_id,
-            outbox_id=outbox_id,
-            user_id="alice",
-            idempotency_key=f"key-{job_id}",
-            fingerprint=keys.fingerprint(canonical),
-            portal="suwon",
-            key_id=sealed.key_id,
-            sealed=sealed.ciphertext,
-        ),
-        now=now,
-    )
-    assert intake.created
-    return job_id, outbox_id
 
 
 async def drain(queues: SqsQueues, kind: QueueKind = "jobs") -> list[tuple[str, str]]:
@@ -157,7 +136,7 @@ async def test_pending_rows_go_out_in_batches_and_are_marked_sent(
 ) -> None:
     password = f"pw-{uuid.uuid4()}"
     clock = Clock()
-    made = [await new_job(store, keys, password, clock.now) for _ in range(23)]
+    made = [await insert_portal_job(store, clock.now, keys, password) for _ in range(23)]
     job_of = {outbox_id: job_id for job_id, outbox_id in made}
     pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
@@ -197,7 +176,7 @@ async def test_failed_entries_back_off_with_jitter_then_die(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     clock = Clock()
-    made = [await new_job(store, keys, "pw-x", clock.now) for _ in range(10)]
+    made = [await insert_portal_job(store, clock.now, keys, "pw-x") for _ in range(10)]
     failing = {outbox_id for _, outbox_id in made[:6]}
     pub = PartialFailurePublisher(
         queues, fail=lambda m: FAIL_REASON if m.entry_id in failing else None
@@ -278,7 +257,7 @@ async def test_sqs_outage_backs_off_and_queues_are_recreated_when_sqs_returns(
     queues = SqsQueues(sqs, moto.endpoint_url)
     await queues.start()
     try:
-        job_id, outbox_id = await new_job(store, keys, "pw-outage", time.time())
+        job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-outage")
         relay = Relay(
             store,
             queues,
@@ -320,7 +299,7 @@ async def test_publish_now_sends_one_request_row_once(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     clock = Clock()
-    job_id, outbox_id = await new_job(store, keys, "pw-now", clock.now)
+    job_id, outbox_id = await insert_portal_job(store, clock.now, keys, "pw-now")
     pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
 
@@ -336,7 +315,7 @@ async def test_publish_now_sends_one_request_row_once(
 
     # A row another holder has claimed (and never finishes: it died) is left to that
     # holder; the request waits at most one publish timeout (and a second) for it.
-    _, other = await new_job(store, keys, "pw-now", clock.now)
+    _, other = await insert_portal_job(store, clock.now, keys, "pw-now")
     assert await store.claim_relay_row(other, clock.now, 30.0) is not None
     started = time.monotonic()
     quick = Relay(store, pub, relay_settings(publish_timeout_s=0.5), Metrics(), clock=clock)
@@ -346,7 +325,7 @@ async def test_publish_now_sends_one_request_row_once(
     assert held is not None and held.status == "PENDING" and held.queue_message_id is None
 
     # A failed request publish leaves the row for the relay, RETRYABLE_FAILED.
-    _, failing = await new_job(store, keys, "pw-now", clock.now)
+    _, failing = await insert_portal_job(store, clock.now, keys, "pw-now")
     flaky = PartialFailurePublisher(queues, fail=lambda m: FAIL_REASON)
     assert (
         await Relay(store, flaky, relay_settings(), Metrics(), clock=clock).publish_now(failing)
@@ -373,7 +352,7 @@ async def test_concurrent_relays_never_claim_the_same_row(
     """Postgres: four relays on four separate SqlStore instances (as four daemons would
     be). SQLite (one instance per file, docs/contract.md#storage): four relays sharing the store."""
     now = time.time()
-    made = [await new_job(store, keys, "pw-many", now) for _ in range(47)]
+    made = [await insert_portal_job(store, now, keys, "pw-many") for _ in range(47)]
     stores: list[SqlStore] = []
     if backend == "postgres":
         stores = [await open_store(db_url, tmp_path, 3, 5.0) for _ in range(4)]
@@ -434,7 +413,7 @@ async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     """The relay loop can claim a request's row between the request's commit and its own
     publish. SQS is fine and the row goes out: the request must say so (SENT), not
     answer QUEUED, nor 503 C08 with `api.require_dispatch`."""
-    job_id, outbox_id = await new_job(store, keys, "pw-race", time.time())
+    job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-race")
     loop_publisher = SlowPublisher(queues, delay_s=0.5)
     loop = Relay(store, loop_publisher, relay_settings(), Metrics())
     request = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -139,19 +138,8 @@ class SwitchableStore:
     def __init__(self, target: Any) -> None:
         self.target = target
 
-    async def enqueue_task(
-        self,
-        task_id: str,
-        outbox_id: str,
-        type_: str,
-        payload: Mapping[str, Any],
-        dedup_id: str,
-        now: float,
-    ) -> tuple[TaskRun, bool]:
-        result: tuple[TaskRun, bool] = await self.target.enqueue_task(
-            task_id, outbox_id, type_, payload, dedup_id, now
-        )
-        return result
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
 
 
 async def closed_store(db_url: str, tmp_path: Path) -> SqlStore:

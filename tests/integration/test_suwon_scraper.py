@@ -332,36 +332,35 @@ async def test_password_never_appears_in_errors_or_logs(breakage: str) -> None:
 # --- politeness ------------------------------------------------------------------------------
 
 
-async def test_max_concurrency_one_serialises_jobs() -> None:
-    """With max_concurrency=1 three concurrent jobs never have two requests in flight."""
-    students = [student(f"2020000{i}", f"학생{i}") for i in range(3)]
+async def scrape_three_at_once(
+    prefix: str, delay_s: float, max_concurrency: int
+) -> tuple[list[Student], list[dict[str, Any]], int]:
+    """Three students scraped concurrently: them, their records, and the fake's peak in flight."""
+    students = [student(f"{prefix}{i}", f"학생{i}") for i in range(3)]
     async with FakePortal(students) as fake:
-        fake.delay_s = 0.01
-        scraper = SuwonScraper(settings_for(fake, max_concurrency=1))
+        fake.delay_s = delay_s
+        scraper = SuwonScraper(settings_for(fake, max_concurrency=max_concurrency))
         try:
             records = await asyncio.gather(
                 *(scraper.fetch_record(s.sno, s.password, Progress()) for s in students)
             )
         finally:
             await scraper.close()
-        assert fake.in_flight_max == 1
+        return students, records, fake.in_flight_max
+
+
+async def test_max_concurrency_one_serialises_jobs() -> None:
+    """With max_concurrency=1 three concurrent jobs never have two requests in flight."""
+    students, records, in_flight_max = await scrape_three_at_once("2020000", 0.01, 1)
+    assert in_flight_max == 1
     assert [r["student"]["studentNumber"] for r in records] == [s.sno for s in students]
     assert [r["student"]["name"] for r in records] == [s.name for s in students]
 
 
 async def test_concurrent_jobs_overlap_when_allowed_and_keep_their_own_sessions() -> None:
     """With max_concurrency=3 jobs do overlap (the fake sees it) yet each gets its own record."""
-    students = [student(f"2021000{i}", f"학생{i}") for i in range(3)]
-    async with FakePortal(students) as fake:
-        fake.delay_s = 0.02
-        scraper = SuwonScraper(settings_for(fake, max_concurrency=3))
-        try:
-            records = await asyncio.gather(
-                *(scraper.fetch_record(s.sno, s.password, Progress()) for s in students)
-            )
-        finally:
-            await scraper.close()
-        assert fake.in_flight_max >= 2
+    students, records, in_flight_max = await scrape_three_at_once("2021000", 0.02, 3)
+    assert in_flight_max >= 2
     assert [r["student"]["name"] for r in records] == [s.name for s in students]
 
 

@@ -5,7 +5,7 @@ about what the store, the API, /metrics or the CLI did never trusts the code und
 Queries take `?` placeholders; on Postgres they become `$1`, `$2`, … (a query already
 written with `$n` passes unchanged).
 
-    async with RawDb(db_url) as db:          # one connection for many reads
+    async with raw_db(db_url) as db:         # one connection for many reads
         n = await db.scalar("SELECT COUNT(*) FROM jobs WHERE status = ?", "QUEUED")
     rows = await raw_rows(db_url, "SELECT * FROM jobs")   # one-off, its own connection
 """
@@ -13,9 +13,10 @@ written with `$n` passes unchanged).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import asyncpg
@@ -60,17 +61,6 @@ class RawDb:
             await self._pg.close()
             self._pg = None
 
-    async def __aenter__(self) -> RawDb:
-        return await self.open()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
     async def rows(self, query: str, *args: Any) -> list[dict[str, Any]]:
         if self._sqlite is not None:
             conn = self._sqlite
@@ -99,23 +89,33 @@ class RawDb:
         return {t: await self.count(t) for t in tables}
 
 
+@contextlib.asynccontextmanager
+async def raw_db(db_url: str) -> AsyncIterator[RawDb]:
+    """A RawDb open for the block."""
+    db = await RawDb(db_url).open()
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
 async def raw_rows(db_url: str, query: str, *args: Any) -> list[dict[str, Any]]:
-    async with RawDb(db_url) as db:
+    async with raw_db(db_url) as db:
         return await db.rows(query, *args)
 
 
 async def raw_scalar(db_url: str, query: str, *args: Any) -> Any:
-    async with RawDb(db_url) as db:
+    async with raw_db(db_url) as db:
         return await db.scalar(query, *args)
 
 
 async def raw_execute(db_url: str, query: str, *args: Any) -> int:
-    async with RawDb(db_url) as db:
+    async with raw_db(db_url) as db:
         return await db.execute(query, *args)
 
 
 async def raw_count(db_url: str, table: str) -> int:
-    async with RawDb(db_url) as db:
+    async with raw_db(db_url) as db:
         return await db.count(table)
 
 
@@ -131,5 +131,5 @@ def sql_sync(db_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
 
 async def raw_counts(db_url: str, tables: tuple[str, ...] = COUNTED) -> dict[str, int]:
     """Row counts of `tables` (by default every table a request can write)."""
-    async with RawDb(db_url) as db:
+    async with raw_db(db_url) as db:
         return await db.counts(tables)

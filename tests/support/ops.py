@@ -16,7 +16,7 @@ from typing import Any
 
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
-from outboxd.storage.ports import JobRecord, RelayFailure, RelayRow
+from outboxd.storage.ports import JobRecord, NewPortalJob, RelayFailure, RelayRow
 from outboxd.storage.store import SqlStore
 from tests.support.db import sql as sql
 from tests.support.db import sql_sync as sql_sync
@@ -31,6 +31,35 @@ async def db_counts(db_url: str) -> dict[str, dict[str, int]]:
         rows = await sql(db_url, f"SELECT status, COUNT(*) FROM {table} GROUP BY status")
         out[table] = {str(s): int(n) for s, n in rows}
     return out
+
+
+async def insert_portal_job(
+    store: SqlStore, now: float, keys: KeyRing | None = None, password: str = ""
+) -> tuple[str, str]:
+    """A QUEUED portal job committed with its PENDING outbox row, straight through the
+    store: (job id, outbox id). Sealed and fingerprinted with `keys` as the API would;
+    without keys the credentials are placeholder bytes (for tests of the rows alone)."""
+    job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
+    key_id, sealed, fingerprint = "k1", b"sealed-bytes", "fp"
+    if keys is not None:
+        canonical = {"portal": "suwon", "username": "20201234", "password": password}
+        box = keys.seal_json({"username": "20201234", "password": password}, associated_data=job_id)
+        key_id, sealed, fingerprint = box.key_id, box.ciphertext, keys.fingerprint(canonical)
+    intake = await store.create_portal_job(
+        NewPortalJob(
+            job_id=job_id,
+            outbox_id=outbox_id,
+            user_id="alice",
+            idempotency_key=f"key-{job_id}",
+            fingerprint=fingerprint,
+            portal="suwon",
+            key_id=key_id,
+            sealed=sealed,
+        ),
+        now=now,
+    )
+    assert intake.created
+    return job_id, outbox_id
 
 
 async def submit_job(

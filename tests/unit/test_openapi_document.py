@@ -33,7 +33,7 @@ from outboxd.storage.ports import (
     TaskRun,
     Website,
 )
-from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
+from tests.support.records import CS101_RECORD, EXPECTED_RECORD, SAMPLE_STUDENT_RECORD
 
 _BASE = "urn:outboxd:openapi"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -96,13 +96,8 @@ def _portal_result() -> dict[str, Any]:
         "student": {**SAMPLE_STUDENT_RECORD, "name": "홍길동"},
         "semesters": [
             {
+                **EXPECTED_RECORD["semesters"][0],
                 "year": 2024,
-                "term": "1",
-                "creditsAttempted": 18,
-                "creditsEarned": 18,
-                "gpa": 4.12,
-                "percentile": 93.5,
-                "rank": "6/33",
                 "courses": [
                     dict(CS101_RECORD),
                     {
