@@ -27,6 +27,7 @@ import pytest
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.fakes.portal import FakePortal, Student, sample_student
+from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer
 from tests.support.postgres import dump_all
@@ -101,15 +102,6 @@ def secret_keys_file(tmp_path: Path) -> Path:
 
 
 ConfigFactory = Callable[..., dict[str, Any]]
-
-
-def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """`extra` over `base`, section by section (nested tables merged, the rest replaced)."""
-    out = dict(base)
-    for k, v in extra.items():
-        old = out.get(k)
-        out[k] = merge(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
-    return out
 
 
 @pytest.fixture

@@ -53,6 +53,7 @@ from tests.fakes.portal import (
 from tests.support.moto import MotoServer
 from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 from tests.support.sqs import read_all
+from tests.support.students import it_student
 
 BROKEN_SNO = "20209999"
 BROKEN_PASSWORD = "pw-broken-record"
@@ -61,28 +62,9 @@ BROKEN_PASSWORD = "pw-broken-record"
 def broken_student(sno: str = BROKEN_SNO, password: str = BROKEN_PASSWORD) -> Student:
     """A student whose record the info system serves malformed (an unknown semester
     code): PORTAL_BAD_RESPONSE on every attempt, for this student only."""
-    return Student(
-        sno=sno,
-        password=password,
-        name="박고장",
-        college="IT대학",
-        department="컴퓨터학부",
-        major="컴퓨터SW",
-        status="재학",
-        year=2,
-        semesters=[
-            Semester(
-                year="2021",
-                code="99",
-                credits_attempted=3,
-                credits_earned=3,
-                gpa=4.0,
-                percentile=90,
-                rank="1/2",
-                courses=[Course("X1", "x", 3, "A0", 4.0, "전공선택", "컴퓨터학부")],
-            )
-        ],
-    )
+    bad_semester = Semester("2021", "99", 3, 3, 4.0, 90, "1/2")
+    bad_semester.courses.append(Course("X1", "x", 3, "A0", 4.0, "전공선택", "컴퓨터학부"))
+    return it_student(sno, password, "박고장", 2, [bad_semester])
 
 
 FINAL = ("SUCCEEDED", "FAILED", "DEAD")
@@ -530,16 +512,7 @@ async def test_no_password_in_any_message_or_the_finished_row(make_rig: RigFacto
     """Bodies captured at send time and the queues afterwards hold ids only."""
     rig = await make_rig(sqs={"max_receive_count": 2})
     secret = f"pw-{uuid.uuid4()}"
-    rig.portal.students["20207777"] = Student(
-        sno="20207777",
-        password=secret,
-        name="이비밀",
-        college="IT대학",
-        department="컴퓨터학부",
-        major="컴퓨터SW",
-        status="재학",
-        year=1,
-    )
+    rig.portal.students["20207777"] = it_student("20207777", secret, "이비밀", 1)
     rig.portal.students["20208888"] = broken_student("20208888", secret)
     rig.start_consumer()
     ok = await rig.submit("20207777", secret)

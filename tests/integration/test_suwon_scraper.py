@@ -237,11 +237,23 @@ async def test_session_expiring_again_is_session_expired(
 # --- transport and shape failures ------------------------------------------------------------
 
 
-async def test_503_is_unavailable(portal: FakePortal, make_scraper: ScraperFactory) -> None:
-    """A 503 answer is PORTAL_UNAVAILABLE and retryable."""
-    portal.always_fail_503 = True
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("always_fail_503", "PORTAL_UNAVAILABLE"),
+        ("garbage", "PORTAL_BAD_RESPONSE"),
+        ("broken_sso_page", "PORTAL_BAD_RESPONSE"),
+    ],
+    ids=["503", "wrong-json-shape", "sso-page-without-redirect"],
+)
+async def test_a_portal_fault_is_retryable_with_its_code(
+    portal: FakePortal, make_scraper: ScraperFactory, fault: str, code: str
+) -> None:
+    """A 503 answer is PORTAL_UNAVAILABLE; info JSON of the wrong shape and an SSO page
+    with no location.href are PORTAL_BAD_RESPONSE. All are retryable."""
+    setattr(portal, fault, True)
     error = await fetch_error(make_scraper())
-    assert (error.code, error.retryable) == ("PORTAL_UNAVAILABLE", True)
+    assert (error.code, error.retryable) == (code, True)
 
 
 async def test_one_503_fails_the_job_without_poisoning_the_next(
@@ -261,24 +273,6 @@ async def test_timeout_is_unavailable(portal: FakePortal, make_scraper: ScraperF
     error = await fetch_error(make_scraper(timeout_s=0.2))
     assert (error.code, error.retryable) == ("PORTAL_UNAVAILABLE", True)
     assert time.monotonic() - started < 0.9
-
-
-async def test_wrong_json_shape_is_bad_response(
-    portal: FakePortal, make_scraper: ScraperFactory
-) -> None:
-    """Info JSON of the wrong shape is PORTAL_BAD_RESPONSE and retryable."""
-    portal.garbage = True
-    error = await fetch_error(make_scraper())
-    assert (error.code, error.retryable) == ("PORTAL_BAD_RESPONSE", True)
-
-
-async def test_sso_page_without_redirect_is_bad_response(
-    portal: FakePortal, make_scraper: ScraperFactory
-) -> None:
-    """An SSO page with no location.href is PORTAL_BAD_RESPONSE."""
-    portal.broken_sso_page = True
-    error = await fetch_error(make_scraper())
-    assert (error.code, error.retryable) == ("PORTAL_BAD_RESPONSE", True)
 
 
 async def test_connection_refused_is_unavailable() -> None:

@@ -24,6 +24,15 @@ async def counts(db_url: str) -> tuple[int, int]:
     return websites, work
 
 
+async def rejected_fields(api: Client, payload: Any) -> list[str]:
+    """POST `payload`: a 400 C01 problem; the fields it names."""
+    resp = await api.post("/v1/websites", json=payload)
+    assert resp.status == 400
+    body = await resp.json()
+    assert_problem(body, 400, "C01")
+    return [e["field"] for e in body["errors"]]
+
+
 def assert_problem(body: dict[str, Any], status: int, code: str) -> None:
     assert body["status"] == status
     assert body["code"] == code
@@ -118,20 +127,13 @@ async def test_invalid_domain_is_400_c01_naming_domain_and_stores_nothing(
 async def test_domain_missing_or_not_a_string_is_400(
     api: Client, store: SqlStore, payload: dict[str, Any], db_url: str
 ) -> None:
-    resp = await api.post("/v1/websites", json=payload)
-    assert resp.status == 400
-    body = await resp.json()
-    assert_problem(body, 400, "C01")
-    assert [e["field"] for e in body["errors"]] == ["domain"]
+    assert await rejected_fields(api, payload) == ["domain"]
     assert await counts(db_url) == (0, 0)
 
 
 async def test_unknown_fields_are_400(api: Client, store: SqlStore, db_url: str) -> None:
-    resp = await api.post("/v1/websites", json={"domain": "example.com", "category": "news"})
-    assert resp.status == 400
-    body = await resp.json()
-    assert_problem(body, 400, "C01")
-    assert [e["field"] for e in body["errors"]] == ["category"]
+    payload = {"domain": "example.com", "category": "news"}
+    assert await rejected_fields(api, payload) == ["category"]
     assert await counts(db_url) == (0, 0)
 
 

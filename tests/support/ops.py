@@ -146,7 +146,9 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def run_cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout_s: float = 60, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
     """`python -m outboxd ARGS` with no OUTBOXD_* variables inherited."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
     return subprocess.run(
@@ -155,6 +157,6 @@ def run_cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[st
         text=True,
         timeout=timeout_s,
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
         check=False,
     )

@@ -34,30 +34,22 @@ def unreachable_reason() -> str | None:
     return asyncio.run(_reachable())
 
 
-async def _create(name: str) -> None:
+async def _admin(statement: str) -> None:
     conn = await asyncpg.connect(ADMIN_DSN, timeout=5)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-
-
-async def _drop(name: str) -> None:
-    conn = await asyncpg.connect(ADMIN_DSN, timeout=5)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(statement)
     finally:
         await conn.close()
 
 
 def create_database() -> tuple[str, str]:
     name = f"outboxd_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_create(name))
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
     return name, dsn_for(name)
 
 
 def drop_database(name: str) -> None:
-    asyncio.run(_drop(name))
+    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 async def _truncate(dsn: str) -> None:
