@@ -24,6 +24,11 @@ from tests.support.db import sql_sync as sql_sync
 TABLES = ("jobs", "relay_outbox", "work_outbox", "task_runs")
 
 
+def sealing_key_id(keys: KeyRing) -> str:
+    """The id of the key that seals now (the ring's first), as a sealed value names it."""
+    return keys.seal(b"", b"").key_id
+
+
 async def db_counts(db_url: str) -> dict[str, dict[str, int]]:
     """{table: {status: count}} straight from the database."""
     out: dict[str, dict[str, int]] = {}
