@@ -11,12 +11,10 @@ import asyncio
 import http.client
 import json
 import sqlite3
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +27,7 @@ from outboxd.storage.db import sqlite_path
 from tests.fakes.portal import FakePortal, Student, sample_student
 from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
+from tests.support.loop_thread import LoopThread
 from tests.support.moto import MotoServer
 from tests.support.postgres import dump_all
 
@@ -39,13 +38,11 @@ T = TypeVar("T")
 
 
 class PortalThread:
-    """A FakePortal served from its own event loop on a daemon thread."""
+    """A FakePortal served from a LoopThread of its own."""
 
     def __init__(self, students: list[Student] | None = None) -> None:
         self.portal = FakePortal(students)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
+        self.lt = LoopThread()
         self.run(self.portal.start)
 
     def run(self, fn: Callable[[], Any]) -> Any:
@@ -55,8 +52,7 @@ class PortalThread:
             out = fn()
             return await out if asyncio.iscoroutine(out) else out
 
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(call(), self._loop)
-        return fut.result(timeout=30)
+        return self.lt.run(call(), timeout_s=30)
 
     def add_student(self, student: Student) -> None:
         self.run(lambda: self.portal.students.__setitem__(student.sno, student))
@@ -75,9 +71,7 @@ class PortalThread:
         try:
             self.run(self.portal.stop)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+            self.lt.close()
 
 
 @pytest.fixture
