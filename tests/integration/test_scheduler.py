@@ -48,6 +48,11 @@ def scheduler(store: Any, clock: Clock, *entries: ScheduleEntry) -> Scheduler:
     return Scheduler(SchedulerSettings(jobs=entries), TaskService(store, clock), clock)
 
 
+async def dedup_ids(store: SqlStore) -> list[str]:
+    """The dedup ids of every task run, sorted."""
+    return sorted(r.dedup_id for r in await task_runs(store))
+
+
 async def task_runs(store: SqlStore) -> list[TaskRun]:
     page = await store.list_tasks(None, 500, None)
     assert page.next_cursor is None
@@ -82,7 +87,7 @@ async def test_a_due_fire_time_inserts_one_task_run_with_its_dedup_id(store: Sql
     assert len(await task_runs(store)) == 1
 
     assert await tick_at(s, clock, "2024-03-10T12:00:20") == 1
-    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+    assert await dedup_ids(store) == [
         "heartbeat-2024-03-10T12:00:10Z",
         "heartbeat-2024-03-10T12:00:20Z",
     ]
@@ -92,7 +97,7 @@ async def test_fractional_every_s_uses_millisecond_dedup_ids(store: SqlStore) ->
     clock = Clock(ts("2024-03-10T12:00:00.100"))
     s = scheduler(store, clock, every("fast", 0.25))
     assert await tick_at(s, clock, "2024-03-10T12:00:00.260") == 1
-    assert [r.dedup_id for r in await task_runs(store)] == ["fast-2024-03-10T12:00:00.250Z"]
+    assert await dedup_ids(store) == ["fast-2024-03-10T12:00:00.250Z"]
 
 
 async def test_sub_millisecond_fire_times_keep_distinct_dedup_ids(store: SqlStore) -> None:
@@ -177,7 +182,7 @@ async def test_a_failed_enqueue_is_logged_and_retried_next_tick(
     with capture_logs() as logs:
         assert await s.tick() == 1
     assert not [e for e in logs if e["event"] == "scheduler_enqueue_failed"]
-    assert [r.dedup_id for r in await task_runs(store)] == ["retry-me-2024-03-10T12:00:10Z"]
+    assert await dedup_ids(store) == ["retry-me-2024-03-10T12:00:10Z"]
 
     # And the schedule goes on from there.
     assert await tick_at(s, clock, "2024-03-10T12:00:20") == 1
@@ -197,7 +202,7 @@ async def test_an_outage_spanning_fire_times_keeps_only_the_latest(
         assert await s.tick() == 0
     proxy.target = store
     assert await tick_at(s, clock, "2024-03-10T12:00:41") == 1
-    assert [r.dedup_id for r in await task_runs(store)] == ["o-2024-03-10T12:00:40Z"]
+    assert await dedup_ids(store) == ["o-2024-03-10T12:00:40Z"]
 
 
 async def test_missed_fire_times_are_not_replayed(store: SqlStore) -> None:
@@ -205,7 +210,7 @@ async def test_missed_fire_times_are_not_replayed(store: SqlStore) -> None:
     s = scheduler(store, clock, every("m", 10))
     # The loop stalled (or the host slept) across five fire times: only the latest fires.
     assert await tick_at(s, clock, "2024-03-10T12:00:55") == 1
-    assert [r.dedup_id for r in await task_runs(store)] == ["m-2024-03-10T12:00:50Z"]
+    assert await dedup_ids(store) == ["m-2024-03-10T12:00:50Z"]
 
     # A restart an hour later: nothing from the downtime is enqueued at start ...
     clock.now = ts("2024-03-10T13:00:03")
@@ -214,7 +219,7 @@ async def test_missed_fire_times_are_not_replayed(store: SqlStore) -> None:
     assert len(await task_runs(store)) == 1
     # ... only fire times that pass while it runs.
     assert await tick_at(restarted, clock, "2024-03-10T13:00:10") == 1
-    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+    assert await dedup_ids(store) == [
         "m-2024-03-10T12:00:50Z",
         "m-2024-03-10T13:00:10Z",
     ]
@@ -236,7 +241,7 @@ async def test_cron_schedules_fire_at_their_minutes_with_utc_dedup_ids(store: Sq
     clock.now = ts("2024-03-11T00:00:30")
     # Both are due: "five" (latest passed 00:00) and "seoul" (09:00 KST).
     assert await s.tick() == 2
-    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+    assert await dedup_ids(store) == [
         "five-2024-03-10T12:00:00Z",
         "five-2024-03-10T12:05:00Z",
         "five-2024-03-11T00:00:00Z",
@@ -256,7 +261,7 @@ async def test_cron_and_every_instances_agree_on_fire_times(
         early._clock = late_clock  # from now on both see the same time
         late_clock.now = ts("2024-03-10T12:00:03.01")
         assert sorted(await asyncio.gather(early.tick(), late.tick())) == [0, 1]
-        assert [r.dedup_id for r in await task_runs(store)] == ["e-2024-03-10T12:00:03Z"]
+        assert await dedup_ids(store) == ["e-2024-03-10T12:00:03Z"]
     finally:
         await other.close()
 
