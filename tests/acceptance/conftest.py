@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import sqlite3
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import pytest
 
 from outboxd.security import generate_key
@@ -27,6 +25,7 @@ from outboxd.storage.db import sqlite_path
 from tests.fakes.portal import FakePortal, Student, sample_student
 from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
+from tests.support.db import raw_rows
 from tests.support.loop_thread import LoopThread
 from tests.support.moto import MotoServer
 from tests.support.postgres import dump_all
@@ -231,26 +230,8 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 30.0) 
 
 
 def db_rows(db_url: str, query: str, *args: Any) -> list[dict[str, Any]]:
-    """Rows of `query` (`?` placeholders; rewritten to `$n` for Postgres) with a driver
-    of our own, so assertions never trust the store under test."""
-    if db_url.startswith("sqlite:///"):
-        conn = sqlite3.connect(sqlite_path(db_url, Path.cwd()), timeout=10)
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute(query, args).fetchall()]
-        finally:
-            conn.close()
-    parts = query.split("?")
-    pg_query = parts[0] + "".join(f"${i}{p}" for i, p in enumerate(parts[1:], start=1))
-
-    async def run() -> list[dict[str, Any]]:
-        conn = await asyncpg.connect(db_url, timeout=5)
-        try:
-            return [dict(r) for r in await conn.fetch(pg_query, *args)]
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
+    """Rows of `query` through the one raw reader (tests/support/db.py), from sync code."""
+    return asyncio.run(raw_rows(db_url, query, *args))
 
 
 def db_bytes(db_url: str) -> bytes:
