@@ -1,6 +1,7 @@
-"""Helpers for the administration and operations tests: raw database reads and real DEAD rows.
+"""Helpers for the administration and operations tests: real DEAD rows, the CLI, and
+status counts read raw.
 
-Counts are read with a driver of our own (sqlite3 / asyncpg), so assertions about what the
+Counts come from tests/support/db.py (a driver of our own), so assertions about what the
 API, /metrics or the CLI report never trust the code under test.
 """
 
