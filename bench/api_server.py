@@ -19,14 +19,13 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import uuid
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from bench.common import quiet_logging
+from bench.common import quiet_logging, serve
 
 
 async def bare_handler(request: web.Request) -> web.Response:
@@ -79,40 +78,24 @@ async def build_outboxd_app(
     return create_app(deps)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> None:
     cleanups: list[Any] = []
-    info: dict[str, Any] = {}
-    if args.mode == "bare":
-        app = web.Application()
-        app.router.add_post("/v1/portal-link-jobs", bare_handler)
-    else:
-        app = await build_outboxd_app(args, cleanups, info)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    sockets = getattr(site._server, "sockets", None) or []
-    port = int(sockets[0].getsockname()[1])
-    port_file = Path(args.port_file)
-    tmp = port_file.with_name(port_file.name + ".tmp")
-    info.update(base_url=f"http://127.0.0.1:{port}", pid=os.getpid())
-    tmp.write_text(json.dumps(info))
-    tmp.replace(port_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    info: dict[str, Any] = {"pid": os.getpid()}
     try:
-        await stop.wait()
+        if args.mode == "bare":
+            app = web.Application()
+            app.router.add_post("/v1/portal-link-jobs", bare_handler)
+        else:
+            app = await build_outboxd_app(args, cleanups, info)
+        await serve(app, Path(args.port_file), lambda url: {**info, "base_url": url})
     finally:
-        await runner.cleanup()
         for fn in reversed(cleanups):
             result = fn()
             if asyncio.iscoroutine(result):
                 await result
 
 
-def main() -> int:
+if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--mode", choices=("outboxd", "bare"), required=True)
     p.add_argument("--db", help="storage.url (outboxd mode)")
@@ -121,12 +104,4 @@ def main() -> int:
     p.add_argument("--workdir", default=".")
     p.add_argument("--log", help="where the JSON logs go (default: /dev/null)")
     p.add_argument("--port-file", required=True)
-    args = p.parse_args()
-    if args.mode == "outboxd" and not args.db:
-        p.error("--db is required in outboxd mode")
-    asyncio.run(serve(args))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    asyncio.run(main(p.parse_args()))

@@ -1,13 +1,14 @@
 """A peer's intake, run inside bench/.venv-peers (never in the project's virtualenv).
 
-    python bench/peers_worker.py --lib procrastinate|pgqueuer --dsn DSN --install
-    python bench/peers_worker.py --lib ... --dsn DSN --concurrency 16 --duration 5 --warmup 1
+    python -m bench.peers_worker --lib procrastinate|pgqueuer --dsn DSN --install
+    python -m bench.peers_worker --lib ... --dsn DSN --concurrency 16 --duration 5 --warmup 1
 
 `--install` creates the peer's schema in the (fresh) database. A measuring run enqueues
 jobs equivalent to a portal-link job (a JSON payload with the job's ids, user, key and a
 sealed blob of the same size) from N tasks for a fixed time, through the peer's public
 API: procrastinate's `Task.defer_async`, pgqueuer's `Queries.enqueue`. Each library gets
-a pool of N connections, as our intake does. Prints one JSON object.
+a pool of N connections, as our intake does; the clock is bench.measure's, as for ours.
+Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import itertools
 import json
-import math
 import os
 import sys
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from bench.measure import measure
 
 SEALED = base64.b64encode(os.urandom(96)).decode()
 
@@ -37,46 +39,14 @@ def payload(i: int) -> dict[str, Any]:
     }
 
 
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+def job_op(enqueue: Callable[[dict[str, Any]], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """One enqueue per call, each with a payload of its own."""
+    counter = itertools.count()
 
+    async def op() -> None:
+        await enqueue(payload(next(counter)))
 
-async def measure(
-    op: Callable[[int], Awaitable[Any]], conc: int, dur: float, warm: float
-) -> dict[str, Any]:
-    state = {"open": False, "closed": False, "stop": False}
-    lat: list[float] = []
-    counter = iter(range(10**12))
-
-    async def worker() -> None:
-        while not state["stop"]:
-            t0 = time.perf_counter()
-            await op(next(counter))
-            if state["open"] and not state["closed"]:
-                lat.append((time.perf_counter() - t0) * 1000)
-
-    tasks = [asyncio.create_task(worker()) for _ in range(conc)]
-    await asyncio.sleep(warm)
-    p0, t0 = time.process_time(), time.perf_counter()
-    state["open"] = True
-    await asyncio.sleep(dur)
-    state["closed"] = True
-    wall, p1 = time.perf_counter() - t0, time.process_time()
-    state["stop"] = True
-    await asyncio.gather(*tasks)
-    return {
-        "rate": len(lat) / wall,
-        "p50_ms": pct(lat, 50),
-        "p99_ms": pct(lat, 99),
-        "count": len(lat),
-        "cpu": (p1 - p0) / wall,
-    }
+    return op
 
 
 async def run_procrastinate(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,9 +67,7 @@ async def run_procrastinate(args: argparse.Namespace) -> dict[str, Any]:
             await app.schema_manager.apply_schema_async()
             return {"installed": True}
 
-        async def op(i: int) -> None:
-            await portal_link.defer_async(**payload(i))
-
+        op = job_op(lambda p: portal_link.defer_async(**p))
         return await measure(op, args.concurrency, args.duration, args.warmup)
 
 
@@ -114,9 +82,7 @@ async def run_pgqueuer(args: argparse.Namespace) -> dict[str, Any]:
             await queries.install()
             return {"installed": True}
 
-        async def op(i: int) -> None:
-            await queries.enqueue("portal_link", json.dumps(payload(i)).encode())
-
+        op = job_op(lambda p: queries.enqueue("portal_link", json.dumps(p).encode()))
         return await measure(op, args.concurrency, args.duration, args.warmup)
     finally:
         await pool.close()

@@ -1,6 +1,6 @@
 """A minimal SQS-compatible server that acknowledges every send at once.
 
-It speaks the SQS JSON protocol botocore 1.43 uses (`POST /`, `X-Amz-Target:
+It speaks the SQS JSON protocol botocore uses (`POST /`, `X-Amz-Target:
 AmazonSQS.<Operation>`, `Content-Type: application/x-amz-json-1.0`) and answers just
 enough for `SqsQueues.start()` and the relay: CreateQueue, GetQueueUrl,
 GetQueueAttributes, SetQueueAttributes, PurgeQueue, SendMessage, SendMessageBatch.
@@ -10,7 +10,7 @@ The point is a ceiling: against it, a publish costs only the client's and our ow
 so the relay can be compared with a bare `send_message_batch` loop (moto spends
 milliseconds per message itself).
 
-    python -m bench.sqs_stub --port-file PATH [--port N]
+    python -m bench.sqs_stub --port-file PATH
 
 writes `{"endpoint_url": ...}` to PATH once listening, serves until SIGTERM/SIGINT.
 """
@@ -21,32 +21,26 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
-import signal
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from bench.common import serve
+
 CONTENT_TYPE = "application/x-amz-json-1.0"
 ACCOUNT = "000000000000"
-REGION = "us-east-1"
-
-Handler = Callable[["Stub", dict[str, Any]], dict[str, Any]]
 
 
-class SqsFault(Exception):
-    def __init__(self, code: str, message: str, query_code: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.code = code
-        self.query_code = query_code
-        self.status = status
+class QueueDoesNotExist(Exception):
+    pass
 
 
-def _md5(text: str) -> str:
-    return hashlib.md5(text.encode("utf-8"), usedforsecurity=False).hexdigest()
+def _entry(body: str, entry_id: str | None = None) -> dict[str, str]:
+    md5 = hashlib.md5(body.encode("utf-8"), usedforsecurity=False).hexdigest()
+    out = {"MessageId": str(uuid.uuid4()), "MD5OfMessageBody": md5}
+    return out if entry_id is None else {"Id": entry_id, **out}
 
 
 class Stub:
@@ -55,170 +49,75 @@ class Stub:
         self.queues: dict[str, dict[str, str]] = {}
         self.sent = 0
 
-    def _url(self, name: str) -> str:
-        return f"{self.base_url}/{ACCOUNT}/{name}"
-
-    def _name(self, body: dict[str, Any]) -> str:
-        url = str(body.get("QueueUrl", ""))
-        name = url.rsplit("/", 1)[-1]
+    def _queue(self, body: dict[str, Any]) -> str:
+        name = str(body.get("QueueName") or str(body.get("QueueUrl", "")).rsplit("/", 1)[-1])
         if name not in self.queues:
-            raise SqsFault(
-                "com.amazonaws.sqs#QueueDoesNotExist",
-                "The specified queue does not exist.",
-                "AWS.SimpleQueueService.NonExistentQueue",
-            )
+            raise QueueDoesNotExist(name)
         return name
 
-    def create_queue(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = str(body["QueueName"])
-        attrs = {str(k): str(v) for k, v in (body.get("Attributes") or {}).items()}
-        self.queues.setdefault(name, {}).update(attrs)
-        return {"QueueUrl": self._url(name)}
+    def answer(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        if op == "CreateQueue":
+            attrs = {str(k): str(v) for k, v in (body.get("Attributes") or {}).items()}
+            self.queues.setdefault(str(body["QueueName"]), {}).update(attrs)
+        name = self._queue(body)
+        if op in ("CreateQueue", "GetQueueUrl"):
+            return {"QueueUrl": f"{self.base_url}/{ACCOUNT}/{name}"}
+        if op == "GetQueueAttributes":
+            attrs = {
+                "QueueArn": f"arn:aws:sqs:us-east-1:{ACCOUNT}:{name}",
+                "ApproximateNumberOfMessages": "0",
+                "ApproximateNumberOfMessagesNotVisible": "0",
+                **self.queues[name],
+            }
+            wanted = body.get("AttributeNames") or ["All"]
+            return {"Attributes": {k: v for k, v in attrs.items() if {"All", k} & set(wanted)}}
+        if op == "SetQueueAttributes":
+            self.queues[name].update({str(k): str(v) for k, v in body["Attributes"].items()})
+        if op == "SendMessage":
+            self.sent += 1
+            return _entry(body["MessageBody"])
+        if op == "SendMessageBatch":
+            entries = body.get("Entries") or []
+            self.sent += len(entries)
+            ok = [_entry(e["MessageBody"], e["Id"]) for e in entries]
+            return {"Successful": ok, "Failed": []}
+        if op in ("SetQueueAttributes", "PurgeQueue"):
+            return {}
+        raise NotImplementedError(op)
 
-    def get_queue_url(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = str(body["QueueName"])
-        if name not in self.queues:
-            raise SqsFault(
-                "com.amazonaws.sqs#QueueDoesNotExist",
-                "The specified queue does not exist.",
-                "AWS.SimpleQueueService.NonExistentQueue",
-            )
-        return {"QueueUrl": self._url(name)}
-
-    def get_queue_attributes(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = self._name(body)
-        attrs = {
-            "QueueArn": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}",
-            "ApproximateNumberOfMessages": "0",
-            "ApproximateNumberOfMessagesNotVisible": "0",
-            **self.queues[name],
-        }
-        wanted = body.get("AttributeNames") or ["All"]
-        if "All" not in wanted:
-            attrs = {k: v for k, v in attrs.items() if k in wanted}
-        return {"Attributes": attrs}
-
-    def set_queue_attributes(self, body: dict[str, Any]) -> dict[str, Any]:
-        name = self._name(body)
-        self.queues[name].update({str(k): str(v) for k, v in body["Attributes"].items()})
-        return {}
-
-    def purge_queue(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._name(body)
-        return {}
-
-    def send_message(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._name(body)
-        self.sent += 1
-        return {"MessageId": str(uuid.uuid4()), "MD5OfMessageBody": _md5(body["MessageBody"])}
-
-    def send_message_batch(self, body: dict[str, Any]) -> dict[str, Any]:
-        self._name(body)
-        entries = body.get("Entries") or []
-        self.sent += len(entries)
-        return {
-            "Successful": [
-                {
-                    "Id": e["Id"],
-                    "MessageId": str(uuid.uuid4()),
-                    "MD5OfMessageBody": _md5(e["MessageBody"]),
-                }
-                for e in entries
-            ],
-            "Failed": [],
-        }
-
-
-OPERATIONS: dict[str, Handler] = {
-    "CreateQueue": Stub.create_queue,
-    "GetQueueUrl": Stub.get_queue_url,
-    "GetQueueAttributes": Stub.get_queue_attributes,
-    "SetQueueAttributes": Stub.set_queue_attributes,
-    "PurgeQueue": Stub.purge_queue,
-    "SendMessage": Stub.send_message,
-    "SendMessageBatch": Stub.send_message_batch,
-}
 
 STUB = web.AppKey("stub", Stub)
 
 
 async def handle(request: web.Request) -> web.Response:
-    stub = request.app[STUB]
-    target = request.headers.get("X-Amz-Target", "")
-    op = target.removeprefix("AmazonSQS.")
+    op = request.headers.get("X-Amz-Target", "").removeprefix("AmazonSQS.")
     headers = {"x-amzn-RequestId": str(uuid.uuid4())}
     try:
-        fn = OPERATIONS.get(op)
-        if fn is None:
-            raise SqsFault(
-                "com.amazonaws.sqs#UnsupportedOperation",
-                f"{op or target!r} is not supported by the stub",
-                "AWS.SimpleQueueService.UnsupportedOperation",
-            )
-        try:
-            body = json.loads(await request.read() or b"{}")
-        except ValueError:
-            raise SqsFault(
-                "com.amazonaws.sqs#InvalidParameterValue",
-                "body is not JSON",
-                "InvalidParameterValue",
-            ) from None
-        result = fn(stub, body)
-    except SqsFault as fault:
-        headers["x-amzn-query-error"] = f"{fault.query_code};Sender"
-        return web.Response(
-            status=fault.status,
-            text=json.dumps({"__type": fault.code, "message": str(fault)}),
-            content_type=CONTENT_TYPE,
-            headers=headers,
-        )
-    return web.Response(text=json.dumps(result), content_type=CONTENT_TYPE, headers=headers)
+        result = request.app[STUB].answer(op, json.loads(await request.read() or b"{}"))
+    except QueueDoesNotExist:
+        headers["x-amzn-query-error"] = "AWS.SimpleQueueService.NonExistentQueue;Sender"
+        fault = {"__type": "com.amazonaws.sqs#QueueDoesNotExist", "message": "no such queue"}
+        return web.json_response(fault, status=400, content_type=CONTENT_TYPE, headers=headers)
+    except NotImplementedError:
+        fault = {"__type": "com.amazonaws.sqs#UnsupportedOperation", "message": op}
+        return web.json_response(fault, status=400, content_type=CONTENT_TYPE, headers=headers)
+    return web.json_response(result, content_type=CONTENT_TYPE, headers=headers)
 
 
-async def stats(request: web.Request) -> web.Response:
-    stub = request.app[STUB]
-    return web.json_response({"sent": stub.sent, "queues": sorted(stub.queues)})
-
-
-def make_app(stub: Stub) -> web.Application:
+async def main(port_file: Path) -> None:
+    stub = Stub()
     app = web.Application()
     app[STUB] = stub
     app.router.add_post("/", handle)
-    app.router.add_get("/stats", stats)
-    return app
 
+    def info(base_url: str) -> dict[str, str]:
+        stub.base_url = base_url
+        return {"endpoint_url": base_url}
 
-async def serve(port_file: Path | None, port: int) -> None:
-    stub = Stub()
-    runner = web.AppRunner(make_app(stub), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
-    sockets = getattr(site._server, "sockets", None) or []
-    bound = int(sockets[0].getsockname()[1]) if sockets else port
-    stub.base_url = f"http://127.0.0.1:{bound}"
-    if port_file is not None:
-        tmp = port_file.with_name(port_file.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"endpoint_url": stub.base_url}))
-        tmp.replace(port_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-def main() -> int:
-    p = argparse.ArgumentParser(description="A minimal SQS-compatible stub on loopback.")
-    p.add_argument("--port-file", type=Path)
-    p.add_argument("--port", type=int, default=0)
-    args = p.parse_args()
-    asyncio.run(serve(args.port_file, args.port))
-    return 0
+    await serve(app, port_file, info)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    p = argparse.ArgumentParser(description="A minimal SQS-compatible stub on loopback.")
+    p.add_argument("--port-file", type=Path, required=True)
+    asyncio.run(main(p.parse_args().port_file))
