@@ -12,7 +12,6 @@ import json
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -182,77 +181,23 @@ class CpuWindow:
 # ---------------------------------------------------------------------------- processes
 
 
-class Child:
-    """`python -m bench.<module> --port-file F` that announces its address in that file."""
-
-    def __init__(self, name: str, argv: Sequence[str], workdir: Path) -> None:
-        self.port_file = workdir / f"{name}.port.json"
-        self.port_file.unlink(missing_ok=True)
-        self.log_path = workdir / f"{name}.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
-        with self.log_path.open("ab") as sink:
-            self.proc = subprocess.Popen(
-                [PY, "-m", *argv, "--port-file", str(self.port_file)],
-                stdout=sink,
-                stderr=sink,
-                stdin=subprocess.DEVNULL,
-                cwd=ROOT,
-                env=env,
-            )
-        deadline = time.monotonic() + 60
-        while not self.port_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                tail = self.log_path.read_text("utf-8", "replace")[-3000:]
-                raise RuntimeError(f"{name} did not start:\n{tail}")
-            time.sleep(0.05)
-        self.info: dict[str, Any] = json.loads(self.port_file.read_text())
-        self.pid = self.proc.pid
-        self.endpoint_url = str(self.info.get("endpoint_url", ""))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+@dataclass
+class SqsEndpoint:
+    url: str
+    pid: int
+    stop: Callable[[], None]
 
 
-async def serve(app: Any, port_file: Path, info: Callable[[str], Mapping[str, Any]]) -> None:
-    """Serve an aiohttp app on a free loopback port, write info(base URL) to `port_file`
-    (what Child waits for), and run until SIGTERM or SIGINT."""
-    import asyncio
-
-    from aiohttp import web
-
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    sockets = getattr(site._server, "sockets", None) or []
-    tmp = port_file.with_name(port_file.name + ".tmp")
-    tmp.write_text(json.dumps(info(f"http://127.0.0.1:{sockets[0].getsockname()[1]}")))
-    tmp.replace(port_file)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
-
-
-def sqs_servers(wd: Path, moto: bool) -> dict[str, Any]:
-    """The instant SQS stub and, unless told not to, moto: {name: server with .pid and
-    .endpoint_url and .stop()}."""
+def sqs_servers(wd: Path, moto: bool) -> dict[str, SqsEndpoint]:
+    """The instant SQS stub (bench/servers.py) and, unless told not to, moto."""
+    from testkit.daemon import FakeProcess
     from testkit.moto import MotoServer
 
-    servers: dict[str, Any] = {"stub": Child("sqs_stub", ["bench.sqs_stub"], wd)}
+    stub = FakeProcess(wd, "bench.servers", "sqs-stub", name="sqs_stub", timeout_s=60)
+    servers = {"stub": SqsEndpoint(stub.info["endpoint_url"], stub.pid, stub.stop)}
     if moto:
-        servers["moto"] = MotoServer(wd / "moto.log", lenient_purge=True)
-        servers["moto"].start(timeout_s=60)
+        server = MotoServer(wd / "moto.log", lenient_purge=True)
+        servers["moto"] = SqsEndpoint(server.start(timeout_s=60), server.pid, server.stop)
     return servers
 
 

@@ -21,9 +21,11 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from testkit.daemon import FakeProcess
+
 from bench.common import (
-    Child,
     Results,
+    SqsEndpoint,
     backends_arg,
     base_parser,
     database,
@@ -80,8 +82,8 @@ async def storage_layer(
 
 
 def http_runs(
-    servers: dict[str, Child],
-    sqs: dict[str, Any],
+    servers: dict[str, FakeProcess],
+    sqs: dict[str, SqsEndpoint],
     concs: list[int],
     trials: int,
     dur: float,
@@ -97,32 +99,36 @@ def http_runs(
                 if endpoint is not None:
                     pids["sqs"] = endpoint.pid
                 if endpoint is not None and name == "dispatch moto":
-                    purge_queue(endpoint.endpoint_url, srv.info["jobs_queue_url"])
+                    purge_queue(endpoint.url, srv.info["jobs_queue_url"])
                 r = run_loadgen(srv.info["base_url"], conc, dur, warm, pids, name.split()[-1])
                 out.setdefault(name, {}).setdefault(conc, []).append(r)
     return out
 
 
-def api_server(name: str, wd: Path, db: str | None, sqs_url: str | None = None) -> Child:
-    argv = ["bench.api_server", "--mode", "outboxd" if db else "bare"]
+def api_server(name: str, wd: Path, db: str | None, sqs_url: str | None = None) -> FakeProcess:
+    argv = ["outboxd" if db else "bare"]
     if db:
         argv += ["--db", db, "--workdir", str(wd), "--pool-size", str(POOL)]
     if sqs_url:
         argv += ["--sqs", sqs_url]
-    return Child(name, argv, wd)
+    return FakeProcess(wd, "bench.servers", *argv, name=name, timeout_s=60)
 
 
 async def run_backend(
-    backend: str, wd: Path, sqs: dict[str, Any], concs: list[int], timing: tuple[int, float, float]
+    backend: str,
+    wd: Path,
+    sqs: dict[str, SqsEndpoint],
+    concs: list[int],
+    timing: tuple[int, float, float],
 ) -> Results:
     async with contextlib.AsyncExitStack() as stack:
         url = await stack.enter_async_context(database(backend, "intake", wd))
         storage = await storage_layer(backend, url, wd, concs, *timing)
-        servers: dict[str, Child] = {}
+        servers: dict[str, FakeProcess] = {}
         try:
             for mode in ("off", *sqs):
                 db = await stack.enter_async_context(database(backend, f"intake_{mode}", wd))
-                endpoint = sqs[mode].endpoint_url if mode in sqs else None
+                endpoint = sqs[mode].url if mode in sqs else None
                 name = f"api-{backend}-{mode}"
                 servers[f"dispatch {mode}"] = api_server(name, wd, db, endpoint)
             http = await asyncio.to_thread(http_runs, servers, sqs, concs, *timing)

@@ -7,26 +7,35 @@ All on the same Postgres in the same run, 16 concurrent, trials interleaved:
   separate processes);
 - the bare loop committing the same two INSERTs (the floor under both);
 - procrastinate `Task.defer_async` and pgqueuer `Queries.enqueue`, each in its own
-  database, run by `bench/peers_worker.py` inside `bench/.venv-peers` (created here with
-  pip from PyPI, pins in `bench/requirements-peers.txt`; the project's venv is untouched).
+  database, each through its public API with a pool of 16 connections, enqueueing a
+  payload equivalent to a portal-link job (ids, user, key, a sealed blob of the same
+  size). They run in this module's worker mode inside `bench/.venv-peers` (created here
+  with pip from PyPI, pins in `bench/requirements-peers.txt`; the project's venv is
+  untouched), timed by the same `bench.measure.measure` as ours.
 
     python -m bench.peers [--quick] [--json-out F]
+    python -m bench.peers --worker procrastinate|pgqueuer --dsn DSN [--install]   (in .venv-peers)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import base64
 import hashlib
+import itertools
 import json
+import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
     BENCH,
     ROOT,
-    Child,
     base_parser,
     emit,
     f_ms,
@@ -44,6 +53,7 @@ from bench.common import (
     table,
     workdir,
 )
+from bench.intake import api_server
 from bench.measure import bare_pg, measure, ours_op
 
 VENV = BENCH / ".venv-peers"
@@ -69,13 +79,72 @@ def ensure_venv() -> Path:
 
 
 def peer(py: Path, lib: str, dsn: str, *extra: str) -> dict[str, Any]:
-    argv = [str(py), "-m", "bench.peers_worker", "--lib", lib, "--dsn", dsn]
-    argv += ["--concurrency", str(CONC), *extra]
+    argv = [str(py), "-m", "bench.peers", "--worker", lib, "--dsn", dsn, *extra]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{lib} worker failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+SEALED = base64.b64encode(os.urandom(96)).decode()
+
+
+def payload(i: int) -> dict[str, Any]:
+    return {
+        "jobId": str(uuid.uuid4()),
+        "userId": "bench",
+        "idempotencyKey": f"peer-{os.getpid()}-{i}",
+        "portal": "suwon",
+        "sealed": SEALED,
+    }
+
+
+def job_op(enqueue: Callable[[dict[str, Any]], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """One enqueue per call, each with a payload of its own."""
+    counter = itertools.count()
+
+    async def op() -> None:
+        await enqueue(payload(next(counter)))
+
+    return op
+
+
+async def run_procrastinate(args: argparse.Namespace) -> dict[str, Any]:
+    import procrastinate
+
+    app = procrastinate.App(
+        connector=procrastinate.PsycopgConnector(conninfo=args.dsn, min_size=CONC, max_size=CONC)
+    )
+
+    @app.task(name="portal_link", queue="portal")
+    async def portal_link(**kwargs: Any) -> None:  # never run here: intake only
+        return None
+
+    async with app.open_async():
+        if args.install:
+            await app.schema_manager.apply_schema_async()
+            return {"installed": True}
+
+        op = job_op(lambda p: portal_link.defer_async(**p))
+        return await measure(op, CONC, args.duration, args.warmup)
+
+
+async def run_pgqueuer(args: argparse.Namespace) -> dict[str, Any]:
+    import asyncpg
+    from pgqueuer.queries import Queries
+
+    pool = await asyncpg.create_pool(args.dsn, min_size=CONC, max_size=CONC)
+    try:
+        queries = Queries.from_asyncpg_pool(pool)
+        if args.install:
+            await queries.install()
+            return {"installed": True}
+
+        op = job_op(lambda p: queries.enqueue("portal_link", json.dumps(p).encode()))
+        return await measure(op, CONC, args.duration, args.warmup)
+    finally:
+        await pool.close()
 
 
 async def run(py: Path, trials: int, dur: float, warm: float) -> dict[str, list[dict[str, Any]]]:
@@ -86,8 +155,7 @@ async def run(py: Path, trials: int, dur: float, warm: float) -> dict[str, list[
             peer(py, lib, dbs[lib][1], "--install")
         with workdir("peers") as wd:
             store = await open_migrated_store(dbs["ours"][1], wd, CONC)
-            argv = ["bench.api_server", "--mode", "outboxd", "--db", dbs["http"][1]]
-            server = Child("api-peers", [*argv, "--workdir", str(wd)], wd)
+            server = api_server("api-peers", wd, dbs["http"][1])
             try:
                 async with bare_pg(dbs["ours"][1], CONC, "bare") as bare:
                     ours = ours_op(store, "ours")
@@ -123,7 +191,20 @@ async def run(py: Path, trials: int, dur: float, warm: float) -> dict[str, list[
 
 
 async def main_async() -> int:
-    args = base_parser(__doc__ or "").parse_args()
+    p = base_parser(__doc__ or "")
+    p.add_argument("--worker", choices=PEERS, help="enqueue with this peer (in .venv-peers)")
+    p.add_argument("--dsn")
+    p.add_argument("--install", action="store_true", help="with --worker: create its schema")
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    args = p.parse_args()
+    if args.worker:
+        import importlib.metadata
+
+        fn = run_procrastinate if args.worker == "procrastinate" else run_pgqueuer
+        result = {**await fn(args), "version": importlib.metadata.version(args.worker)}
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0
     version = await pg_version()
     if version is None:
         save(args.json_out, {"bench": "peers", "skipped": "Postgres unreachable"})

@@ -1,6 +1,6 @@
 """Relay: outbox → SQS messages/s in batches of 10, beside a bare send_message_batch loop.
 
-Per backend and per SQS endpoint (the stub in `bench/sqs_stub.py`, and moto), in one run,
+Per backend and per SQS endpoint (the stub in `bench/servers.py`, and moto), in one run,
 trials interleaved:
 
 - bare: an aiobotocore client calling `send_message_batch` with 10 entries, in a loop;
@@ -26,6 +26,7 @@ from typing import Any
 from bench.common import (
     CpuWindow,
     Results,
+    SqsEndpoint,
     backends_arg,
     base_parser,
     database,
@@ -164,7 +165,7 @@ async def run_bare(endpoint: str, tag: str, n: int, pids: dict[str, int]) -> Res
 
 
 async def run_backend(
-    backend: str, wd: Path, servers: dict[str, Any], trials: int, sizes: dict[str, int]
+    backend: str, wd: Path, servers: dict[str, SqsEndpoint], trials: int, sizes: dict[str, int]
 ) -> dict[str, list[Results]]:
     from outboxd.config import SqsSettings
     from outboxd.queue.sqs import SqsQueues
@@ -177,11 +178,11 @@ async def run_backend(
             for name, srv in servers.items():
                 tag = f"relay-{backend}-{name}"
                 settings = SqsSettings(
-                    endpoint_url=srv.endpoint_url,
+                    endpoint_url=srv.url,
                     jobs_queue=f"{tag}-jobs",
                     tasks_queue=f"{tag}-tasks.fifo",
                 )
-                queues[name] = q = SqsQueues(settings, srv.endpoint_url)
+                queues[name] = q = SqsQueues(settings, srv.url)
                 await q.start()
             for trial in range(trials):
                 r = await run_relay(store, InstantPublisher(), backend, url, sizes["stub"], {})
@@ -190,8 +191,8 @@ async def run_backend(
                     pids, n = {"sqs": srv.pid}, sizes[name]
                     # moto slows as unreceived messages pile up: each point starts empty.
                     qurl = queues[name].queue_url("jobs")
-                    await asyncio.to_thread(purge_queue, srv.endpoint_url, qurl)
-                    r = await run_bare(srv.endpoint_url, f"{backend}-{trial}", n, pids)
+                    await asyncio.to_thread(purge_queue, srv.url, qurl)
+                    r = await run_bare(srv.url, f"{backend}-{trial}", n, pids)
                     res.setdefault(f"{name}: bare send_message_batch", []).append(r)
                     r = await run_relay(store, queues[name], backend, url, n, pids)
                     res.setdefault(f"{name}: Relay.relay_once", []).append(r)

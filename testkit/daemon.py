@@ -157,12 +157,16 @@ class DaemonProcess:
 
 
 class FakeProcess:
-    """`python -m <module> --port-file F ...` as a subprocess (a fake server on loopback)."""
+    """`python -m <module> --port-file F ...` as a subprocess on loopback: the fakes, and the
+    benchmarks' servers. It writes its addresses to F as JSON once it listens (`info`)."""
 
-    def __init__(self, workdir: Path, module: str, *args: str) -> None:
-        self.port_file = workdir / f"{module.rsplit('.', 1)[-1]}.port.json"
+    def __init__(
+        self, workdir: Path, module: str, *args: str, name: str = "", timeout_s: float = 20.0
+    ) -> None:
+        name = name or module.rsplit(".", 1)[-1]
+        self.port_file = workdir / f"{name}.port.json"
         self.port_file.unlink(missing_ok=True)
-        self.log_path = workdir / f"{module.rsplit('.', 1)[-1]}.log"
+        self.log_path = workdir / f"{name}.log"
         root = Path(__file__).resolve().parents[1]
         with self.log_path.open("ab") as sink:
             self.proc = subprocess.Popen(
@@ -172,12 +176,15 @@ class FakeProcess:
                 stdin=subprocess.DEVNULL,
                 cwd=root,
             )
-        deadline = time.monotonic() + 20
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + timeout_s
         while not self.port_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{module} did not start; see {self.log_path}")
+                self.stop()
+                tail = self.log_path.read_text("utf-8", "replace")[-2000:]
+                raise RuntimeError(f"{module} did not start; {self.log_path} ends:\n{tail}")
             time.sleep(0.05)
-        self.info: dict[str, str] = json.loads(self.port_file.read_text())
+        self.info: dict[str, Any] = json.loads(self.port_file.read_text())
 
     def stop(self) -> None:
         if self.proc.poll() is None:
