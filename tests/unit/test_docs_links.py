@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("src", "tests", "bench", "systemd", "docs")
+SCANNED = ("src", "tests", "bench", "testkit", "systemd", "docs")
 SUFFIXES = {".py", ".md", ".sql", ".toml", ".txt", ".service", ""}
 _CITATION = re.compile(r"(?<![\w/.-])([\w./-]*\w\.md)\b(?:#([a-z0-9-]+))?")
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.MULTILINE)
