@@ -21,7 +21,6 @@ after, and the time it takes; then claims are measured again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import sqlite3
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 from bench.common import (
     Results,
+    Table,
     backends_arg,
     base_parser,
     database,
@@ -43,6 +43,7 @@ from bench.common import (
     save,
     table,
     workdir,
+    write_raw,
 )
 
 FRESH_PENDING = 2000
@@ -84,47 +85,11 @@ async def load(backend: str, url: str, start: int, counts: dict[str, int]) -> fl
             k = min(CHUNK, n - off)
             chunks.append(_rows(i, k, status, now))
             i += k
-    if backend == "postgres":
-        import asyncpg
-
-        conn = await asyncpg.connect(url)
-        try:
-            for webs, works in chunks:
-                await conn.copy_records_to_table("websites", records=webs, columns=WEB_COLS)
-                await conn.copy_records_to_table("work_outbox", records=works, columns=WORK_COLS)
-            await conn.execute("ANALYZE websites; ANALYZE work_outbox")
-        finally:
-            await conn.close()
-        return time.perf_counter() - t0
-    db = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-    try:
-        db.execute("PRAGMA synchronous=OFF")  # the loader only; the store keeps FULL
-        db.execute("BEGIN IMMEDIATE")
-        for webs, works in chunks:
-            tables = (("websites", WEB_COLS, webs), ("work_outbox", WORK_COLS, works))
-            for tbl, cols, rows in tables:
-                marks = ",".join("?" * len(cols))
-                db.executemany(f"INSERT INTO {tbl} ({','.join(cols)}) VALUES ({marks})", rows)
-        db.execute("COMMIT")
-        db.execute("ANALYZE")
-    finally:
-        db.close()
+    tables: list[Table] = []
+    for webs, works in chunks:
+        tables += [("websites", WEB_COLS, webs), ("work_outbox", WORK_COLS, works)]
+    await write_raw(backend, url, tables)
     return time.perf_counter() - t0
-
-
-async def exec_sql(backend: str, url: str, sql: str) -> None:
-    """A bench-only statement through the raw driver (not through the store)."""
-    if backend == "postgres":
-        import asyncpg
-
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-        return
-    with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as db, db:
-        db.execute(sql)
 
 
 async def counts_by_status(store: Any) -> dict[str, int]:
@@ -225,10 +190,10 @@ async def run_backend(backend: str, wd: Path, sizes: list[int], k: int) -> Resul
                 claims = await measure_claims(store, k)
                 plan = await plans(backend, url)
                 # Idle: nothing fresh left (bench-only SQL), retries not due, PROCESSING live.
-                await exec_sql(
+                await write_raw(
                     backend,
                     url,
-                    "UPDATE work_outbox SET status = 'COMPLETED', "
+                    sql="UPDATE work_outbox SET status = 'COMPLETED', "
                     "attempted_at = created_at, attempt_count = 1 "
                     "WHERE status = 'PENDING' AND attempted_at IS NULL",
                 )

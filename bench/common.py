@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ PG_ADMIN_DSN = os.environ.get(
 )
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 Results = dict[str, Any]
+Table = tuple[str, Sequence[str], Sequence[tuple[Any, ...]]]  # name, columns, rows
 
 
 # ---------------------------------------------------------------------------- numbers
@@ -292,6 +294,33 @@ async def database(backend: str, tag: str, wd: Path) -> AsyncIterator[str]:
         yield dsn
     finally:
         await pg_drop(name)
+
+
+async def write_raw(backend: str, url: str, tables: Sequence[Table] = (), sql: str = "") -> None:
+    """Bench-only writes past the store: rows loaded in bulk (COPY on Postgres, one
+    executemany transaction on SQLite), then `sql` if given, then ANALYZE."""
+    if backend == "postgres":
+        import asyncpg
+
+        conn = await asyncpg.connect(url)
+        try:
+            for name, cols, rows in tables:
+                await conn.copy_records_to_table(name, records=rows, columns=list(cols))
+            await conn.execute(f"{sql}; ANALYZE" if sql else "ANALYZE")
+        finally:
+            await conn.close()
+        return
+    path = url.removeprefix("sqlite:///")
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("PRAGMA synchronous=OFF")  # this loader only; the store keeps FULL
+        db.execute("BEGIN IMMEDIATE")
+        for name, cols, rows in tables:
+            marks = ",".join("?" * len(cols))
+            db.executemany(f"INSERT INTO {name} ({','.join(cols)}) VALUES ({marks})", rows)
+        if sql:
+            db.execute(sql)
+        db.execute("COMMIT")
+        db.execute("ANALYZE")
 
 
 async def open_migrated_store(url: str, wd: Path, pool_size: int = 16) -> Any:

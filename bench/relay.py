@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sqlite3
 import time
 import uuid
 from collections.abc import Sequence
@@ -43,6 +42,7 @@ from bench.common import (
     sqs_servers,
     table,
     workdir,
+    write_raw,
 )
 
 BATCH = 10
@@ -61,27 +61,7 @@ async def prefill(backend: str, url: str, n: int) -> None:
         jobs.append((jid, "portal_link", "suwon", "bench", f"relay-{jid}", "k1:00", "QUEUED"))
         jobs[-1] += ("k1", sealed, now, now)
         relays.append((oid, "job", jid, "PENDING", now + i * 1e-6, jid, now))
-    if backend == "postgres":
-        import asyncpg
-
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.copy_records_to_table("jobs", records=jobs, columns=JOB_COLS)
-            await conn.copy_records_to_table("relay_outbox", records=relays, columns=RELAY_COLS)
-            await conn.execute("ANALYZE jobs; ANALYZE relay_outbox")
-        finally:
-            await conn.close()
-        return
-    db = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-    try:
-        db.execute("BEGIN IMMEDIATE")
-        for tbl, cols, rows in (("jobs", JOB_COLS, jobs), ("relay_outbox", RELAY_COLS, relays)):
-            marks = ",".join("?" * len(cols))
-            db.executemany(f"INSERT INTO {tbl} ({','.join(cols)}) VALUES ({marks})", rows)
-        db.execute("COMMIT")
-        db.execute("ANALYZE")
-    finally:
-        db.close()
+    await write_raw(backend, url, [("jobs", JOB_COLS, jobs), ("relay_outbox", RELAY_COLS, relays)])
 
 
 class InstantPublisher:

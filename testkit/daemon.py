@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from testkit.moto import terminate
+
 _LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
 
 
@@ -187,13 +189,7 @@ class FakeProcess:
         self.info: dict[str, Any] = json.loads(self.port_file.read_text())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)
 
 
 # The fake Suwon portal (tests/fakes/portal.py) and the student it knows: the end-to-end

@@ -11,6 +11,17 @@ import urllib.request
 from pathlib import Path
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,13 +78,8 @@ class MotoServer:
         return self.start()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            terminate(self.proc)
         self.proc = None
 
     @property
