@@ -134,7 +134,8 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
 
     def line(goal: str, parts: list[tuple[bool, str]]) -> None:
         ok = bool(parts) and all(p for p, _ in parts)
-        out.append((ok, goal, "; ".join(t for _, t in parts) or "not measured in this run"))
+        texts = [f"{t} ({'met' if p else 'missed'})" for p, t in parts]
+        out.append((ok, goal, "; ".join(texts) or "not measured in this run"))
 
     intake = r.get("intake", {}).get("backends", {})
     parts = []
