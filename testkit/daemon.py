@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from testkit.moto import terminate
+from testkit.process import terminate
 
 _LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
 

@@ -10,16 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def terminate(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+from testkit.process import terminate
 
 
 def free_port() -> int:
