@@ -26,7 +26,11 @@ def _sources() -> list[Path]:
     files = [ROOT / "README.md"]
     for top in SCANNED:
         for path in sorted((ROOT / top).rglob("*")):
-            if path.is_file() and path.suffix in SUFFIXES and "__pycache__" not in path.parts:
+            # Not caches or virtualenvs (bench/run creates bench/.venv-peers): not our text.
+            parts = path.relative_to(ROOT).parts
+            if any(p == "__pycache__" or p.startswith(".") for p in parts):
+                continue
+            if path.is_file() and path.suffix in SUFFIXES:
                 files.append(path)
     return files
 
