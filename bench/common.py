@@ -1,7 +1,7 @@
 """Shared helpers for the benchmarks: statistics, tables, processes, databases, machine facts.
 
 Only the standard library at import time: the load generator and the peers' worker import
-this module too, the latter inside bench/.venv-peers where outboxd is not installed.
+this module too, the latter inside .venv-peers where outboxd is not installed.
 """
 
 from __future__ import annotations

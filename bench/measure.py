@@ -2,7 +2,7 @@
 
 Also the storage-layer intake operations shared by `intake.py` and `peers.py`: our
 `SqlStore.create_portal_job` and the bare loops committing the same two inserts. Only the
-standard library at import time: the peers' worker measures with it in bench/.venv-peers.
+standard library at import time: the peers' worker measures with it in .venv-peers.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.common import CpuWindow, Results, percentile
 
-if TYPE_CHECKING:  # outboxd is absent from bench/.venv-peers, where the peers' worker runs
+if TYPE_CHECKING:  # outboxd is absent from .venv-peers, where the peers' worker runs
     from outboxd.storage.db import Backend, Query
 
 Op = Callable[[], Awaitable[Any]]

@@ -9,7 +9,7 @@ All on the same Postgres in the same run, 16 concurrent, trials interleaved:
 - procrastinate `Task.defer_async` and pgqueuer `Queries.enqueue`, each in its own
   database, each through its public API with a pool of 16 connections, enqueueing a
   payload equivalent to a portal-link job (ids, user, key, a sealed blob of the same
-  size). They run in this module's worker mode inside `bench/.venv-peers` (created here
+  size). They run in this module's worker mode inside `.venv-peers` (created here
   with pip from PyPI, pins in `bench/requirements-peers.txt`; the project's venv is
   untouched), timed by the same `bench.measure.measure` as ours.
 
@@ -56,14 +56,14 @@ from bench.common import (
 from bench.intake import api_server
 from bench.measure import bare_pg, measure, ours_op
 
-VENV = BENCH / ".venv-peers"
+VENV = ROOT / ".venv-peers"  # beside .venv, outside bench/: not our code
 REQUIREMENTS = BENCH / "requirements-peers.txt"
 CONC = 16
 PEERS = {"procrastinate": "procrastinate defer_async", "pgqueuer": "pgqueuer enqueue"}
 
 
 def ensure_venv() -> Path:
-    """bench/.venv-peers with the pinned peers; rebuilt when the pins change."""
+    """.venv-peers with the pinned peers; rebuilt when the pins change."""
     py = VENV / "bin" / "python"
     stamp = VENV / ".installed"
     want = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
@@ -240,7 +240,7 @@ async def main_async() -> int:
             head,
             rows,
             "client CPU: the process issuing the jobs (for HTTP: the load generator; the "
-            "server's own CPU is in the intake table). Peers run in bench/.venv-peers.",
+            "server's own CPU is in the intake table). Peers run in .venv-peers.",
         )
     )
     save(args.json_out, {"bench": "peers", "results": res, "versions": versions})

@@ -26,7 +26,7 @@ def _sources() -> list[Path]:
     files = [ROOT / "README.md"]
     for top in SCANNED:
         for path in sorted((ROOT / top).rglob("*")):
-            # Not caches or virtualenvs (bench/run creates bench/.venv-peers): not our text.
+            # Not caches or other hidden folders: not our text.
             parts = path.relative_to(ROOT).parts
             if any(p == "__pycache__" or p.startswith(".") for p in parts):
                 continue
