@@ -12,8 +12,9 @@ import uuid
 
 import pytest
 
+from outboxd.daemon.relay import publish_failure
 from outboxd.errors import StorageError
-from outboxd.storage.ports import NewPortalJob, RelayFailure
+from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore
 from tests.integration.test_atomicity import install_fault, remove_fault
 
@@ -54,7 +55,7 @@ async def test_a_stale_relay_holders_late_sent_changes_nothing(store: SqlStore) 
     assert second is not None and second.version != first.version
     assert second.attempt_count == 2
     await store.mark_relay_failed(
-        [RelayFailure(row=second, error="boom", next_attempt_at=111.0, dead=True)], 111.0
+        [publish_failure(row=second, error="boom", next_attempt_at=111.0, dead=True)], 111.0
     )
 
     late = await store.mark_relay_sent([(first, "late-message-id")], 112.0)
@@ -79,7 +80,7 @@ async def test_a_stale_relay_holders_late_failure_changes_nothing(store: SqlStor
     assert sent.status == "SENT"
 
     await store.mark_relay_failed(
-        [RelayFailure(row=first, error="late", next_attempt_at=113.0, dead=True)], 113.0
+        [publish_failure(row=first, error="late", next_attempt_at=113.0, dead=True)], 113.0
     )
 
     row = await store.get_relay_row(outbox_id)

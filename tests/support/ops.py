@@ -18,10 +18,11 @@ from typing import Any
 
 import asyncpg
 
+from outboxd.daemon.relay import publish_failure
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
 from outboxd.storage.db import sqlite_path
-from outboxd.storage.ports import JobRecord, RelayFailure, RelayRow
+from outboxd.storage.ports import JobRecord, RelayRow
 from outboxd.storage.store import SqlStore
 
 TABLES = ("jobs", "relay_outbox", "work_outbox", "task_runs")
@@ -78,7 +79,7 @@ async def kill_at_publish(store: SqlStore, job_id: str, error: str = "sqs down")
     now = time.time()
     claimed = await store.claim_relay_row(latest.id, now, 30.0)
     assert claimed is not None
-    await store.mark_relay_failed([RelayFailure(claimed, error, now + 1, dead=True)], now)
+    await store.mark_relay_failed([publish_failure(claimed, error, now + 1, dead=True)], now)
     row = await store.get_relay_row(latest.id)
     assert row is not None and row.status == "DEAD"
     job = await store.get_job(job_id)
@@ -92,7 +93,7 @@ async def kill_task_at_publish(store: SqlStore, task_id: str) -> RelayRow:
     now = time.time()
     claimed = await store.claim_relay_row(row.id, now, 30.0)
     assert claimed is not None
-    await store.mark_relay_failed([RelayFailure(claimed, "sqs down", now + 1, dead=True)], now)
+    await store.mark_relay_failed([publish_failure(claimed, "sqs down", now + 1, dead=True)], now)
     return row
 
 

@@ -16,7 +16,6 @@ from referencing.jsonschema import DRAFT202012
 
 from outboxd.daemon.api import (
     ApiError,
-    collect_stats,
     dispatch_body,
     job_body,
     problem,
@@ -25,6 +24,7 @@ from outboxd.daemon.api import (
     website_body,
 )
 from outboxd.daemon.openapi import openapi_document
+from outboxd.services.admin import collect_stats
 from outboxd.storage.ports import (
     JobRecord,
     PaceState,

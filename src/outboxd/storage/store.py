@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Awaitable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.storage import ports
@@ -35,6 +35,8 @@ from outboxd.storage.ports import (
     decode_cursor,
     encode_cursor,
 )
+
+T = TypeVar("T")
 
 
 def _json_or_none(text: Any) -> dict[str, Any] | None:
@@ -401,16 +403,11 @@ class SqlStore:
                 )
                 if updated is None or not f.dead:
                     continue
-                if f.row.job_id is not None:
+                if f.row.job_id is not None and f.job_error is not None:
+                    code, message = f.job_error
                     yield execute(
                         self.q["job_dead"],
-                        {
-                            "id": f.row.job_id,
-                            "error_code": "RETRIES_EXHAUSTED",
-                            "error_message": f"publishing failed {f.row.attempt_count} times: "
-                            + f.error[:300],
-                            "now": now,
-                        },
+                        {"id": f.row.job_id, "error_code": code, "error_message": message, "now": now},
                     )
                 elif f.row.task_id is not None:
                     yield execute(
@@ -453,24 +450,7 @@ class SqlStore:
     async def list_relay_rows(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[RelayRow]:
-        created, row_id = decode_cursor(cursor)
-
-        def body() -> Generator[Op, Any, list[Row]]:
-            rows: list[Row] = yield fetch(
-                self.q["list_relay"],
-                {
-                    "status": status,
-                    "cursor_created": created,
-                    "cursor_id": row_id,
-                    "limit": limit + 1,
-                },
-            )
-            return rows
-
-        rows = await self.db.read(body)
-        items = [_relay(r) for r in rows[:limit]]
-        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
-        return Page(items=items, next_cursor=nxt)
+        return await self._page("list_relay", {"status": status}, limit, cursor, _relay)
 
     async def relay_rows_for_job(self, job_id: str, limit: int) -> list[RelayRow]:
         def body() -> Generator[Op, Any, list[RelayRow]]:
@@ -482,15 +462,19 @@ class SqlStore:
     async def list_jobs(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[JobRecord]:
-        rows = await self._keyset("list_jobs", {"status": status}, limit, cursor)
-        items = [_job(r) for r in rows[:limit]]
-        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
-        return Page(items=items, next_cursor=nxt)
+        return await self._page("list_jobs", {"status": status}, limit, cursor, _job)
 
-    def _keyset(
-        self, name: str, params: Mapping[str, Any], limit: int, cursor: str | None
-    ) -> Awaitable[list[Row]]:
-        """One page (plus one row, to tell whether another follows) of a keyset query."""
+    async def _page(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        limit: int,
+        cursor: str | None,
+        record: Callable[[Row], T],
+        created: str = "created_at",
+    ) -> Page[T]:
+        """One page of a keyset query over (`created`, id); the query reads one row
+        more than `limit`, which tells whether another page follows."""
         created, row_id = decode_cursor(cursor)
         bound = {**params, "cursor_created": created, "cursor_id": row_id, "limit": limit + 1}
 
@@ -498,7 +482,10 @@ class SqlStore:
             rows: list[Row] = yield fetch(self.q[name], bound)
             return rows
 
-        return self.db.read(body)
+        rows = await self.db.read(body)
+        last = rows[limit - 1] if len(rows) > limit else None
+        nxt = encode_cursor(float(last[created]), last["id"]) if last is not None else None
+        return Page(items=[record(r) for r in rows[:limit]], next_cursor=nxt)
 
     # ------------------------------------------------------------ tasks
 
@@ -549,24 +536,9 @@ class SqlStore:
         return await self.db.run(body)
 
     async def list_tasks(self, type_: str | None, limit: int, cursor: str | None) -> Page[TaskRun]:
-        created, row_id = decode_cursor(cursor)
-
-        def body() -> Generator[Op, Any, list[Row]]:
-            rows: list[Row] = yield fetch(
-                self.q["list_tasks"],
-                {
-                    "type": type_,
-                    "cursor_created": created,
-                    "cursor_id": row_id,
-                    "limit": limit + 1,
-                },
-            )
-            return rows
-
-        rows = await self.db.read(body)
-        items = [_task(r) for r in rows[:limit]]
-        nxt = encode_cursor(items[-1].enqueued_at, items[-1].id) if len(rows) > limit else None
-        return Page(items=items, next_cursor=nxt)
+        return await self._page(
+            "list_tasks", {"type": type_}, limit, cursor, _task, created="enqueued_at"
+        )
 
     # ------------------------------------------------------------ websites
 
@@ -655,10 +627,7 @@ class SqlStore:
     async def list_websites(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[Website]:
-        rows = await self._keyset("list_websites", {"status": status}, limit, cursor)
-        items = [_website(r) for r in rows[:limit]]
-        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
-        return Page(items=items, next_cursor=nxt)
+        return await self._page("list_websites", {"status": status}, limit, cursor, _website)
 
     async def retry_failed_website(self, domain: str) -> Website:
         def body() -> Generator[Op, Any, Website]:
