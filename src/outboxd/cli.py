@@ -285,8 +285,8 @@ def _pace_line(name: str, pace: dict[str, Any]) -> str:
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.daemon.app import Readiness
-    from outboxd.services.admin import AdminService
     from outboxd.queue.sqs import QueueError, SqsQueues
+    from outboxd.services.admin import AdminService
 
     store = await _open(settings)
     queues = None

@@ -24,6 +24,7 @@ from outboxd.daemon.openapi import openapi_document
 from outboxd.errors import InvalidState, NotFound, StorageError, StorageUnavailable
 from outboxd.observability import Metrics
 from outboxd.security import Principal, TokenVerifier
+from outboxd.services.admin import AdminService
 from outboxd.services.portal_jobs import (
     PORTALS,
     DispatchFailed,
@@ -31,7 +32,6 @@ from outboxd.services.portal_jobs import (
     PortalJobService,
     PortalLinkRequest,
 )
-from outboxd.services.admin import AdminService
 from outboxd.services.tasks import BUILTIN_TASKS, TaskService
 from outboxd.services.websites import InvalidDomain, WebsiteService, normalize_domain
 from outboxd.storage.ports import (

@@ -43,8 +43,8 @@ from outboxd.queue.sqs import KINDS, QueueError, SqsQueues, resolve_region
 from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
-from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.admin import AdminService
+from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.db import sqlite_path

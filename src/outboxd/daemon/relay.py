@@ -211,5 +211,8 @@ def publish_failure(row: RelayRow, error: str, next_attempt_at: float, dead: boo
     """The failure to record for one row; a dead job row's job ends RETRIES_EXHAUSTED."""
     job_error = None
     if dead and row.job_id is not None:
-        job_error = ("RETRIES_EXHAUSTED", f"publishing failed {row.attempt_count} times: {error[:300]}")
+        job_error = (
+            "RETRIES_EXHAUSTED",
+            f"publishing failed {row.attempt_count} times: {error[:300]}",
+        )
     return RelayFailure(row, error, next_attempt_at, dead, job_error)

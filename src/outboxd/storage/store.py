@@ -407,7 +407,12 @@ class SqlStore:
                     code, message = f.job_error
                     yield execute(
                         self.q["job_dead"],
-                        {"id": f.row.job_id, "error_code": code, "error_message": message, "now": now},
+                        {
+                            "id": f.row.job_id,
+                            "error_code": code,
+                            "error_message": message,
+                            "now": now,
+                        },
                     )
                 elif f.row.task_id is not None:
                     yield execute(
@@ -471,9 +476,9 @@ class SqlStore:
         limit: int,
         cursor: str | None,
         record: Callable[[Row], T],
-        created: str = "created_at",
+        order_column: str = "created_at",
     ) -> Page[T]:
-        """One page of a keyset query over (`created`, id); the query reads one row
+        """One page of a keyset query over (`order_column`, id); the query reads one row
         more than `limit`, which tells whether another page follows."""
         created, row_id = decode_cursor(cursor)
         bound = {**params, "cursor_created": created, "cursor_id": row_id, "limit": limit + 1}
@@ -484,7 +489,7 @@ class SqlStore:
 
         rows = await self.db.read(body)
         last = rows[limit - 1] if len(rows) > limit else None
-        nxt = encode_cursor(float(last[created]), last["id"]) if last is not None else None
+        nxt = encode_cursor(float(last[order_column]), last["id"]) if last is not None else None
         return Page(items=[record(r) for r in rows[:limit]], next_cursor=nxt)
 
     # ------------------------------------------------------------ tasks
@@ -537,7 +542,7 @@ class SqlStore:
 
     async def list_tasks(self, type_: str | None, limit: int, cursor: str | None) -> Page[TaskRun]:
         return await self._page(
-            "list_tasks", {"type": type_}, limit, cursor, _task, created="enqueued_at"
+            "list_tasks", {"type": type_}, limit, cursor, _task, order_column="enqueued_at"
         )
 
     # ------------------------------------------------------------ websites
