@@ -198,12 +198,21 @@ class SqlStore:
         assert row is not None
         return _relay(row)
 
-    async def _job_row(self, name: str, params: Mapping[str, Any]) -> JobRecord | None:
-        def body() -> Generator[Op, Any, JobRecord | None]:
-            row = yield from self._one(name, params)
-            return _job(row) if row else None
+    async def _record(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        record: Callable[[Row], T],
+        write: bool = True,
+    ) -> T | None:
+        """The one row block `name` returns, as a record (None without a row): a write
+        transaction, or a plain read with `write=False`."""
 
-        return await self.db.run(body)
+        def body() -> Generator[Op, Any, T | None]:
+            row = yield from self._one(name, params)
+            return record(row) if row else None
+
+        return await (self.db.run(body) if write else self.db.read(body))
 
     async def _changed(self, name: str, params: Mapping[str, Any]) -> bool:
         def body() -> Generator[Op, Any, bool]:
@@ -247,18 +256,14 @@ class SqlStore:
         return await self.db.run(body)
 
     async def get_job(self, job_id: str) -> JobRecord | None:
-        def body() -> Generator[Op, Any, JobRecord | None]:
-            row = yield from self._one("select_job", {"id": job_id})
-            return _job(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record("select_job", {"id": job_id}, _job, write=False)
 
     async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None:
         return await self.db.read(lambda: self._relay_row(job_id))
 
     async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None:
-        return await self._job_row(
-            "start_job_run", {"id": job_id, "now": now, "lease_until": now + lease_s}
+        return await self._record(
+            "start_job_run", {"id": job_id, "now": now, "lease_until": now + lease_s}, _job
         )
 
     async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool:
@@ -282,7 +287,7 @@ class SqlStore:
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
     ) -> JobRecord | None:
-        return await self._job_row(
+        return await self._record(
             "finish_job",
             {
                 "id": job.id,
@@ -293,12 +298,13 @@ class SqlStore:
                 "error_message": error[1] if error else None,
                 "now": now,
             },
+            _job,
         )
 
     async def job_retry_later(
         self, job: JobRecord, error: tuple[str, str], now: float
     ) -> JobRecord | None:
-        return await self._job_row(
+        return await self._record(
             "job_retry_later",
             {
                 "id": job.id,
@@ -307,6 +313,7 @@ class SqlStore:
                 "error_message": error[1],
                 "now": now,
             },
+            _job,
         )
 
     async def release_job_lease(self, job: JobRecord, now: float) -> bool:
@@ -317,9 +324,10 @@ class SqlStore:
     async def mark_job_dead(
         self, job_id: str, error: tuple[str, str], now: float
     ) -> JobRecord | None:
-        return await self._job_row(
+        return await self._record(
             "job_dead",
             {"id": job_id, "error_code": error[0], "error_message": error[1], "now": now},
+            _job,
         )
 
     async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
@@ -352,13 +360,9 @@ class SqlStore:
         return await self.db.run(body)
 
     async def claim_relay_row(self, outbox_id: str, now: float, lease_s: float) -> RelayRow | None:
-        def body() -> Generator[Op, Any, RelayRow | None]:
-            row = yield from self._one(
-                "claim_relay_one", {"id": outbox_id, "now": now, "claimed_until": now + lease_s}
-            )
-            return _relay(row) if row else None
-
-        return await self.db.run(body)
+        return await self._record(
+            "claim_relay_one", {"id": outbox_id, "now": now, "claimed_until": now + lease_s}, _relay
+        )
 
     async def mark_relay_sent(
         self, sent: Sequence[tuple[RelayRow, str]], now: float
@@ -423,11 +427,7 @@ class SqlStore:
         await self.db.run(body)
 
     async def get_relay_row(self, outbox_id: str) -> RelayRow | None:
-        def body() -> Generator[Op, Any, RelayRow | None]:
-            row = yield from self._one("select_relay_row", {"id": outbox_id})
-            return _relay(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record("select_relay_row", {"id": outbox_id}, _relay, write=False)
 
     async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow:
         def body() -> Generator[Op, Any, RelayRow]:
@@ -523,22 +523,14 @@ class SqlStore:
         return await self.db.run(body)
 
     async def get_task(self, task_id: str) -> TaskRun | None:
-        def body() -> Generator[Op, Any, TaskRun | None]:
-            row = yield from self._one("select_task", {"id": task_id})
-            return _task(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record("select_task", {"id": task_id}, _task, write=False)
 
     async def finish_task(
         self, task_id: str, status: Literal["SUCCEEDED", "FAILED"], error: str | None, now: float
     ) -> TaskRun | None:
-        def body() -> Generator[Op, Any, TaskRun | None]:
-            row = yield from self._one(
-                "finish_task", {"id": task_id, "status": status, "error": error, "now": now}
-            )
-            return _task(row) if row else None
-
-        return await self.db.run(body)
+        return await self._record(
+            "finish_task", {"id": task_id, "status": status, "error": error, "now": now}, _task
+        )
 
     async def list_tasks(self, type_: str | None, limit: int, cursor: str | None) -> Page[TaskRun]:
         return await self._page(
@@ -566,18 +558,12 @@ class SqlStore:
         return await self.db.run(body)
 
     async def get_website(self, domain: str) -> Website | None:
-        def body() -> Generator[Op, Any, Website | None]:
-            row = yield from self._one("select_website_by_domain", {"domain": domain})
-            return _website(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record(
+            "select_website_by_domain", {"domain": domain}, _website, write=False
+        )
 
     async def website_by_id(self, website_id: str) -> Website | None:
-        def body() -> Generator[Op, Any, Website | None]:
-            row = yield from self._one("select_website", {"id": website_id})
-            return _website(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record("select_website", {"id": website_id}, _website, write=False)
 
     async def claim_work(
         self, now: float, retry_delay_s: float, processing_timeout_s: float
