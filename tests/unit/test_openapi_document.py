@@ -504,7 +504,7 @@ class _Queues:
 
 
 async def test_stats_bodies_validate(doc: dict[str, Any]) -> None:
-    """api.collect_stats with and without queue statistics matches Stats."""
+    """admin.collect_stats with and without queue statistics matches Stats."""
     _assert_valid(doc, "Stats", await collect_stats(_Counts(), None))
     _assert_valid(doc, "Stats", await collect_stats(_Counts(), _Queues()))
     _assert_valid(doc, "Readiness", {"status": "unavailable", "checks": {"sqs": "timeout"}})
