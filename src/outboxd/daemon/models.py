@@ -66,10 +66,6 @@ ProblemCode = Literal[
     "C01", "C02", "C03", "C04", "C05", "C06", "C07", "C08", "C09", "C10", "C11", "C99"
 ]
 
-JOB_STATUSES: Final = get_args(JobStatus)
-RELAY_STATUSES: Final = get_args(RelayStatus)
-WORK_STATUSES: Final = get_args(WorkStatus)
-TASK_STATUSES: Final = get_args(TaskStatus)
 PROBLEM_CODES: Final = get_args(ProblemCode)
 
 # ------------------------------------------------------------------ field types
@@ -164,7 +160,9 @@ class TaskPayload(Struct, forbid_unknown_fields=True):
 class TaskRequest(_Body):
     """Enqueue a task through the task outbox; unknown fields are rejected."""
 
-    type: TaskType
+    # The registry's order, not msgspec's sorted one: the enum lists the task types as
+    # services/tasks.py does.
+    type: Annotated[TaskType, Meta(extra_json_schema={"enum": list(BUILTIN_TASKS)})]
     payload: TaskPayload = msgspec.field(default_factory=TaskPayload)
     dedup_id: (
         Annotated[

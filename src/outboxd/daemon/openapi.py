@@ -15,9 +15,14 @@ from importlib import metadata
 from typing import Any, Final
 
 from outboxd.daemon import models
-from outboxd.daemon.models import JOB_STATUSES, RELAY_STATUSES, TASK_STATUSES, WORK_STATUSES
 from outboxd.services.tasks import BUILTIN_TASKS
-from outboxd.storage.ports import CURSOR_PATTERN
+from outboxd.storage.ports import (
+    CURSOR_PATTERN,
+    JOB_STATUSES,
+    RELAY_STATUSES,
+    TASK_STATUSES,
+    WORK_STATUSES,
+)
 
 Schema = dict[str, Any]
 
