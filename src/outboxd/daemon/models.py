@@ -489,6 +489,14 @@ def openapi_components(ref_prefix: str) -> dict[str, dict[str, Any]]:
     for schema in components.values():
         schema.pop("title", None)
     components["OutboxItem"]["oneOf"] = OUTBOX_ITEM_ONE_OF
+    # msgspec sorts a Literal's values; an enum given in Meta keeps its own order.
+    for model in MODELS:
+        info = msgspec.inspect.type_info(model)
+        assert isinstance(info, msgspec.inspect.StructType)
+        for f in info.fields:
+            extra = getattr(f.type, "extra_json_schema", None) or {}
+            if "enum" in extra:
+                components[model.__name__]["properties"][f.encode_name]["enum"] = extra["enum"]
     return components
 
 
