@@ -26,9 +26,12 @@ import pytest
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
+from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
 from tests.fakes.portal import FakePortal, Student, sample_student
+from tests.reliability.harness import Db
 from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer
+from tests.support import postgres as pg
 from tests.support.postgres import dump_all
 
 T = TypeVar("T")
@@ -170,6 +173,21 @@ def spawn_daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
 
 
 @pytest.fixture
+def fresh_db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database nobody has created (SQLite) or migrated (Postgres) yet: the shared
+    Postgres one already is."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh' / 'outboxd.db'}"
+        return
+    request.getfixturevalue("pg_database")  # skips or fails like the others when unreachable
+    name, dsn = pg.create_database()
+    try:
+        yield dsn
+    finally:
+        pg.drop_database(name)
+
+
+@pytest.fixture
 def private_moto(tmp_path: Path) -> Iterator[MotoServer]:
     """A moto server of this test's own, to stop and start (an SQS outage)."""
     server = MotoServer(tmp_path / "private-moto.log")
@@ -274,3 +292,23 @@ def db_bytes(db_url: str) -> bytes:
         path = sqlite_path(db_url, Path.cwd())
         return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
     return asyncio.run(dump_all(db_url)).encode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- the claimer's rig
+
+
+@pytest.fixture
+def rig(
+    backend: str,
+    db_url: str,
+    tmp_path: Path,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+) -> Iterator[ClaimerRig]:
+    """Daemons and a fake AI process on the test's database and queues (claimer_rig.py)."""
+    env = {KEY_ENV: KEY, "OUTBOXD_SECRET_KEYS": generate_key()}
+    rig = ClaimerRig(backend, db_url, Db(db_url), tmp_path, moto_server, queue_names, env)
+    try:
+        yield rig
+    finally:
+        rig.close()

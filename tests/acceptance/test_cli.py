@@ -40,20 +40,6 @@ def config_for(tmp_path: Path, db_url: str, **extra: Any) -> str:
     return str(write_config(tmp_path, config))
 
 
-@pytest.fixture
-def fresh_db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A database nobody has migrated yet (the shared Postgres one already is)."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fresh' / 'outboxd.db'}"
-        return
-    request.getfixturevalue("pg_database")  # skips or fails like the others when unreachable
-    name, dsn = pg.create_database()
-    try:
-        yield dsn
-    finally:
-        pg.drop_database(name)
-
-
 def test_migrate_twice(fresh_db_url: str, tmp_path: Path) -> None:
     if fresh_db_url.startswith("sqlite"):
         (tmp_path / "fresh").mkdir()

@@ -22,10 +22,9 @@ from tests.acceptance.conftest import (
     PortalThread,
     Response,
     db_rows,
-    http_request,
     wait_for,
 )
-from tests.acceptance.test_pipeline_e2e import get_job, outbox_rows_of, post_job, wait_terminal
+from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, queue_depth, wait_terminal
 from tests.fakes.portal import SAMPLE_SNO
 
 pytestmark = pytest.mark.slow
@@ -47,13 +46,6 @@ POINTS = {
 }
 # point -> portal logins once it succeeded, where not 1
 LOGINS = {"after_handler_before_commit": 2}
-
-
-def queue_depth(base: str) -> dict[str, int]:
-    resp = http_request("GET", f"{base}/v1/admin/stats")
-    assert resp.status == 200, resp.text
-    depth: dict[str, int] = resp.json()["queues"]["jobs"]
-    return depth
 
 
 @pytest.mark.parametrize("point", list(POINTS))

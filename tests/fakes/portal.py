@@ -41,10 +41,11 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.common import FakeServer, serve_until_signalled
 
 Scalar = str | int | float
 """A value as the info system may send it: the real one mixes numbers and numeric strings."""
@@ -107,16 +108,36 @@ class Student:
     totals: Totals | None = None  # None: sums of credits, credit-weighted GPA and percentile
 
 
-def sample_student() -> Student:
-    """The default student: three semesters (one summer), numbers mixing strings and numbers."""
+def cs_student(
+    sno: str,
+    password: str,
+    name: str,
+    semesters: list[Semester],
+    *,
+    year: Scalar = 2,
+    totals: Totals | None = None,
+) -> Student:
+    """An enrolled student of the IT college's computer science major."""
     return Student(
-        sno=SAMPLE_SNO,
-        password=SAMPLE_PASSWORD,
-        name="김수원",
+        sno=sno,
+        password=password,
+        name=name,
         college="IT대학",
         department="컴퓨터학부",
         major="컴퓨터SW",
         status="재학",
+        year=year,
+        semesters=semesters,
+        totals=totals,
+    )
+
+
+def sample_student() -> Student:
+    """The default student: three semesters (one summer), numbers mixing strings and numbers."""
+    return cs_student(
+        SAMPLE_SNO,
+        SAMPLE_PASSWORD,
+        "김수원",
         year="3",
         semesters=[
             Semester(
@@ -192,7 +213,7 @@ def _redirect(location: str) -> web.Response:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class FakePortal:
+class FakePortal(FakeServer):
     """The portal and info servers plus switches to make them fail; see the module docstring.
 
     Switches (set any time): `always_fail_503`, `always_expire`, `delay_s`, `garbage`,
@@ -259,17 +280,8 @@ class FakePortal:
         for runner in runners:
             await runner.cleanup()
 
-    async def __aenter__(self) -> FakePortal:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+    def where(self) -> dict[str, Any]:
+        return {"portal_base_url": self.portal_base_url, "info_base_url": self.info_base_url}
 
     async def _serve(self, app: web.Application, host: str) -> str:
         # handler_cancellation: a client that timed out must not leave a delayed handler
@@ -542,17 +554,7 @@ async def _serve_forever(port_file: Path, fail_first_n: int, delay_s: float) -> 
     portal = FakePortal()
     portal.fail_next_n_with_503(fail_first_n)
     portal.delay_s = delay_s
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with portal:
-        urls = {"portal_base_url": portal.portal_base_url, "info_base_url": portal.info_base_url}
-        # Written then renamed, so a reader polling for the file never sees half of it.
-        tmp = port_file.with_name(port_file.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(urls), encoding="utf-8")
-        tmp.replace(port_file)
-        await stop.wait()
+    await serve_until_signalled(portal, port_file)
 
 
 def main(argv: list[str] | None = None) -> int:

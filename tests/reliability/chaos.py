@@ -124,6 +124,21 @@ class KindCounts:
     lost: int = 0
     duplicated: int = 0
 
+    def tally(self, status: str | None, outcomes: Mapping[str, str]) -> bool:
+        """One accepted item, counted by its stored status (`outcomes`: status -> the
+        field it counts in); False when the status is none of them: the item is lost."""
+        self.accepted += 1
+        name = outcomes.get(status or "")
+        if name is None:
+            self.lost += 1
+            return False
+        setattr(self, name, getattr(self, name) + 1)
+        return True
+
+
+JOB_OUTCOMES = {"SUCCEEDED": "succeeded", "FAILED": "failed", "DEAD": "dead"}
+SITE_OUTCOMES = {"COMPLETED": "succeeded", "FAILED": "failed"}
+
 
 @dataclass
 class ChaosReport:
@@ -461,17 +476,9 @@ def _count(
             continue
         if item.kind == "job":
             counts = report.jobs
-            counts.accepted += 1
             job = jobs.get(item.ref)
             status = job["status"] if job else None
-            if status == "SUCCEEDED":
-                counts.succeeded += 1
-            elif status == "FAILED":
-                counts.failed += 1
-            elif status == "DEAD":
-                counts.dead += 1
-            else:
-                counts.lost += 1
+            if not counts.tally(status, JOB_OUTCOMES):
                 report.problems.append(f"lost job {item.ref} ({item.key}): {status}")
                 continue
             sno = student_number(item.n)
@@ -493,15 +500,9 @@ def _count(
                 report.refetched += 1
         else:
             counts = report.sites
-            counts.accepted += 1
             site = sites.get(item.ref)
             status = site["work_status"] if site else None
-            if status == "COMPLETED":
-                counts.succeeded += 1
-            elif status == "FAILED":
-                counts.failed += 1
-            else:
-                counts.lost += 1
+            if not counts.tally(status, SITE_OUTCOMES):
                 report.problems.append(f"lost website {item.ref}: {status}")
                 continue
             assert site is not None

@@ -31,7 +31,15 @@ from aiohttp import web
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.fakes.ai import FakeAI
-from tests.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
+from tests.fakes.portal import (
+    INFO_COOKIE,
+    Course,
+    FakePortal,
+    Semester,
+    Student,
+    Totals,
+    cs_student,
+)
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
 
@@ -52,15 +60,10 @@ def student_number(i: int) -> str:
 
 def make_student(i: int) -> Student:
     """A small student (one semester, one course): one job, about ten portal requests."""
-    return Student(
-        sno=student_number(i),
-        password=f"pw-{i}",
-        name=f"student-{i}",
-        college="IT대학",
-        department="컴퓨터학부",
-        major="컴퓨터SW",
-        status="재학",
-        year=2,
+    return cs_student(
+        student_number(i),
+        f"pw-{i}",
+        f"student-{i}",
         semesters=[
             Semester(
                 year=2024,

@@ -26,12 +26,8 @@ CYCLES = int(os.environ.get("OUTBOXD_CHAOS_CYCLES", "10"))
 
 
 @pytest.fixture
-def fakes(tmp_path: Path) -> Iterator[Fakes]:
-    f = Fakes(tmp_path / "fakes", n_students=1500)
-    try:
-        yield f
-    finally:
-        f.close()
+def n_students() -> int:
+    return 1500
 
 
 @pytest.mark.timeout(240)
