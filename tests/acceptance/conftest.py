@@ -15,9 +15,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,10 +28,10 @@ from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
 from tests.fakes.portal import FakePortal, Student, sample_student
-from tests.reliability.harness import Db
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
+from tests.reliability.harness import Db, Response, merge
 from tests.support import postgres as pg
+from tests.support.daemon import DaemonProcess
+from tests.support.moto import MotoServer, free_port
 from tests.support.postgres import dump_all
 
 T = TypeVar("T")
@@ -106,15 +106,6 @@ def secret_keys_file(tmp_path: Path) -> Path:
 ConfigFactory = Callable[..., dict[str, Any]]
 
 
-def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """`extra` over `base`, section by section (nested tables merged, the rest replaced)."""
-    out = dict(base)
-    for k, v in extra.items():
-        old = out.get(k)
-        out[k] = merge(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
-    return out
-
-
 @pytest.fixture
 def pipeline_config(
     db_url: str,
@@ -154,6 +145,27 @@ def pipeline_config(
     return factory
 
 
+def offline_config(moto: MotoServer, sqlite_file: str, **sections: Any) -> dict[str, Any]:
+    """A daemon on a SQLite file (relative: beside its config) and queues of its own on the
+    test's moto, its portal a loopback port nobody listens on, so nothing leaves the
+    machine; keyword sections are merged over it."""
+    tag = uuid.uuid4().hex[:10]
+    dead_end = f"http://127.0.0.1:{free_port()}"
+    base = {
+        "server": {"host": "127.0.0.1", "port": 0},
+        "storage": {"url": f"sqlite:///{sqlite_file}"},
+        "sqs": {
+            "endpoint_url": moto.endpoint_url,
+            "jobs_queue": f"q{tag}-jobs",
+            "tasks_queue": f"q{tag}-tasks.fifo",
+            "wait_time_s": 1,
+        },
+        "daemon": {"shutdown_timeout_s": 5},
+        "scrapers": {"suwon": {"portal_base_url": dead_end, "info_base_url": dead_end}},
+    }
+    return merge(base, sections)
+
+
 DaemonFactory = Callable[..., DaemonProcess]
 
 
@@ -170,6 +182,12 @@ def spawn_daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
     yield factory
     for d in made:
         d.kill()
+
+
+@pytest.fixture
+def pipeline_daemon(pipeline_config: ConfigFactory, spawn_daemon: DaemonFactory) -> DaemonProcess:
+    """A daemon (not started) with every role on pipeline_config() as it is."""
+    return spawn_daemon(pipeline_config())
 
 
 @pytest.fixture
@@ -199,20 +217,6 @@ def private_moto(tmp_path: Path) -> Iterator[MotoServer]:
 
 
 # ---------------------------------------------------------------- HTTP
-
-
-@dataclass
-class Response:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
 
 
 # What a client sees when the server dies mid-request or is not there.

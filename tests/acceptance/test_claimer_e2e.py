@@ -26,10 +26,9 @@ from tests.acceptance.claimer_rig import (
 from tests.acceptance.conftest import DaemonFactory
 from tests.reliability.harness import wait_until
 from tests.support.moto import MotoServer
+from tests.support.ops import ROOT
 
 pytestmark = pytest.mark.slow
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- two daemons on one Postgres ------------------------------------------------------------
@@ -90,7 +89,9 @@ def test_two_daemons_share_the_work_and_never_call_for_one_website_twice(
 # --- a daemon killed with a row in PROCESSING ------------------------------------------------
 
 
-def test_a_row_left_processing_by_a_killed_daemon_is_finished_after_the_timeout(rig: ClaimerRig) -> None:
+def test_a_row_left_processing_by_a_killed_daemon_is_finished_after_the_timeout(
+    rig: ClaimerRig,
+) -> None:
     ai = rig.start_ai("--delay-s", "1.0", "--category", "crash.example=finance")
     timeout_s = 2.0
     config = rig.config(openai_classifier(ai), processing_timeout_s=timeout_s)
@@ -151,7 +152,7 @@ def test_the_shipped_rules_classify_with_no_outside_service(
     queue_names: dict[str, str],
     spawn_daemon: DaemonFactory,
 ) -> None:
-    shipped = tomllib.loads((REPO_ROOT / "config.toml").read_text())
+    shipped = tomllib.loads((ROOT / "config.toml").read_text())
     classifier = shipped["scrapers"]["classifier"]
     assert classifier["provider"] == "rules"
     db_url = f"sqlite:///{tmp_path / 'rules.db'}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 
 from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
-from tests.support import postgres as pg
 from tests.support.moto import free_port
 from tests.support.ops import (
     db_counts,

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from outboxd.cli import _parser
-from tests.support import postgres as pg
 from tests.support.daemon import dump_toml
 from tests.support.ops import ROOT, run_cli, sql
 

@@ -17,8 +17,6 @@ import pytest
 
 from tests.acceptance.conftest import (
     CONNECTION_ERRORS,
-    ConfigFactory,
-    DaemonFactory,
     PortalThread,
     Response,
     db_rows,
@@ -26,6 +24,7 @@ from tests.acceptance.conftest import (
 )
 from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, queue_depth, wait_terminal
 from tests.fakes.portal import SAMPLE_SNO
+from tests.support.daemon import DaemonProcess
 
 pytestmark = pytest.mark.slow
 
@@ -50,13 +49,9 @@ LOGINS = {"after_handler_before_commit": 2}
 
 @pytest.mark.parametrize("point", list(POINTS))
 def test_a_crash_loses_nothing_and_runs_nothing_twice(
-    point: str,
-    pipeline_config: ConfigFactory,
-    spawn_daemon: DaemonFactory,
-    portal_thread: PortalThread,
-    db_url: str,
+    point: str, pipeline_daemon: DaemonProcess, portal_thread: PortalThread, db_url: str
 ) -> None:
-    daemon = spawn_daemon(pipeline_config())
+    daemon = pipeline_daemon
     base = daemon.start(extra_env={"OUTBOXD_CRASH_AT": point})
     key = f"crash-{point}"
 

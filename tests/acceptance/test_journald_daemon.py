@@ -5,10 +5,8 @@ cannot be reached is logged at priority 4 (warning) or more urgent, so
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from outboxd.security import generate_key
 from tests.support import postgres as pg
 from tests.support.daemon import DaemonProcess, dump_toml
 from tests.support.moto import free_port
+from tests.support.ops import run_cli
 
 LINE = re.compile(r"^<([0-7])>(\{.*\})$")
 JOURNAL = {"JOURNAL_STREAM": "8:424242"}
@@ -41,19 +40,8 @@ def serve_once(
     the config at `path` (written from `config` if given), run until it exits."""
     if config is not None:
         path.write_text(dump_toml(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
-    env.update(JOURNAL)
-    if keys:
-        env["OUTBOXD_SECRET_KEYS"] = generate_key()
-    return subprocess.run(
-        [sys.executable, "-m", "outboxd", "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    env = {**JOURNAL, "OUTBOXD_SECRET_KEYS": generate_key()} if keys else JOURNAL
+    return run_cli("serve", "--config", str(path), timeout_s=timeout_s, env=env)
 
 
 def test_database_unreachable_at_start_logs_an_error(tmp_path: Path) -> None:

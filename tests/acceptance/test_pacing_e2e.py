@@ -138,7 +138,9 @@ def test_a_429_to_one_daemon_pauses_every_daemon(rig: ClaimerRig) -> None:
         assert d.terminate() == 0
 
 
-def test_a_killed_daemon_leaves_at_most_one_slot_plus_the_processing_timeout(rig: ClaimerRig) -> None:
+def test_a_killed_daemon_leaves_at_most_one_slot_plus_the_processing_timeout(
+    rig: ClaimerRig,
+) -> None:
     ai = rig.start_ai("--delay-s", "0.1")
     timeout_s = 2.0
     config = cluster_config(rig, ai, processing_timeout_s=timeout_s)

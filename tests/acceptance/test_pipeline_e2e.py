@@ -10,25 +10,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, db_rows
-from tests.acceptance.jobs import get_job, post_job, wait_terminal
-from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, wait_terminal
+from tests.fakes.portal import SAMPLE_SNO
+from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_job_reaches_succeeded_through_http(
-    pipeline_config: ConfigFactory,
-    spawn_daemon: DaemonFactory,
-    portal_thread: PortalThread,
-    db_url: str,
+    pipeline_daemon: DaemonProcess, portal_thread: PortalThread, db_url: str
 ) -> None:
-    daemon = spawn_daemon(pipeline_config())
+    daemon = pipeline_daemon
     base = daemon.start()
 
     resp = post_job(base, "e2e-happy")

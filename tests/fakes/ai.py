@@ -35,7 +35,6 @@ import email.utils
 import json
 import os
 import re
-import signal
 import time
 import uuid
 from collections import defaultdict

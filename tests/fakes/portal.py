@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
-import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable

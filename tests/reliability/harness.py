@@ -27,6 +27,7 @@ from typing import Any
 
 import asyncpg
 from aiohttp import web
+from hypothesis import HealthCheck, settings
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
@@ -183,6 +184,7 @@ class Fakes:
 
 
 def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """`extra` over `base`, section by section (nested tables merged, the rest replaced)."""
     out = dict(base)
     for k, v in extra.items():
         old = out.get(k)
@@ -268,11 +270,12 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 
 @dataclass
-class Resp:
+class Response:
+    """An HTTP answer as the tests read it (the acceptance tests' client returns it too)."""
+
     status: int
     headers: Mapping[str, str]
     body: bytes
-    elapsed_s: float
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -280,6 +283,13 @@ class Resp:
     @property
     def text(self) -> str:
         return self.body.decode("utf-8", "replace")
+
+
+@dataclass
+class Resp(Response):
+    """An answer with how long it took."""
+
+    elapsed_s: float
 
 
 def http(
@@ -307,6 +317,27 @@ def http(
         return Resp(resp.status, dict(resp.getheaders()), payload, time.monotonic() - started)
     finally:
         conn.close()
+
+
+def raw_post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    """A whole POST request as bytes (JSON body, `extra` header lines), closing after."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+        + extra
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+
+
+def raw_request_settings(examples: int) -> settings:
+    """Hypothesis settings for a property over raw requests: no deadline (a loaded machine
+    is slow), no example database, and large or slow-to-make inputs allowed."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.2) -> Any:

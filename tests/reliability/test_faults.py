@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +35,8 @@ import asyncpg
 import pytest
 
 from outboxd.storage.db import sqlite_path
-from tests.reliability.conftest import MakeDaemon
 from tests.reliability.chaos import ChaosParams, ChaosReport, Cluster, Loader, settle_and_count
+from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import (
     CONNECTION_ERRORS,
     Db,

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-import asyncpg
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -81,7 +80,7 @@ class OutboxMachine(RuleBasedStateMachine):
         if url.startswith("sqlite:///"):
             url = f"sqlite:///{self.base_dir / f'sm-{uuid.uuid4().hex[:10]}.db'}"
         else:
-            self.run(_truncate(url))
+            pg.truncate(url)
         self.store: SqlStore = self.run(open_store(url, self.base_dir, 3, 5.0))
         self.run(self.store.db.migrate())
         # The model: who holds what, and what happened.
@@ -555,16 +554,6 @@ def _json(text: Any) -> Any:
     import json
 
     return json.loads(text) if text is not None else None
-
-
-async def _truncate(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn, timeout=5)
-    try:
-        exists = await conn.fetchval("SELECT to_regclass('public.jobs') IS NOT NULL")
-        if exists:
-            await conn.execute(f"TRUNCATE {', '.join(pg.TABLES)} CASCADE")
-    finally:
-        await conn.close()
 
 
 def machine_for(db_url: str, base_dir: Path) -> type[RuleBasedStateMachine]:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +28,6 @@ from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer
 
 pytestmark = pytest.mark.slow
-
 
 
 def submit(base: str, n: int) -> str:
