@@ -28,11 +28,12 @@ from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
 from tests.fakes.portal import FakePortal, Student, sample_student
-from tests.reliability.harness import Db, Response, merge
+from tests.reliability.harness import Db, merge
 from tests.support import postgres as pg
 from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer, free_port
 from tests.support.postgres import dump_all
+from tests.support.responses import Response
 
 T = TypeVar("T")
 

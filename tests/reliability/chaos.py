@@ -474,15 +474,18 @@ def _count(
             report.rejected.append(f"{item.kind} {item.key}: {item.last}")
         if item.state != "accepted" or item.ref is None:
             continue
-        if item.kind == "job":
-            counts = report.jobs
-            job = jobs.get(item.ref)
-            status = job["status"] if job else None
-            if not counts.tally(status, JOB_OUTCOMES):
-                report.problems.append(f"lost job {item.ref} ({item.key}): {status}")
-                continue
+        is_job = item.kind == "job"
+        what = "job" if is_job else "website"
+        counts = report.jobs if is_job else report.sites
+        row = (jobs if is_job else sites).get(item.ref)
+        status = row["status" if is_job else "work_status"] if row else None
+        if not counts.tally(status, JOB_OUTCOMES if is_job else SITE_OUTCOMES):
+            report.problems.append(f"lost {what} {item.ref} ({item.key}): {status}")
+            continue
+        dup: list[str] = []
+        if is_job:
+            job = row
             sno = student_number(item.n)
-            dup = []
             if succeeded_events[item.ref] > 1:
                 dup.append(f"stored {succeeded_events[item.ref]} times")
             finished_at = float(job["finished_at"] or 0.0) if job else 0.0
@@ -493,20 +496,11 @@ def _count(
                 not job or f'"studentNumber":"{sno}"' not in str(job["result"]).replace(" ", "")
             ):
                 dup.append("result is not its student's record")
-            if dup:
-                counts.duplicated += 1
-                report.problems.append(f"job {item.ref}: " + "; ".join(dup))
             if len(fetches.get(sno, [])) > 1:
                 report.refetched += 1
         else:
-            counts = report.sites
-            site = sites.get(item.ref)
-            status = site["work_status"] if site else None
-            if not counts.tally(status, SITE_OUTCOMES):
-                report.problems.append(f"lost website {item.ref}: {status}")
-                continue
+            site = row
             assert site is not None
-            dup = []
             if classified_events[item.ref] > 1:
                 dup.append(f"classified {classified_events[item.ref]} times")
             if int(site["version"]) > 1:
@@ -527,9 +521,9 @@ def _count(
                     f"AI called {late_calls[0]['start'] - float(site['updated_at']):.2f}s "
                     "after the category was stored"
                 )
-            if dup:
-                counts.duplicated += 1
-                report.problems.append(f"website {item.ref}: " + "; ".join(dup))
+        if dup:
+            counts.duplicated += 1
+            report.problems.append(f"{what} {item.ref}: " + "; ".join(dup))
 
     # Not only what a client saw: every row must have come to rest.
     for r in snap["jobs"]:

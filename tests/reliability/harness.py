@@ -43,6 +43,7 @@ from tests.fakes.portal import (
 )
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
+from tests.support.responses import Response
 
 AI_KEY_ENV = "RELIABILITY_AI_KEY"
 AI_KEY = "sk-reliability-5150"
@@ -267,22 +268,6 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     OSError,
 )
-
-
-@dataclass
-class Response:
-    """An HTTP answer as the tests read it (the acceptance tests' client returns it too)."""
-
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
 
 
 @dataclass
