@@ -11,13 +11,11 @@ import asyncio
 import http.client
 import json
 import sqlite3
-import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +29,7 @@ from tests.fakes.portal import FakePortal, Student, sample_student
 from tests.reliability.harness import Db, merge
 from tests.support import postgres as pg
 from tests.support.daemon import DaemonProcess
+from tests.support.loop_thread import LoopThread
 from tests.support.moto import MotoServer, free_port
 from tests.support.postgres import dump_all
 from tests.support.responses import Response
@@ -46,10 +45,8 @@ class PortalThread:
 
     def __init__(self, students: list[Student] | None = None) -> None:
         self.portal = FakePortal(students)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self.run(self.portal.start)
+        self.thread = LoopThread()
+        self.thread.run(self.portal.start())
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` (a plain function or a coroutine function) on the portal's loop."""
@@ -58,8 +55,7 @@ class PortalThread:
             out = fn()
             return await out if asyncio.iscoroutine(out) else out
 
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(call(), self._loop)
-        return fut.result(timeout=30)
+        return self.thread.run(call(), timeout_s=30)
 
     def add_student(self, student: Student) -> None:
         self.run(lambda: self.portal.students.__setitem__(student.sno, student))
@@ -69,18 +65,13 @@ class PortalThread:
 
     @property
     def urls(self) -> dict[str, str]:
-        return {
-            "portal_base_url": self.portal.portal_base_url,
-            "info_base_url": self.portal.info_base_url,
-        }
+        return self.portal.where()
 
     def close(self) -> None:
         try:
-            self.run(self.portal.stop)
+            self.thread.run(self.portal.stop(), timeout_s=30)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+            self.thread.close()
 
 
 @pytest.fixture

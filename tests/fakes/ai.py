@@ -126,7 +126,7 @@ class FakeAI(FakeServer):
             await self._runner.cleanup()
             self._runner = None
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> dict[str, str]:
         return {"base_url": self.base_url}
 
     def _decide(self) -> web.Response | None:

@@ -8,7 +8,7 @@ import json
 import os
 import signal
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
 
 class FakeServer:
@@ -27,7 +27,7 @@ class FakeServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> dict[str, str]:
         """What a client needs to reach this fake (its URLs), as written to the port file."""
         raise NotImplementedError
 

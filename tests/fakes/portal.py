@@ -278,7 +278,7 @@ class FakePortal(FakeServer):
         for runner in runners:
             await runner.cleanup()
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> dict[str, str]:
         return {"portal_base_url": self.portal_base_url, "info_base_url": self.info_base_url}
 
     async def _serve(self, app: web.Application, host: str) -> str:

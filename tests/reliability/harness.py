@@ -148,10 +148,7 @@ class Fakes:
 
     @property
     def portal_urls(self) -> dict[str, str]:
-        return {
-            "portal_base_url": self.portal.portal_base_url,
-            "info_base_url": self.portal.info_base_url,
-        }
+        return self.portal.where()
 
     def set_portal(self, **switches: Any) -> None:
         self.thread.call(lambda: _set_all(self.portal, switches))
