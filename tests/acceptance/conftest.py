@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import sqlite3
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -19,14 +17,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import pytest
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
 from tests.fakes.portal import FakePortal, Student, sample_student
-from tests.reliability.harness import Db, merge
+from tests.reliability.harness import Db, merge, wait_until
 from tests.support import postgres as pg
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
@@ -244,41 +241,22 @@ def http_request(
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 30.0) -> T:
-    """Polls `check` until it returns something truthy; that value."""
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+    """Polls `check` every 0.1 s until it returns something truthy; that value."""
+    value: T = wait_until(what, check, timeout_s, 0.1)
+    return value
 
 
 # ---------------------------------------------------------------- the database, read directly
 
 
 def db_rows(db_url: str, query: str, *args: Any) -> list[dict[str, Any]]:
-    """Rows of `query` (`?` placeholders; rewritten to `$n` for Postgres) with a driver
-    of our own, so assertions never trust the store under test."""
-    if db_url.startswith("sqlite:///"):
-        conn = sqlite3.connect(sqlite_path(db_url, Path.cwd()), timeout=10)
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute(query, args).fetchall()]
-        finally:
-            conn.close()
-    parts = query.split("?")
-    pg_query = parts[0] + "".join(f"${i}{p}" for i, p in enumerate(parts[1:], start=1))
-
-    async def run() -> list[dict[str, Any]]:
-        conn = await asyncpg.connect(db_url, timeout=5)
-        try:
-            return [dict(r) for r in await conn.fetch(pg_query, *args)]
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
+    """Rows of `query` (`?` placeholders) with a driver of our own, so assertions never
+    trust the store under test."""
+    db = Db(db_url)
+    try:
+        return db.rows(query, *args)
+    finally:
+        db.close()
 
 
 def db_bytes(db_url: str) -> bytes:
