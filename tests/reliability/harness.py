@@ -1,10 +1,13 @@
-"""Shared pieces of the reliability suite.
+"""Shared pieces of the reliability suite (its fixtures are in conftest.py); the acceptance
+tests use `Db`, `http`, `merge` and `wait_until` too.
 
 - `Fakes`: the strict fake portal (with as many students as needed, each job its own
   student) and the fake AI, both on one background event loop, recording every effect
   with wall-clock times so they can be compared with what the daemons stored;
 - `daemon_config`: a daemon configuration with small timings, so recovery is quick;
-- `http`: a plain synchronous HTTP client for loopback daemons;
+- `http`: a plain synchronous HTTP client for loopback daemons; `raw_post` and
+  `raw_request_settings` for properties over raw requests;
+- `wait_until`: polling with a deadline;
 - `Db`: reads of the daemons' database with a driver of our own (never the store under
   test), from synchronous code;
 - `log_events`: the JSON log lines of daemon processes.
