@@ -23,9 +23,11 @@ from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
 from tests.fakes.portal import FakePortal, Student, sample_student
-from tests.reliability.harness import Db, merge, wait_until
+from tests.reliability.harness import Db, wait_until
 from tests.support import postgres as pg
+from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
+from tests.support.db import raw_rows
 from tests.support.loop_thread import LoopThread
 from tests.support.moto import MotoServer, free_port
 from tests.support.postgres import dump_all
@@ -38,12 +40,12 @@ T = TypeVar("T")
 
 
 class PortalThread:
-    """A FakePortal served from its own event loop on a daemon thread."""
+    """A FakePortal served from a LoopThread of its own."""
 
     def __init__(self, students: list[Student] | None = None) -> None:
         self.portal = FakePortal(students)
-        self.thread = LoopThread()
-        self.thread.run(self.portal.start())
+        self.lt = LoopThread()
+        self.run(self.portal.start)
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` (a plain function or a coroutine function) on the portal's loop."""
@@ -52,7 +54,7 @@ class PortalThread:
             out = fn()
             return await out if asyncio.iscoroutine(out) else out
 
-        return self.thread.run(call(), timeout_s=30)
+        return self.lt.run(call(), timeout_s=30)
 
     def add_student(self, student: Student) -> None:
         self.run(lambda: self.portal.students.__setitem__(student.sno, student))
@@ -66,9 +68,9 @@ class PortalThread:
 
     def close(self) -> None:
         try:
-            self.thread.run(self.portal.stop(), timeout_s=30)
+            self.run(self.portal.stop)
         finally:
-            self.thread.close()
+            self.lt.close()
 
 
 @pytest.fixture
@@ -250,13 +252,8 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 30.0) 
 
 
 def db_rows(db_url: str, query: str, *args: Any) -> list[dict[str, Any]]:
-    """Rows of `query` (`?` placeholders) with a driver of our own, so assertions never
-    trust the store under test."""
-    db = Db(db_url)
-    try:
-        return db.rows(query, *args)
-    finally:
-        db.close()
+    """Rows of `query` through the one raw reader (tests/support/db.py), from sync code."""
+    return asyncio.run(raw_rows(db_url, query, *args))
 
 
 def db_bytes(db_url: str) -> bytes:

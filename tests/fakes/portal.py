@@ -106,36 +106,16 @@ class Student:
     totals: Totals | None = None  # None: sums of credits, credit-weighted GPA and percentile
 
 
-def cs_student(
-    sno: str,
-    password: str,
-    name: str,
-    semesters: list[Semester],
-    *,
-    year: Scalar = 2,
-    totals: Totals | None = None,
-) -> Student:
-    """An enrolled student of the IT college's computer science major."""
+def sample_student() -> Student:
+    """The default student: three semesters (one summer), numbers mixing strings and numbers."""
     return Student(
-        sno=sno,
-        password=password,
-        name=name,
+        sno=SAMPLE_SNO,
+        password=SAMPLE_PASSWORD,
+        name="김수원",
         college="IT대학",
         department="컴퓨터학부",
         major="컴퓨터SW",
         status="재학",
-        year=year,
-        semesters=semesters,
-        totals=totals,
-    )
-
-
-def sample_student() -> Student:
-    """The default student: three semesters (one summer), numbers mixing strings and numbers."""
-    return cs_student(
-        SAMPLE_SNO,
-        SAMPLE_PASSWORD,
-        "김수원",
         year="3",
         semesters=[
             Semester(

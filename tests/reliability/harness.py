@@ -35,18 +35,12 @@ from hypothesis import HealthCheck, settings
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.fakes.ai import FakeAI
-from tests.fakes.portal import (
-    INFO_COOKIE,
-    Course,
-    FakePortal,
-    Semester,
-    Student,
-    Totals,
-    cs_student,
-)
+from tests.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
+from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
 from tests.support.responses import Response
+from tests.support.students import it_student
 
 AI_KEY_ENV = "RELIABILITY_AI_KEY"
 AI_KEY = "sk-reliability-5150"
@@ -65,10 +59,11 @@ def student_number(i: int) -> str:
 
 def make_student(i: int) -> Student:
     """A small student (one semester, one course): one job, about ten portal requests."""
-    return cs_student(
+    return it_student(
         student_number(i),
         f"pw-{i}",
         f"student-{i}",
+        2,
         semesters=[
             Semester(
                 year=2024,
@@ -182,15 +177,6 @@ class Fakes:
 
 
 # ------------------------------------------------------------------ daemons
-
-
-def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """`extra` over `base`, section by section (nested tables merged, the rest replaced)."""
-    out = dict(base)
-    for k, v in extra.items():
-        old = out.get(k)
-        out[k] = merge(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
-    return out
 
 
 def write_keys_file(path: Path) -> Path:

@@ -37,7 +37,8 @@ from outboxd.daemon.app import build_api_deps
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
-from tests.reliability.harness import Db, raw_post, raw_request_settings
+from tests.reliability.harness import raw_post, raw_request_settings
+from tests.support.db import raw_counts
 from tests.support.live_api import RawResponse, parse_response
 
 USER_TOKEN = "tok-user-7f3a"
@@ -51,6 +52,7 @@ class InProcessApi:
 
     def __init__(self, db_url: str, settings: Settings, tmp_path: Path) -> None:
         self.runner = asyncio.Runner()
+        self.db_url = db_url
         self.store: SqlStore = self.runner.run(open_store(db_url, tmp_path, 5, 2.0))
         self.runner.run(self.store.db.migrate())
         deps = build_api_deps(
@@ -64,7 +66,6 @@ class InProcessApi:
 
         self.server = self.runner.run(start())
         self.port = self.server.port
-        self.db = Db(db_url)
 
     def send(self, raw: bytes) -> RawResponse:
         async def go() -> bytes:
@@ -80,11 +81,10 @@ class InProcessApi:
 
     def counts(self) -> dict[str, int]:
         """Rows per table, read with a driver of our own."""
-        return self.db.counts()
+        return self.runner.run(raw_counts(self.db_url))
 
     def close(self) -> None:
         try:
-            self.db.close()
             self.runner.run(self.server.close())
             self.runner.run(self.store.close())
         finally:

@@ -90,7 +90,6 @@ def load_migrations(backend: Backend) -> list[tuple[int, str, str]]:
 
 class Connection(Protocol):
     async def fetch(self, q: Query, params: Params) -> list[Row]: ...
-    async def fetchrow(self, q: Query, params: Params) -> Row | None: ...
     async def execute(self, q: Query, params: Params) -> int: ...
 
 
@@ -130,8 +129,6 @@ class Database(Protocol):
         """Run `body` outside a write transaction (reads only)."""
         ...
 
-    def transaction(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
-    def reader(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
     async def migrate(self) -> list[str]: ...
     async def pending_migrations(self) -> list[str]:
         """Names of the migrations not applied yet; reads only (no table is created)."""
@@ -264,25 +261,6 @@ def _write_tx(body: TxBody[T]) -> Callable[[sqlite3.Connection], T]:
     return tx
 
 
-class _SqliteConn:
-    """The statement-at-a-time Connection, for callers that are not a TxBody."""
-
-    def __init__(self, thread: _SqliteThread) -> None:
-        self._thread = thread
-
-    async def fetch(self, q: Query, params: Params) -> list[Row]:
-        rows: list[Row] = await self._thread.call(lambda c: _sqlite_op(c, fetch(q, params)))
-        return rows
-
-    async def fetchrow(self, q: Query, params: Params) -> Row | None:
-        rows = await self.fetch(q, params)
-        return rows[0] if rows else None
-
-    async def execute(self, q: Query, params: Params) -> int:
-        n: int = await self._thread.call(lambda c: _sqlite_op(c, execute(q, params)))
-        return n
-
-
 class SqliteDatabase:
     """One writer connection (SQLite has one writer anyway) and one reader (WAL).
 
@@ -330,24 +308,6 @@ class SqliteDatabase:
         if not self._open:
             raise StorageUnavailable("sqlite: database is closed")
         return await self._reader.call(lambda conn: _drive_sync(conn, body))
-
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
-        async with self._write_turn():
-            await self._writer.call(lambda c: c.execute("BEGIN IMMEDIATE"))
-            try:
-                yield _SqliteConn(self._writer)
-            except BaseException:
-                with contextlib.suppress(StorageError):
-                    await asyncio.shield(self._writer.call(lambda c: c.execute("ROLLBACK")))
-                raise
-            await asyncio.shield(self._writer.call(lambda c: c.execute("COMMIT")))
-
-    @contextlib.asynccontextmanager
-    async def reader(self) -> AsyncIterator[Connection]:
-        if not self._open:
-            raise StorageUnavailable("sqlite: database is closed")
-        yield _SqliteConn(self._reader)
 
     async def migrate(self) -> list[str]:
         def apply(conn: sqlite3.Connection) -> list[str]:
@@ -478,10 +438,6 @@ class _PgConn:
             raise _pg_error(exc) from exc
         return [dict(r) for r in rows]
 
-    async def fetchrow(self, q: Query, params: Params) -> Row | None:
-        rows = await self.fetch(q, params)
-        return rows[0] if rows else None
-
     async def execute(self, q: Query, params: Params) -> int:
         try:
             status = await self._conn.execute(q.sql, *q.positional(params))
@@ -532,7 +488,7 @@ class PostgresDatabase:
                 await asyncio.shield(pool.release(conn))
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
+    async def _transaction(self) -> AsyncIterator[Connection]:
         async with self._acquire() as conn:
             tx = conn.transaction()
             try:
@@ -550,18 +506,13 @@ class PostgresDatabase:
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
 
-    @contextlib.asynccontextmanager
-    async def reader(self) -> AsyncIterator[Connection]:
-        async with self._acquire() as conn:
-            yield _PgConn(conn)
-
     async def run(self, body: TxBody[T]) -> T:
-        async with self.transaction() as conn:
+        async with self._transaction() as conn:
             return await _drive_async(conn, body)
 
     async def read(self, body: TxBody[T]) -> T:
-        async with self.reader() as conn:
-            return await _drive_async(conn, body)
+        async with self._acquire() as conn:
+            return await _drive_async(_PgConn(conn), body)
 
     async def migrate(self) -> list[str]:
         applied: list[str] = []
