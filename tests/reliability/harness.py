@@ -22,11 +22,11 @@ import json
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from aiohttp import web
@@ -38,6 +38,7 @@ from tests.fakes.ai import FakeAI
 from tests.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
 from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
+from tests.support.db import COUNTED, RawDb, raw_rows
 from tests.support.loop_thread import LoopThread
 from tests.support.responses import Response
 from tests.support.students import it_student
@@ -48,6 +49,7 @@ STUDENT_BASE = 30_000_000
 JOB_TERMINAL = ("SUCCEEDED", "FAILED", "DEAD")
 WORK_TERMINAL = ("COMPLETED", "FAILED")
 RELAY_TERMINAL = ("SENT", "DEAD")
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ the outside world
@@ -326,43 +328,35 @@ def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.2) -> 
 
 
 class Db:
-    """Synchronous reads (and the odd write) with a driver of our own. `?` placeholders."""
+    """tests/support/db.py's raw reader from synchronous code, for polling while daemons
+    run: a database not created or migrated yet reads as empty, and a Postgres connection
+    a fault test terminates is opened again. `?` placeholders."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self._runner: asyncio.Runner | None = None
-        self._conn: Any = None
+        self._raw: RawDb | None = None
 
-    def _pg(self) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._runner is None:
             self._runner = asyncio.Runner()
-        if self._conn is None or self._conn.is_closed():
-            self._conn = self._runner.run(asyncpg.connect(self.url, timeout=5))
-        return self._conn
+        return self._runner.run(coro)
 
     def rows(self, query: str, *args: Any) -> list[dict[str, Any]]:
         if self.url.startswith("sqlite:///"):
-            path = sqlite_path(self.url, Path.cwd())
-            if not path.exists():
-                return []
-            conn = sqlite3.connect(path, timeout=10)
-            conn.row_factory = sqlite3.Row
+            if not sqlite_path(self.url, Path.cwd()).exists():
+                return []  # a read must not create the file
             try:
-                return [dict(r) for r in conn.execute(query, args).fetchall()]
+                return self._run(raw_rows(self.url, query, *args))
             except sqlite3.OperationalError as exc:
                 if "no such table" in str(exc):
                     return []
                 raise
-            finally:
-                conn.close()
-        parts = query.split("?")
-        pg_query = parts[0] + "".join(f"${i}{p}" for i, p in enumerate(parts[1:], start=1))
         for attempt in range(5):
-            # Our own connection may be one a fault test terminates: reconnect and retry.
             try:
-                conn = self._pg()
-                assert self._runner is not None
-                return [dict(r) for r in self._runner.run(conn.fetch(pg_query, *args))]
+                if self._raw is None:
+                    self._raw = self._run(RawDb(self.url).open())
+                return self._run(self._raw.rows(query, *args))
             except asyncpg.UndefinedTableError:
                 return []
             except (
@@ -371,7 +365,7 @@ class Db:
                 asyncpg.InterfaceError,
                 asyncpg.AdminShutdownError,
             ):
-                self._conn = None
+                self._raw = None  # terminated under us: a new one next time
                 if attempt == 4:
                     raise
                 time.sleep(0.2)
@@ -382,19 +376,16 @@ class Db:
         return next(iter(rows[0].values())) if rows else None
 
     def counts(self) -> dict[str, int]:
-        return {
-            t: int(self.scalar(f"SELECT COUNT(*) AS n FROM {t}") or 0)
-            for t in ("jobs", "relay_outbox", "websites", "work_outbox", "task_runs")
-        }
+        return {t: int(self.scalar(f"SELECT COUNT(*) AS n FROM {t}") or 0) for t in COUNTED}
 
     def close(self) -> None:
         if self._runner is not None:
-            if self._conn is not None and not self._conn.is_closed():
+            if self._raw is not None:
                 with contextlib.suppress(Exception):
-                    self._runner.run(self._conn.close())
+                    self._runner.run(self._raw.close())
             self._runner.close()
             self._runner = None
-            self._conn = None
+            self._raw = None
 
 
 # ------------------------------------------------------------------ logs
