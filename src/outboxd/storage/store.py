@@ -13,11 +13,21 @@ import time
 from collections.abc import Awaitable, Generator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.storage import ports
-from outboxd.storage.db import Database, Op, Row, execute, fetch, load_queries, open_database
+from outboxd.storage.db import (
+    Database,
+    Op,
+    Row,
+    TxBody,
+    execute,
+    fetch,
+    load_queries,
+    open_database,
+)
+from outboxd.storage.group import GroupCommitter
 from outboxd.storage.ports import (
     JobIntake,
     JobRecord,
@@ -35,6 +45,8 @@ from outboxd.storage.ports import (
     decode_cursor,
     encode_cursor,
 )
+
+T = TypeVar("T")
 
 
 def _json_or_none(text: Any) -> dict[str, Any] | None:
@@ -148,15 +160,22 @@ class SqlStore:
     """Every storage port. Each method is one transaction body (see `db.TxBody`),
     so SQLite runs it in one thread hop and Postgres on one connection."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, group_commit: bool = True) -> None:
         self.db = db
         self.q = load_queries(db.backend)
+        # Intake and registration: concurrent calls share one commit (see storage/group.py).
+        self.group = GroupCommitter(db) if group_commit else None
+
+    def _run_grouped(self, body: TxBody[T]) -> Awaitable[T]:
+        return self.group.run(body) if self.group is not None else self.db.run(body)
 
     @property
     def backend(self) -> str:
         return self.db.backend
 
     async def close(self) -> None:
+        if self.group is not None:
+            await self.group.drain()
         await self.db.close()
 
     # ------------------------------------------------------------ shared steps
@@ -242,7 +261,7 @@ class SqlStore:
             latest = yield from self._relay_row(row["id"])
             return JobIntake(job=_job(row), outbox=latest, created=False)
 
-        return await self.db.run(body)
+        return await self._run_grouped(body)
 
     async def get_job(self, job_id: str) -> JobRecord | None:
         def body() -> Generator[Op, Any, JobRecord | None]:
@@ -586,7 +605,7 @@ class SqlStore:
             assert row is not None
             return _website(row), inserted is not None
 
-        return await self.db.run(body)
+        return await self._run_grouped(body)
 
     async def get_website(self, domain: str) -> Website | None:
         def body() -> Generator[Op, Any, Website | None]:

@@ -1,0 +1,262 @@
+"""Group commit of intake (storage/group.py), on real SQLite files and a real Postgres.
+
+Concurrent intakes share one transaction, a savepoint each: a member that fails
+gets its lone answer and the others commit; a group that fails as a whole runs each
+member alone; a crash between the commit and the answers loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Generator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestClient
+
+from outboxd.errors import StorageError
+from outboxd.security import KeyRing
+from outboxd.services.portal_jobs import (
+    IdempotencyConflict,
+    PortalJobService,
+    PortalLinkRequest,
+)
+from outboxd.storage.db import Op, Query, SqliteDatabase, fetch
+from outboxd.storage.ports import NewPortalJob
+from outboxd.storage.store import SqlStore, open_store
+
+Client = TestClient[Any, Any]
+URL = "/v1/portal-link-jobs"
+ROOT = Path(__file__).resolve().parents[2]
+COMMIT_FAILS = "fails-at-commit"
+
+
+def new_job(tag: str, i: int, *, key: str | None = None, job_id: str | None = None) -> NewPortalJob:
+    return NewPortalJob(
+        job_id=job_id or f"{tag}-job-{i}",
+        outbox_id=f"{tag}-outbox-{i}",
+        user_id="group-user",
+        idempotency_key=key or f"{tag}-key-{i}",
+        fingerprint="fp",
+        portal="suwon",
+        key_id="k1",
+        sealed=b"sealed",
+    )
+
+
+async def count(store: SqlStore, table: str) -> int:
+    q = Query("count_rows", f"SELECT COUNT(*) AS n FROM {table}", ())
+
+    def body() -> Generator[Op, Any, int]:
+        rows = yield fetch(q, {})
+        return int(rows[0]["n"])
+
+    return await store.db.read(body)
+
+
+def stats(store: SqlStore) -> Any:
+    assert store.group is not None, "group commit is on by default"
+    return store.group.stats
+
+
+# ------------------------------------------------------------------ idempotency races
+
+
+async def test_fifty_concurrent_requests_over_twenty_keys_make_twenty_jobs(
+    api: Client, store: SqlStore
+) -> None:
+    """Over HTTP: every request answers 202 with its key's job; one job and one outbox row
+    per key, one non-replayed answer per key."""
+    bodies = {
+        k: {"portal": "suwon", "username": f"2020{k:04d}", "password": f"pw-{k}"} for k in range(20)
+    }
+    keys = [i % 20 for i in range(50)]
+    responses = await asyncio.gather(
+        *(api.post(URL, json=bodies[k], headers={"Idempotency-Key": f"gk-{k}"}) for k in keys)
+    )
+    assert [r.status for r in responses] == [202] * 50, [await r.text() for r in responses]
+    by_key: dict[int, set[str]] = {}
+    fresh: dict[int, int] = {}
+    for k, r in zip(keys, responses, strict=True):
+        by_key.setdefault(k, set()).add((await r.json())["jobId"])
+        if r.headers.get("Idempotent-Replayed") != "true":
+            fresh[k] = fresh.get(k, 0) + 1
+    assert all(len(ids) == 1 for ids in by_key.values()), by_key
+    assert len({next(iter(ids)) for ids in by_key.values()}) == 20
+    assert fresh == {k: 1 for k in range(20)}
+    assert await count(store, "jobs") == 20
+    assert await count(store, "relay_outbox") == 20
+    assert stats(store).largest > 1, "the requests were meant to share groups"
+
+
+async def test_one_group_over_twenty_keys_replays_consistently(
+    store: SqlStore, keys: KeyRing
+) -> None:
+    """Fifty calls started together form one group: twenty created, thirty replays of them,
+    and a different request under a used key is refused as it would be alone."""
+    service = PortalJobService(store, keys, dispatcher=None)
+    reqs = {k: PortalLinkRequest("suwon", f"user-{k}", f"pw-{k}") for k in range(20)}
+    order = [i % 20 for i in range(50)]
+    subs = await asyncio.gather(*(service.submit("u1", f"one-{k}", reqs[k]) for k in order))
+    assert stats(store).groups == 1 and stats(store).largest == 50
+    ids: dict[int, set[str]] = {}
+    for k, sub in zip(order, subs, strict=True):
+        ids.setdefault(k, set()).add(sub.job.id)
+    assert all(len(v) == 1 for v in ids.values())
+    assert [s.replayed for s in subs[:20]] == [False] * 20
+    assert all(s.replayed for s in subs[20:])
+    assert await count(store, "jobs") == 20
+    assert await count(store, "relay_outbox") == 20
+    again = await service.submit("u1", "one-4", reqs[4])
+    assert again.replayed and again.job.id in ids[4]
+    with pytest.raises(IdempotencyConflict):
+        await service.submit("u1", "one-3", PortalLinkRequest("suwon", "someone-else", "pw"))
+
+
+async def test_a_lone_request_is_written_at_once_without_a_group(store: SqlStore) -> None:
+    intake = await store.create_portal_job(new_job("lone", 0), time.time())
+    assert intake.created and intake.outbox is not None
+    assert stats(store).groups == 0
+
+
+# ------------------------------------------------------------------ a failing member
+
+
+async def test_a_member_that_violates_a_constraint_fails_alone_and_the_rest_commit(
+    store: SqlStore,
+) -> None:
+    """A new key reusing an existing job's id breaks the primary key: only that member
+    fails, with the error it gets alone; the other members of its group commit."""
+    taken = await store.create_portal_job(new_job("pk", 99), time.time())
+    with pytest.raises(StorageError) as alone:
+        await store.create_portal_job(
+            new_job("pk", 98, job_id=taken.job.id, key="pk-alone"), time.time()
+        )
+    members = [new_job("pk", i) for i in range(6)]
+    members[3] = new_job("pk", 3, job_id=taken.job.id)
+    results = await asyncio.gather(
+        *(store.create_portal_job(m, time.time()) for m in members), return_exceptions=True
+    )
+    assert stats(store).largest == 6 and stats(store).member_failures == 1
+    assert isinstance(results[3], StorageError)
+    assert type(results[3]) is type(alone.value)
+    assert str(results[3]).replace("pk-3", "KEY") == str(alone.value).replace("pk-alone", "KEY")
+    for i in (0, 1, 2, 4, 5):
+        got = results[i]
+        assert not isinstance(got, BaseException), got
+        assert got.created and got.job.id == f"pk-job-{i}"
+        assert await store.get_job(f"pk-job-{i}") is not None
+        assert await store.latest_relay_row_for_job(f"pk-job-{i}") is not None
+    assert await count(store, "jobs") == 6  # the taken one and five members
+    assert await count(store, "relay_outbox") == 6
+
+
+# ------------------------------------------------------------------ a failing group
+
+
+@pytest_asyncio.fixture
+async def fails_at_commit(store: SqlStore, db_url: str) -> AsyncIterator[None]:
+    """A deferred check that fails the COMMIT of any transaction holding the marked key."""
+    if isinstance(store.db, SqliteDatabase):
+        conn = sqlite3.connect(store.db.path, isolation_level=None)
+        try:
+            conn.executescript(
+                "CREATE TABLE gc_parent (id TEXT PRIMARY KEY);"
+                "CREATE TABLE gc_child (parent TEXT REFERENCES gc_parent (id)"
+                " DEFERRABLE INITIALLY DEFERRED);"
+                "CREATE TRIGGER gc_fail AFTER INSERT ON jobs"
+                f" WHEN NEW.idempotency_key = '{COMMIT_FAILS}'"
+                " BEGIN INSERT INTO gc_child VALUES ('missing'); END;"
+            )
+        finally:
+            conn.close()
+        yield
+        return
+    pg = await asyncpg.connect(db_url)
+    try:
+        await pg.execute(
+            "CREATE OR REPLACE FUNCTION gc_fail() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$;"
+            "CREATE CONSTRAINT TRIGGER gc_fail AFTER INSERT ON jobs"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
+            f" WHEN (NEW.idempotency_key = '{COMMIT_FAILS}') EXECUTE FUNCTION gc_fail()"
+        )
+        yield
+    finally:
+        await pg.execute(
+            "DROP TRIGGER IF EXISTS gc_fail ON jobs; DROP FUNCTION IF EXISTS gc_fail()"
+        )
+        await pg.close()
+
+
+@pytest.mark.usefixtures("fails_at_commit")
+async def test_a_group_whose_commit_fails_runs_each_member_alone(store: SqlStore) -> None:
+    """The group's COMMIT fails for real: nothing of it stays, then each member runs on
+    its own; the marked one fails again, every other one commits."""
+    members = [new_job("cf", i) for i in range(5)]
+    members[2] = new_job("cf", 2, key=COMMIT_FAILS)
+    results = await asyncio.gather(
+        *(store.create_portal_job(m, time.time()) for m in members), return_exceptions=True
+    )
+    assert stats(store).groups == 1 and stats(store).group_failures == 1
+    assert isinstance(results[2], StorageError)
+    for i in (0, 1, 3, 4):
+        got = results[i]
+        assert not isinstance(got, BaseException), got
+        assert got.created, "the rerun alone inserts: the failed group left nothing"
+    assert await count(store, "jobs") == 4
+    assert await count(store, "relay_outbox") == 4
+    assert await store.get_job("cf-job-2") is None
+
+
+# ------------------------------------------------------------------ a crash after the commit
+
+
+async def test_a_crash_between_the_commit_and_the_answers_loses_nothing(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A process SIGKILLs itself once its group committed, before answering anyone; a
+    replay of each key (same Idempotency-Key) finds the job the dead process wrote."""
+    env = {**os.environ, "OUTBOXD_CRASH_AT": "after_group_commit_before_answers"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.group_crash", db_url, str(tmp_path), "gc", "12"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert "crash point after_group_commit_before_answers reached" in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "answered" not in lines, "nobody was answered before the crash"
+    planned: dict[str, str] = json.loads(lines[0])
+    assert len(planned) == 12
+    store = await open_store(db_url, tmp_path, 5, 5.0)
+    try:
+        replays = await asyncio.gather(
+            *(
+                store.create_portal_job(
+                    replace(new_job("replay", i, key=key), user_id="crash-user"), time.time()
+                )
+                for i, key in enumerate(planned)
+            )
+        )
+        for key, intake in zip(planned, replays, strict=True):
+            assert not intake.created
+            assert intake.job.id == planned[key]
+            assert intake.outbox is not None and intake.outbox.job_id == planned[key]
+        assert await count(store, "jobs") == 12
+    finally:
+        await store.close()
