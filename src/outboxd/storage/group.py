@@ -75,7 +75,7 @@ class GroupCommitter:
         self._max_members = max(1, max_members)
         # SQLite has one writer: one write in flight, the next group gathering meanwhile.
         # Postgres writes side by side, but few at a time, so that groups form.
-        self.max_groups = max_groups or (1 if db.backend == "sqlite" else 2)
+        self.max_groups = max_groups or (1 if db.backend == "sqlite" else 4)
         self._pending: deque[_Member] = deque()
         self._writers = 0
         self._tasks: set[asyncio.Task[None]] = set()
