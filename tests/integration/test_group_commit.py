@@ -151,24 +151,24 @@ async def test_a_member_that_violates_a_constraint_fails_alone_and_the_rest_comm
         await store.create_portal_job(
             new_job("pk", 98, job_id=taken.job.id, key="pk-alone"), time.time()
         )
-    members = [new_job("pk", i) for i in range(6)]
-    members[3] = new_job("pk", 3, job_id=taken.job.id)
+    members = [new_job("pk", i) for i in range(12)]
+    members[10] = new_job("pk", 10, job_id=taken.job.id)
     results = await asyncio.gather(
         *(store.create_portal_job(m, time.time()) for m in members), return_exceptions=True
     )
-    # The first calls are written at once; the others form a group around member 3.
-    assert stats(store).largest == 6 - direct(store) and stats(store).member_failures == 1
-    assert isinstance(results[3], StorageError)
-    assert type(results[3]) is type(alone.value)
-    assert str(results[3]).replace("pk-3", "KEY") == str(alone.value).replace("pk-alone", "KEY")
-    for i in (0, 1, 2, 4, 5):
+    # The first calls are written at once; the others form a group around member 10.
+    assert stats(store).largest == 12 - direct(store) and stats(store).member_failures == 1
+    assert isinstance(results[10], StorageError)
+    assert type(results[10]) is type(alone.value)
+    assert str(results[10]).replace("pk-10", "KEY") == str(alone.value).replace("pk-alone", "KEY")
+    for i in (*range(10), 11):
         got = results[i]
         assert not isinstance(got, BaseException), got
         assert got.created and got.job.id == f"pk-job-{i}"
         assert await store.get_job(f"pk-job-{i}") is not None
         assert await store.latest_relay_row_for_job(f"pk-job-{i}") is not None
-    assert await count(store, "jobs") == 6  # the taken one and five members
-    assert await count(store, "relay_outbox") == 6
+    assert await count(store, "jobs") == 12  # the taken one and eleven members
+    assert await count(store, "relay_outbox") == 12
 
 
 # ------------------------------------------------------------------ a failing group
@@ -213,20 +213,20 @@ async def fails_at_commit(store: SqlStore, db_url: str) -> AsyncIterator[None]:
 async def test_a_group_whose_commit_fails_runs_each_member_alone(store: SqlStore) -> None:
     """The group's COMMIT fails for real: nothing of it stays, then each member runs on
     its own; the marked one fails again, every other one commits."""
-    members = [new_job("cf", i) for i in range(5)]
-    members[2] = new_job("cf", 2, key=COMMIT_FAILS)
+    members = [new_job("cf", i) for i in range(8)]
+    members[6] = new_job("cf", 6, key=COMMIT_FAILS)
     results = await asyncio.gather(
         *(store.create_portal_job(m, time.time()) for m in members), return_exceptions=True
     )
     assert stats(store).groups == 1 and stats(store).group_failures == 1
-    assert isinstance(results[2], StorageError)
-    for i in (0, 1, 3, 4):
+    assert isinstance(results[6], StorageError)
+    for i in (0, 1, 2, 3, 4, 5, 7):
         got = results[i]
         assert not isinstance(got, BaseException), got
         assert got.created, "the rerun alone inserts: the failed group left nothing"
-    assert await count(store, "jobs") == 4
-    assert await count(store, "relay_outbox") == 4
-    assert await store.get_job("cf-job-2") is None
+    assert await count(store, "jobs") == 7
+    assert await count(store, "relay_outbox") == 7
+    assert await store.get_job("cf-job-6") is None
 
 
 # ------------------------------------------------------------------ a crash after the commit

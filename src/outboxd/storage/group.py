@@ -15,7 +15,9 @@ them (up to `max_members`) in one transaction:
 A member that raises is rolled back to its savepoint; the others commit. After the
 commit it runs again alone, so its answer is exactly the one it would get alone (an
 idempotency replay, a constraint's error). When the group as a whole fails (begin or
-commit, a lost connection, a locked file) each member runs alone. Bodies given here
+commit, a lost connection) each member runs alone; on SQLite a file that is
+locked or failing answers every member with the group's error at once, since each
+would meet the same file alone after waiting the busy timeout again. Bodies given here
 must therefore be safe to run twice: when a commit's outcome is unknown the rows may
 already be there, and the rerun must find them (intake and registration are keyed on
 the idempotency key and the domain, so it does). Each caller is answered only after
@@ -54,11 +56,12 @@ class GroupStats:
     group_failures: int = 0  # whole groups that failed, their members then run alone
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Member:
     body: TxBody[Any]
     item: Any
     fut: asyncio.Future[Any]
+    taken: bool = False
 
 
 class GroupCommitter:
@@ -69,13 +72,19 @@ class GroupCommitter:
         bulk: Bulk | None = None,
         max_members: int = 64,
         max_groups: int | None = None,
+        patience_s: float | None = None,
     ) -> None:
         self._db = db
+        # How long a call may wait in line before a group takes it (then 503), as a
+        # single write may wait for the SQLite lock or a pooled connection.
+        self._patience_s = patience_s
         self._bulk = bulk
         self._max_members = max(1, max_members)
         # SQLite has one writer: one write in flight, the next group gathering meanwhile.
         # Postgres writes side by side, but few at a time, so that groups form.
         self.max_groups = max_groups or (1 if db.backend == "sqlite" else 4)
+        # A lost Postgres connection says nothing of the next one: rerun alone.
+        self._rerun_unavailable = db.backend != "sqlite"
         self._pending: deque[_Member] = deque()
         self._writers = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -95,10 +104,21 @@ class GroupCommitter:
                 self._writers -= 1
                 self._wake()
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Member(body, item, fut))
+        member = _Member(body, item, fut)
+        self._pending.append(member)
         self._wake()
         # A caller cancelled before its group is taken is dropped, as a cancelled
         # `db.run` would be; once taken, its group runs to the end regardless.
+        if self._patience_s is not None:
+            try:
+                await asyncio.wait([fut], timeout=self._patience_s)
+            except asyncio.CancelledError:
+                if not member.taken:
+                    fut.cancel()
+                raise
+            if not fut.done() and not member.taken:
+                fut.cancel()
+                raise StorageUnavailable(f"{self._db.backend}: timed out waiting for the database")
         return await fut
 
     async def drain(self) -> None:
@@ -118,6 +138,7 @@ class GroupCommitter:
         while self._pending and len(batch) < self._max_members:
             member = self._pending.popleft()
             if not member.fut.done():
+                member.taken = True
                 batch.append(member)
         return batch
 
@@ -146,6 +167,12 @@ class GroupCommitter:
         except Exception as exc:
             self.stats.group_failures += 1
             log.warning("group_commit_failed", members=len(batch), error=str(exc)[:300])
+            if isinstance(exc, StorageUnavailable) and not self._rerun_unavailable:
+                # SQLite's file is locked, busy or failing: the group already waited the
+                # busy timeout, and each member alone would wait it again for the same 503.
+                for m in batch:
+                    _settle(m.fut, Outcome(error=exc))
+                return
             await self._alone(batch)
             return
         crash_point("after_group_commit_before_answers")

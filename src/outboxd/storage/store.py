@@ -160,14 +160,16 @@ class SqlStore:
     """Every storage port. Each method is one transaction body (see `db.TxBody`),
     so SQLite runs it in one thread hop and Postgres on one connection."""
 
-    def __init__(self, db: Database, group_commit: bool = True) -> None:
+    def __init__(
+        self, db: Database, group_commit: bool = True, patience_s: float | None = None
+    ) -> None:
         self.db = db
         self.q = load_queries(db.backend)
         # Intake and registration: concurrent calls share one commit (see storage/group.py).
         # On Postgres an intake group is first tried as one statement.
         bulk = self._intake_bulk if db.backend == "postgres" else None
-        self.group = GroupCommitter(db, bulk=bulk) if group_commit else None
-        self.website_group = GroupCommitter(db) if group_commit else None
+        self.group = GroupCommitter(db, bulk=bulk, patience_s=patience_s) if group_commit else None
+        self.website_group = GroupCommitter(db, patience_s=patience_s) if group_commit else None
 
     @property
     def backend(self) -> str:
@@ -901,4 +903,5 @@ def _check(store: SqlStore) -> None:
 async def open_store(
     url: str, base_dir: Path, pool_size: int, acquire_timeout_s: float
 ) -> SqlStore:
-    return SqlStore(await open_database(url, base_dir, pool_size, acquire_timeout_s))
+    db = await open_database(url, base_dir, pool_size, acquire_timeout_s)
+    return SqlStore(db, patience_s=acquire_timeout_s)
