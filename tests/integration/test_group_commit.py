@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Generator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from outboxd.services.portal_jobs import (
 from outboxd.storage.db import Op, Query, SqliteDatabase, fetch
 from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
+from tests.support.group_crash import portal_job
 
 Client = TestClient[Any, Any]
 URL = "/v1/portal-link-jobs"
@@ -43,16 +43,7 @@ COMMIT_FAILS = "fails-at-commit"
 
 
 def new_job(tag: str, i: int, *, key: str | None = None, job_id: str | None = None) -> NewPortalJob:
-    return NewPortalJob(
-        job_id=job_id or f"{tag}-job-{i}",
-        outbox_id=f"{tag}-outbox-{i}",
-        user_id="group-user",
-        idempotency_key=key or f"{tag}-key-{i}",
-        fingerprint="fp",
-        portal="suwon",
-        key_id="k1",
-        sealed=b"sealed",
-    )
+    return portal_job(tag, i, user="group-user", key=key, job_id=job_id)
 
 
 async def count(store: SqlStore, table: str) -> int:
@@ -256,9 +247,7 @@ async def test_a_crash_between_the_commit_and_the_answers_loses_nothing(
     try:
         replays = await asyncio.gather(
             *(
-                store.create_portal_job(
-                    replace(new_job("replay", i, key=key), user_id="crash-user"), time.time()
-                )
+                store.create_portal_job(portal_job("replay", i, key=key), time.time())
                 for i, key in enumerate(planned)
             )
         )

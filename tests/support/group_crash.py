@@ -18,27 +18,29 @@ from pathlib import Path
 from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import open_store
 
+USER = "crash-user"
 
-def planned(tag: str, n: int) -> list[NewPortalJob]:
-    return [
-        NewPortalJob(
-            job_id=f"{tag}-job-{i}",
-            outbox_id=f"{tag}-outbox-{i}",
-            user_id="crash-user",
-            idempotency_key=f"{tag}-key-{i}",
-            fingerprint="fp",
-            portal="suwon",
-            key_id="k1",
-            sealed=b"sealed",
-        )
-        for i in range(n)
-    ]
+
+def portal_job(
+    tag: str, i: int, *, user: str = USER, key: str | None = None, job_id: str | None = None
+) -> NewPortalJob:
+    """The i-th job of a tag, as the storage layer takes it (also used by the tests)."""
+    return NewPortalJob(
+        job_id=job_id or f"{tag}-job-{i}",
+        outbox_id=f"{tag}-outbox-{i}",
+        user_id=user,
+        idempotency_key=key or f"{tag}-key-{i}",
+        fingerprint="fp",
+        portal="suwon",
+        key_id="k1",
+        sealed=b"sealed",
+    )
 
 
 async def main(url: str, wd: Path, tag: str, n: int) -> None:
     store = await open_store(url, wd, 5, 5.0)
     await store.db.migrate()
-    jobs = planned(tag, n)
+    jobs = [portal_job(tag, i) for i in range(n)]
     print(json.dumps({j.idempotency_key: j.job_id for j in jobs}), flush=True)
     now = time.time()
     await asyncio.gather(*(store.create_portal_job(j, now) for j in jobs))
