@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Generator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,28 @@ async def test_a_member_that_violates_a_constraint_fails_alone_and_the_rest_comm
         assert await store.get_job(f"pk-job-{i}") is not None
         assert await store.latest_relay_row_for_job(f"pk-job-{i}") is not None
     assert await count(store, "jobs") == 12  # the taken one and eleven members
+    assert await count(store, "relay_outbox") == 12
+
+
+async def test_a_member_failing_after_its_first_insert_leaves_nothing(store: SqlStore) -> None:
+    """A member whose job row went in and whose outbox row then broke a key is rolled back to
+    its savepoint (no job without its outbox row); the others of its group commit."""
+    taken = await store.create_portal_job(new_job("sp", 99), time.time())
+    assert taken.outbox is not None
+    members = [new_job("sp", i) for i in range(12)]
+    bad = members[10]
+    members[10] = replace(bad, outbox_id=taken.outbox.id)
+    results = await asyncio.gather(
+        *(store.create_portal_job(m, time.time()) for m in members), return_exceptions=True
+    )
+    assert stats(store).member_failures == 1 and stats(store).group_failures == 0
+    assert isinstance(results[10], StorageError)
+    assert await store.get_job(bad.job_id) is None
+    for i in (*range(10), 11):
+        got = results[i]
+        assert not isinstance(got, BaseException), got
+        assert got.created and got.outbox is not None
+    assert await count(store, "jobs") == 12
     assert await count(store, "relay_outbox") == 12
 
 
