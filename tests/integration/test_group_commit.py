@@ -130,6 +130,31 @@ async def test_a_lone_request_is_written_at_once_without_a_group(store: SqlStore
     assert stats(store).groups == 0
 
 
+async def test_concurrent_registrations_share_groups_and_keep_one_website_per_domain(
+    store: SqlStore,
+) -> None:
+    """Website registration is grouped too: twenty calls over eight domains make eight
+    websites with one work row each, every call answered with its domain's website."""
+    domains = [f"site{i % 8}.example" for i in range(20)]
+    results = await asyncio.gather(
+        *(
+            store.register_website(f"w-{i}", f"work-{i}", d, None, time.time())
+            for i, d in enumerate(domains)
+        )
+    )
+    assert store.website_group is not None and store.website_group.stats.groups >= 1
+    by_domain: dict[str, set[str]] = {}
+    created: dict[str, int] = {}
+    for d, (website, made) in zip(domains, results, strict=True):
+        assert website.domain == d
+        by_domain.setdefault(d, set()).add(website.id)
+        created[d] = created.get(d, 0) + int(made)
+    assert all(len(ids) == 1 for ids in by_domain.values())
+    assert created == {d: 1 for d in by_domain}
+    assert await count(store, "websites") == 8
+    assert await count(store, "work_outbox") == 8
+
+
 # ------------------------------------------------------------------ a failing member
 
 
