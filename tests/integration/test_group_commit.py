@@ -11,16 +11,14 @@ import asyncio
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient
@@ -32,9 +30,9 @@ from outboxd.services.portal_jobs import (
     PortalJobService,
     PortalLinkRequest,
 )
-from outboxd.storage.db import Op, Query, SqliteDatabase, fetch
 from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
+from tests.support.db import raw_count, raw_db
 from tests.support.group_crash import portal_job
 
 Client = TestClient[Any, Any]
@@ -45,16 +43,6 @@ COMMIT_FAILS = "fails-at-commit"
 
 def new_job(tag: str, i: int, *, key: str | None = None, job_id: str | None = None) -> NewPortalJob:
     return portal_job(tag, i, user="group-user", key=key, job_id=job_id)
-
-
-async def count(store: SqlStore, table: str) -> int:
-    q = Query("count_rows", f"SELECT COUNT(*) AS n FROM {table}", ())
-
-    def body() -> Generator[Op, Any, int]:
-        rows = yield fetch(q, {})
-        return int(rows[0]["n"])
-
-    return await store.db.read(body)
 
 
 def stats(store: SqlStore) -> Any:
@@ -72,7 +60,7 @@ def direct(store: SqlStore) -> int:
 
 
 async def test_fifty_concurrent_requests_over_twenty_keys_make_twenty_jobs(
-    api: Client, store: SqlStore
+    api: Client, store: SqlStore, db_url: str
 ) -> None:
     """Over HTTP: every request answers 202 with its key's job; one job and one outbox row
     per key, one non-replayed answer per key."""
@@ -93,13 +81,13 @@ async def test_fifty_concurrent_requests_over_twenty_keys_make_twenty_jobs(
     assert all(len(ids) == 1 for ids in by_key.values()), by_key
     assert len({next(iter(ids)) for ids in by_key.values()}) == 20
     assert fresh == {k: 1 for k in range(20)}
-    assert await count(store, "jobs") == 20
-    assert await count(store, "relay_outbox") == 20
+    assert await raw_count(db_url, "jobs") == 20
+    assert await raw_count(db_url, "relay_outbox") == 20
     assert stats(store).largest > 1, "the requests were meant to share groups"
 
 
 async def test_one_group_over_twenty_keys_replays_consistently(
-    store: SqlStore, keys: KeyRing
+    store: SqlStore, keys: KeyRing, db_url: str
 ) -> None:
     """Fifty calls started together: the first are written at once (one on SQLite, as
     many as may write side by side on Postgres), the others wait and form one group.
@@ -116,8 +104,8 @@ async def test_one_group_over_twenty_keys_replays_consistently(
     assert all(len(v) == 1 for v in ids.values())
     assert [s.replayed for s in subs[:20]] == [False] * 20
     assert all(s.replayed for s in subs[20:])
-    assert await count(store, "jobs") == 20
-    assert await count(store, "relay_outbox") == 20
+    assert await raw_count(db_url, "jobs") == 20
+    assert await raw_count(db_url, "relay_outbox") == 20
     again = await service.submit("u1", "one-4", reqs[4])
     assert again.replayed and again.job.id in ids[4]
     with pytest.raises(IdempotencyConflict):
@@ -131,7 +119,7 @@ async def test_a_lone_request_is_written_at_once_without_a_group(store: SqlStore
 
 
 async def test_concurrent_registrations_share_groups_and_keep_one_website_per_domain(
-    store: SqlStore,
+    store: SqlStore, db_url: str
 ) -> None:
     """Website registration is grouped too: twenty calls over eight domains make eight
     websites with one work row each, every call answered with its domain's website."""
@@ -151,15 +139,15 @@ async def test_concurrent_registrations_share_groups_and_keep_one_website_per_do
         created[d] = created.get(d, 0) + int(made)
     assert all(len(ids) == 1 for ids in by_domain.values())
     assert created == {d: 1 for d in by_domain}
-    assert await count(store, "websites") == 8
-    assert await count(store, "work_outbox") == 8
+    assert await raw_count(db_url, "websites") == 8
+    assert await raw_count(db_url, "work_outbox") == 8
 
 
 # ------------------------------------------------------------------ a failing member
 
 
 async def test_a_member_that_violates_a_constraint_fails_alone_and_the_rest_commit(
-    store: SqlStore,
+    store: SqlStore, db_url: str
 ) -> None:
     """A new key reusing an existing job's id breaks the primary key: only that member
     fails, with the error it gets alone; the other members of its group commit."""
@@ -184,11 +172,13 @@ async def test_a_member_that_violates_a_constraint_fails_alone_and_the_rest_comm
         assert got.created and got.job.id == f"pk-job-{i}"
         assert await store.get_job(f"pk-job-{i}") is not None
         assert await store.latest_relay_row_for_job(f"pk-job-{i}") is not None
-    assert await count(store, "jobs") == 12  # the taken one and eleven members
-    assert await count(store, "relay_outbox") == 12
+    assert await raw_count(db_url, "jobs") == 12  # the taken one and eleven members
+    assert await raw_count(db_url, "relay_outbox") == 12
 
 
-async def test_a_member_failing_after_its_first_insert_leaves_nothing(store: SqlStore) -> None:
+async def test_a_member_failing_after_its_first_insert_leaves_nothing(
+    store: SqlStore, db_url: str
+) -> None:
     """A member whose job row went in and whose outbox row then broke a key is rolled back to
     its savepoint (no job without its outbox row); the others of its group commit."""
     taken = await store.create_portal_job(new_job("sp", 99), time.time())
@@ -206,50 +196,50 @@ async def test_a_member_failing_after_its_first_insert_leaves_nothing(store: Sql
         got = results[i]
         assert not isinstance(got, BaseException), got
         assert got.created and got.outbox is not None
-    assert await count(store, "jobs") == 12
-    assert await count(store, "relay_outbox") == 12
+    assert await raw_count(db_url, "jobs") == 12
+    assert await raw_count(db_url, "relay_outbox") == 12
 
 
 # ------------------------------------------------------------------ a failing group
 
 
 @pytest_asyncio.fixture
-async def fails_at_commit(store: SqlStore, db_url: str) -> AsyncIterator[None]:
+async def fails_at_commit(backend: str, db_url: str) -> AsyncIterator[None]:
     """A deferred check that fails the COMMIT of any transaction holding the marked key."""
-    if isinstance(store.db, SqliteDatabase):
-        conn = sqlite3.connect(store.db.path, isolation_level=None)
-        try:
-            conn.executescript(
-                "CREATE TABLE gc_parent (id TEXT PRIMARY KEY);"
-                "CREATE TABLE gc_child (parent TEXT REFERENCES gc_parent (id)"
-                " DEFERRABLE INITIALLY DEFERRED);"
-                "CREATE TRIGGER gc_fail AFTER INSERT ON jobs"
-                f" WHEN NEW.idempotency_key = '{COMMIT_FAILS}'"
-                " BEGIN INSERT INTO gc_child VALUES ('missing'); END;"
-            )
-        finally:
-            conn.close()
-        yield
-        return
-    pg = await asyncpg.connect(db_url)
-    try:
-        await pg.execute(
+    if backend == "sqlite":
+        setup = [
+            "CREATE TABLE gc_parent (id TEXT PRIMARY KEY)",
+            "CREATE TABLE gc_child (parent TEXT REFERENCES gc_parent (id)"
+            " DEFERRABLE INITIALLY DEFERRED)",
+            "CREATE TRIGGER gc_fail AFTER INSERT ON jobs"
+            f" WHEN NEW.idempotency_key = '{COMMIT_FAILS}'"
+            " BEGIN INSERT INTO gc_child VALUES ('missing'); END",
+        ]
+        cleanup: list[str] = []  # the SQLite file is the test's own
+    else:
+        setup = [
             "CREATE OR REPLACE FUNCTION gc_fail() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$;"
+            "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$",
             "CREATE CONSTRAINT TRIGGER gc_fail AFTER INSERT ON jobs"
             " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
-            f" WHEN (NEW.idempotency_key = '{COMMIT_FAILS}') EXECUTE FUNCTION gc_fail()"
-        )
+            f" WHEN (NEW.idempotency_key = '{COMMIT_FAILS}') EXECUTE FUNCTION gc_fail()",
+        ]
+        cleanup = ["DROP TRIGGER IF EXISTS gc_fail ON jobs", "DROP FUNCTION IF EXISTS gc_fail()"]
+    async with raw_db(db_url) as db:
+        for statement in setup:
+            await db.execute(statement)
+    try:
         yield
     finally:
-        await pg.execute(
-            "DROP TRIGGER IF EXISTS gc_fail ON jobs; DROP FUNCTION IF EXISTS gc_fail()"
-        )
-        await pg.close()
+        async with raw_db(db_url) as db:
+            for statement in cleanup:
+                await db.execute(statement)
 
 
 @pytest.mark.usefixtures("fails_at_commit")
-async def test_a_group_whose_commit_fails_runs_each_member_alone(store: SqlStore) -> None:
+async def test_a_group_whose_commit_fails_runs_each_member_alone(
+    store: SqlStore, db_url: str
+) -> None:
     """The group's COMMIT fails for real: nothing of it stays, then each member runs on
     its own; the marked one fails again, every other one commits."""
     members = [new_job("cf", i) for i in range(8)]
@@ -263,8 +253,8 @@ async def test_a_group_whose_commit_fails_runs_each_member_alone(store: SqlStore
         got = results[i]
         assert not isinstance(got, BaseException), got
         assert got.created, "the rerun alone inserts: the failed group left nothing"
-    assert await count(store, "jobs") == 7
-    assert await count(store, "relay_outbox") == 7
+    assert await raw_count(db_url, "jobs") == 7
+    assert await raw_count(db_url, "relay_outbox") == 7
     assert await store.get_job("cf-job-6") is None
 
 
@@ -303,6 +293,6 @@ async def test_a_crash_between_the_commit_and_the_answers_loses_nothing(
             assert not intake.created
             assert intake.job.id == planned[key]
             assert intake.outbox is not None and intake.outbox.job_id == planned[key]
-        assert await count(store, "jobs") == 12
+        assert await raw_count(db_url, "jobs") == 12
     finally:
         await store.close()

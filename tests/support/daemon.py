@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests.support.process import terminate
+
 _LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
 
 
@@ -180,10 +182,4 @@ class FakeProcess:
         self.info: dict[str, str] = json.loads(self.port_file.read_text())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        terminate(self.proc)

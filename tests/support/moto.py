@@ -9,6 +9,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.support.process import terminate
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -62,11 +64,6 @@ class MotoServer:
         return self.start()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            terminate(self.proc)
         self.proc = None

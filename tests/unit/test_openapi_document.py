@@ -33,6 +33,7 @@ from outboxd.storage.ports import (
     TaskRun,
     Website,
 )
+from tests.support.records import CS101_RECORD, EXPECTED_RECORD, SAMPLE_STUDENT_RECORD
 
 _BASE = "urn:outboxd:openapi"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -92,34 +93,13 @@ def _walk(node: Any) -> Iterator[Any]:
 
 def _portal_result() -> dict[str, Any]:
     return {
-        "student": {
-            "studentNumber": "20201234",
-            "name": "홍길동",
-            "college": "IT대학",
-            "department": "컴퓨터학부",
-            "major": "컴퓨터SW",
-            "status": "재학",
-            "year": 3,
-        },
+        "student": {**SAMPLE_STUDENT_RECORD, "name": "홍길동"},
         "semesters": [
             {
+                **EXPECTED_RECORD["semesters"][0],
                 "year": 2024,
-                "term": "1",
-                "creditsAttempted": 18,
-                "creditsEarned": 18,
-                "gpa": 4.12,
-                "percentile": 93.5,
-                "rank": "6/33",
                 "courses": [
-                    {
-                        "code": "CS101",
-                        "title": "자료구조",
-                        "credits": 3,
-                        "grade": "A+",
-                        "gradePoints": 4.5,
-                        "category": "전공필수",
-                        "department": "컴퓨터학부",
-                    },
+                    dict(CS101_RECORD),
                     {
                         "code": "GE200",
                         "title": "글쓰기",

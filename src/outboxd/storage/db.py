@@ -90,7 +90,6 @@ def load_migrations(backend: Backend) -> list[tuple[int, str, str]]:
 
 class Connection(Protocol):
     async def fetch(self, q: Query, params: Params) -> list[Row]: ...
-    async def fetchrow(self, q: Query, params: Params) -> Row | None: ...
     async def execute(self, q: Query, params: Params) -> int: ...
 
 
@@ -150,8 +149,6 @@ class Database(Protocol):
         """
         ...
 
-    def transaction(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
-    def reader(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
     async def migrate(self) -> list[str]: ...
     async def pending_migrations(self) -> list[str]:
         """Names of the migrations not applied yet; reads only (no table is created)."""
@@ -315,25 +312,6 @@ def _group_tx(bodies: Sequence[TxBody[Any]]) -> Callable[[sqlite3.Connection], l
     return tx
 
 
-class _SqliteConn:
-    """The statement-at-a-time Connection, for callers that are not a TxBody."""
-
-    def __init__(self, thread: _SqliteThread) -> None:
-        self._thread = thread
-
-    async def fetch(self, q: Query, params: Params) -> list[Row]:
-        rows: list[Row] = await self._thread.call(lambda c: _sqlite_op(c, fetch(q, params)))
-        return rows
-
-    async def fetchrow(self, q: Query, params: Params) -> Row | None:
-        rows = await self.fetch(q, params)
-        return rows[0] if rows else None
-
-    async def execute(self, q: Query, params: Params) -> int:
-        n: int = await self._thread.call(lambda c: _sqlite_op(c, execute(q, params)))
-        return n
-
-
 class SqliteDatabase:
     """One writer connection (SQLite has one writer anyway) and one reader (WAL).
 
@@ -385,24 +363,6 @@ class SqliteDatabase:
     async def run_group(self, bodies: Sequence[TxBody[Any]]) -> list[Outcome]:
         async with self._write_turn():
             return await self._writer.call(_group_tx(bodies))
-
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
-        async with self._write_turn():
-            await self._writer.call(lambda c: c.execute("BEGIN IMMEDIATE"))
-            try:
-                yield _SqliteConn(self._writer)
-            except BaseException:
-                with contextlib.suppress(StorageError):
-                    await asyncio.shield(self._writer.call(lambda c: c.execute("ROLLBACK")))
-                raise
-            await asyncio.shield(self._writer.call(lambda c: c.execute("COMMIT")))
-
-    @contextlib.asynccontextmanager
-    async def reader(self) -> AsyncIterator[Connection]:
-        if not self._open:
-            raise StorageUnavailable("sqlite: database is closed")
-        yield _SqliteConn(self._reader)
 
     async def migrate(self) -> list[str]:
         def apply(conn: sqlite3.Connection) -> list[str]:
@@ -533,10 +493,6 @@ class _PgConn:
             raise _pg_error(exc) from exc
         return [dict(r) for r in rows]
 
-    async def fetchrow(self, q: Query, params: Params) -> Row | None:
-        rows = await self.fetch(q, params)
-        return rows[0] if rows else None
-
     async def execute(self, q: Query, params: Params) -> int:
         try:
             status = await self._conn.execute(q.sql, *q.positional(params))
@@ -587,7 +543,7 @@ class PostgresDatabase:
                 await asyncio.shield(pool.release(conn))
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
+    async def _transaction(self) -> AsyncIterator[Connection]:
         async with self._acquire() as conn:
             tx = conn.transaction()
             try:
@@ -605,18 +561,13 @@ class PostgresDatabase:
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
 
-    @contextlib.asynccontextmanager
-    async def reader(self) -> AsyncIterator[Connection]:
-        async with self._acquire() as conn:
-            yield _PgConn(conn)
-
     async def run(self, body: TxBody[T]) -> T:
-        async with self.transaction() as conn:
+        async with self._transaction() as conn:
             return await _drive_async(conn, body)
 
     async def read(self, body: TxBody[T]) -> T:
-        async with self.reader() as conn:
-            return await _drive_async(conn, body)
+        async with self._acquire() as conn:
+            return await _drive_async(_PgConn(conn), body)
 
     async def run_group(self, bodies: Sequence[TxBody[Any]]) -> list[Outcome]:
         async with self._acquire() as raw:
