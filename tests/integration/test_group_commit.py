@@ -204,9 +204,10 @@ async def test_a_member_failing_after_its_first_insert_leaves_nothing(
 
 
 @pytest_asyncio.fixture
-async def fails_at_commit(backend: str, db_url: str) -> AsyncIterator[None]:
-    """A deferred check that fails the COMMIT of any transaction holding the marked key."""
-    if backend == "sqlite":
+async def fails_at_commit(store: SqlStore, db_url: str) -> AsyncIterator[None]:
+    """A deferred check that fails the COMMIT of any transaction holding the marked key
+    (on the store's migrated database)."""
+    if store.backend == "sqlite":
         setup = [
             "CREATE TABLE gc_parent (id TEXT PRIMARY KEY)",
             "CREATE TABLE gc_child (parent TEXT REFERENCES gc_parent (id)"
