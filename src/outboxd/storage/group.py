@@ -145,7 +145,16 @@ class GroupCommitter:
     async def _write_groups(self) -> None:
         try:
             while batch := self._take():
-                await self._write(batch)
+                try:
+                    await self._write(batch)
+                except asyncio.CancelledError:
+                    for m in batch:
+                        m.fut.cancel()
+                    raise
+                except Exception as exc:  # a bug here must not leave callers waiting forever
+                    log.exception("group_commit_crashed", members=len(batch))
+                    for m in batch:
+                        _settle(m.fut, Outcome(error=exc))
         finally:
             self._writers -= 1
             self._wake()
@@ -160,10 +169,6 @@ class GroupCommitter:
             if self._bulk is not None and await self._write_bulk(batch):
                 return
             outcomes = await self._db.run_group([m.body for m in batch])
-        except asyncio.CancelledError:
-            for m in batch:
-                m.fut.cancel()
-            raise
         except Exception as exc:
             self.stats.group_failures += 1
             log.warning("group_commit_failed", members=len(batch), error=str(exc)[:300])
