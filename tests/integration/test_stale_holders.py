@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
+from outboxd.daemon.relay import publish_failure
 from outboxd.errors import StorageError
-from outboxd.storage.ports import RelayFailure
 from outboxd.storage.store import SqlStore
 from tests.integration.test_atomicity import install_fault, remove_fault
 from tests.support.ops import insert_portal_job
@@ -34,7 +34,7 @@ async def test_a_stale_relay_holders_late_sent_changes_nothing(store: SqlStore) 
     assert second is not None and second.version != first.version
     assert second.attempt_count == 2
     await store.mark_relay_failed(
-        [RelayFailure(row=second, error="boom", next_attempt_at=111.0, dead=True)], 111.0
+        [publish_failure(row=second, error="boom", next_attempt_at=111.0, dead=True)], 111.0
     )
 
     late = await store.mark_relay_sent([(first, "late-message-id")], 112.0)
@@ -59,7 +59,7 @@ async def test_a_stale_relay_holders_late_failure_changes_nothing(store: SqlStor
     assert sent.status == "SENT"
 
     await store.mark_relay_failed(
-        [RelayFailure(row=first, error="late", next_attempt_at=113.0, dead=True)], 113.0
+        [publish_failure(row=first, error="late", next_attempt_at=113.0, dead=True)], 113.0
     )
 
     row = await store.get_relay_row(outbox_id)

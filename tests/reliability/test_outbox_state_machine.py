@@ -38,8 +38,9 @@ from hypothesis.stateful import (
     rule,
 )
 
+from outboxd.daemon.relay import publish_failure
 from outboxd.errors import InvalidState
-from outboxd.storage.ports import JobRecord, NewPortalJob, RelayFailure, RelayRow, WorkRow
+from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow, WorkRow
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
 from tests.support.db import RawDb
@@ -265,7 +266,7 @@ class OutboxMachine(RuleBasedStateMachine):
         dead = row.attempt_count >= MAX_ATTEMPTS
         if dead:
             event("relay row dead")
-        failure = RelayFailure(row, "SQS down", self.now + 1.0, dead)
+        failure = publish_failure(row, "SQS down", self.now + 1.0, dead)
         self.run(self.store.mark_relay_failed([failure], self.now))
 
     def relay_dies(self, data: st.DataObject) -> None:

@@ -15,9 +15,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from outboxd.daemon.relay import publish_failure
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
-from outboxd.storage.ports import JobRecord, NewPortalJob, RelayFailure, RelayRow
+from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore
 from tests.support.db import sql as sql
 from tests.support.db import sql_sync as sql_sync
@@ -86,7 +87,7 @@ async def kill_at_publish(store: SqlStore, job_id: str, error: str = "sqs down")
     now = time.time()
     claimed = await store.claim_relay_row(latest.id, now, 30.0)
     assert claimed is not None
-    await store.mark_relay_failed([RelayFailure(claimed, error, now + 1, dead=True)], now)
+    await store.mark_relay_failed([publish_failure(claimed, error, now + 1, dead=True)], now)
     row = await store.get_relay_row(latest.id)
     assert row is not None and row.status == "DEAD"
     job = await store.get_job(job_id)
@@ -100,7 +101,7 @@ async def kill_task_at_publish(store: SqlStore, task_id: str) -> RelayRow:
     now = time.time()
     claimed = await store.claim_relay_row(row.id, now, 30.0)
     assert claimed is not None
-    await store.mark_relay_failed([RelayFailure(claimed, "sqs down", now + 1, dead=True)], now)
+    await store.mark_relay_failed([publish_failure(claimed, "sqs down", now + 1, dead=True)], now)
     return row
 
 

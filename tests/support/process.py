@@ -1,17 +1,5 @@
-"""Stopping a helper process the tests started (a daemon, a moto server)."""
+"""`terminate` lives in testkit/ (shared with bench/); re-exported for the tests."""
 
-from __future__ import annotations
+from testkit.process import terminate
 
-import subprocess
-
-
-def terminate(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
-    """SIGTERM, five seconds' grace, then SIGKILL; a process already gone is left alone."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+__all__ = ["terminate"]

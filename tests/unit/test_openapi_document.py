@@ -16,7 +16,6 @@ from referencing.jsonschema import DRAFT202012
 
 from outboxd.daemon.api import (
     ApiError,
-    collect_stats,
     dispatch_body,
     job_body,
     problem,
@@ -25,6 +24,7 @@ from outboxd.daemon.api import (
     website_body,
 )
 from outboxd.daemon.openapi import openapi_document
+from outboxd.services.admin import collect_stats
 from outboxd.storage.ports import (
     JobRecord,
     PaceState,
@@ -484,7 +484,7 @@ class _Queues:
 
 
 async def test_stats_bodies_validate(doc: dict[str, Any]) -> None:
-    """api.collect_stats with and without queue statistics matches Stats."""
+    """admin.collect_stats with and without queue statistics matches Stats."""
     _assert_valid(doc, "Stats", await collect_stats(_Counts(), None))
     _assert_valid(doc, "Stats", await collect_stats(_Counts(), _Queues()))
     _assert_valid(doc, "Readiness", {"status": "unavailable", "checks": {"sqs": "timeout"}})

@@ -34,6 +34,8 @@ Params = Mapping[str, Any]
 
 _BLOCK_RE = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 _PARAM_RE = re.compile(r"(?<![:\w]):([a-zA-Z_]\w*)")
+# Written once in common.sql as a comment; Postgres claims run it (see load_queries).
+_SKIP_LOCKED = "/* FOR UPDATE SKIP LOCKED */"
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ def load_queries(backend: Backend) -> dict[str, Query]:
     queries: dict[str, Query] = {}
     for name, sql in blocks.items():
         if backend == "postgres":
+            sql = sql.replace(_SKIP_LOCKED, _SKIP_LOCKED[3:-3])
             order: list[str] = []
 
             def number(m: re.Match[str], order: list[str] = order) -> str:
@@ -127,6 +130,19 @@ class Outcome:
 
     value: Any = None
     error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class _Done:
+    value: Any
+
+
+def _step(gen: Generator[Op, Any, Any], result: Any) -> Op | _Done:
+    """Send a body the previous statement's result: its next statement, or its value."""
+    try:
+        return gen.send(result)
+    except StopIteration as stop:
+        return _Done(stop.value)
 
 
 class Database(Protocol):
@@ -195,14 +211,11 @@ def _sqlite_op(conn: sqlite3.Connection, op: Op) -> Any:
 
 def _drive_sync(conn: sqlite3.Connection, body: TxBody[T]) -> T:
     gen = body()
-    result: Any = None
-    while True:
-        try:
-            op = gen.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
-        result = _sqlite_op(conn, op)
+    step = _step(gen, None)
+    while not isinstance(step, _Done):
+        step = _step(gen, _sqlite_op(conn, step))
+    value: T = step.value
+    return value
 
 
 class _SqliteThread:
@@ -469,17 +482,12 @@ def _pg_status_count(status: str) -> int:
 
 async def _drive_async(conn: Connection, body: TxBody[T]) -> T:
     gen = body()
-    result: Any = None
-    while True:
-        try:
-            op = gen.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
-        if op.mode == "fetch":
-            result = await conn.fetch(op.q, op.params)
-        else:
-            result = await conn.execute(op.q, op.params)
+    step = _step(gen, None)
+    while not isinstance(step, _Done):
+        run = conn.fetch if step.mode == "fetch" else conn.execute
+        step = _step(gen, await run(step.q, step.params))
+    value: T = step.value
+    return value
 
 
 class _PgConn:
