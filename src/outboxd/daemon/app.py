@@ -417,7 +417,7 @@ async def _serve(
         queues=[settings.sqs.jobs_queue, settings.sqs.tasks_queue],
     )
 
-    relay = Relay(store, queues, settings.relay, metrics)
+    relay = Relay(store, queues, settings.relay, metrics, stop=stop)
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
     api_server: ApiServer | None = None

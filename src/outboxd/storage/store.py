@@ -358,67 +358,96 @@ class SqlStore:
 
         return await self.db.run(body)
 
+    async def claim_relay_rows(
+        self, outbox_ids: Sequence[str], now: float, lease_s: float
+    ) -> list[RelayRow]:
+        if not outbox_ids:
+            return []
+        ids = json.dumps(sorted(set(outbox_ids)))
+
+        def body() -> Generator[Op, Any, list[RelayRow]]:
+            rows = yield fetch(
+                self.q["claim_relay_many"], {"ids": ids, "now": now, "claimed_until": now + lease_s}
+            )
+            return [_relay(r) for r in rows]
+
+        return await self.db.run(body)
+
     async def mark_relay_sent(
         self, sent: Sequence[tuple[RelayRow, str]], now: float
     ) -> list[RelayRow]:
         if not sent:
             return []
+        return await self.db.run(lambda: self._relay_sent(sent, now))
 
-        payload = json.dumps([{"id": r.id, "v": r.version, "m": m} for r, m in sent])
+    async def mark_relay_failed(self, failures: Sequence[RelayFailure], now: float) -> None:
+        if failures:
+            await self.db.run(lambda: self._relay_failed(failures, now))
+
+    async def record_relay_outcome(
+        self, sent: Sequence[tuple[RelayRow, str]], failures: Sequence[RelayFailure], now: float
+    ) -> list[RelayRow]:
+        if not sent and not failures:
+            return []
 
         def body() -> Generator[Op, Any, list[RelayRow]]:
-            # Rows a newer holder (or a redrive) owns now fail the version match
-            # and are left alone.
-            rows = yield fetch(self.q["relay_sent_many"], {"rows": payload, "now": now})
-            done = [_relay(r) for r in rows]
-            job_ids = [r.job_id for r in done if r.job_id is not None]
-            task_ids = [r.task_id for r in done if r.task_id is not None]
-            if job_ids:
-                yield execute(
-                    self.q["jobs_running_if_queued"], {"ids": json.dumps(job_ids), "now": now}
-                )
-            if task_ids:
-                yield execute(self.q["tasks_sent"], {"ids": json.dumps(task_ids)})
+            done = (yield from self._relay_sent(sent, now)) if sent else []
+            if failures:
+                yield from self._relay_failed(failures, now)
             return done
 
         return await self.db.run(body)
 
-    async def mark_relay_failed(self, failures: Sequence[RelayFailure], now: float) -> None:
-        if not failures:
-            return
+    def _relay_sent(
+        self, sent: Sequence[tuple[RelayRow, str]], now: float
+    ) -> Generator[Op, Any, list[RelayRow]]:
+        payload = json.dumps([{"id": r.id, "v": r.version, "m": m} for r, m in sent])
+        # Rows a newer holder (or a redrive) owns now fail the version match
+        # and are left alone.
+        rows = yield fetch(self.q["relay_sent_many"], {"rows": payload, "now": now})
+        done = [_relay(r) for r in rows]
+        job_ids = [r.job_id for r in done if r.job_id is not None]
+        task_ids = [r.task_id for r in done if r.task_id is not None]
+        if job_ids:
+            yield execute(
+                self.q["jobs_running_if_queued"], {"ids": json.dumps(job_ids), "now": now}
+            )
+        if task_ids:
+            yield execute(self.q["tasks_sent"], {"ids": json.dumps(task_ids)})
+        return done
 
-        def body() -> Generator[Op, Any, None]:
-            for f in failures:
-                updated = yield from self._one(
-                    "relay_failed",
+    def _relay_failed(
+        self, failures: Sequence[RelayFailure], now: float
+    ) -> Generator[Op, Any, None]:
+        for f in failures:
+            updated = yield from self._one(
+                "relay_failed",
+                {
+                    "id": f.row.id,
+                    "version": f.row.version,
+                    "status": "DEAD" if f.dead else "RETRYABLE_FAILED",
+                    "next_attempt_at": f.next_attempt_at,
+                    "last_error": f.error[:1000],
+                },
+            )
+            if updated is None or not f.dead:
+                continue
+            if f.row.job_id is not None:
+                yield execute(
+                    self.q["job_dead"],
                     {
-                        "id": f.row.id,
-                        "version": f.row.version,
-                        "status": "DEAD" if f.dead else "RETRYABLE_FAILED",
-                        "next_attempt_at": f.next_attempt_at,
-                        "last_error": f.error[:1000],
+                        "id": f.row.job_id,
+                        "error_code": "RETRIES_EXHAUSTED",
+                        "error_message": f"publishing failed {f.row.attempt_count} times: "
+                        + f.error[:300],
+                        "now": now,
                     },
                 )
-                if updated is None or not f.dead:
-                    continue
-                if f.row.job_id is not None:
-                    yield execute(
-                        self.q["job_dead"],
-                        {
-                            "id": f.row.job_id,
-                            "error_code": "RETRIES_EXHAUSTED",
-                            "error_message": f"publishing failed {f.row.attempt_count} times: "
-                            + f.error[:300],
-                            "now": now,
-                        },
-                    )
-                elif f.row.task_id is not None:
-                    yield execute(
-                        self.q["task_dead"],
-                        {"id": f.row.task_id, "error": f.error[:1000], "now": now},
-                    )
-
-        await self.db.run(body)
+            elif f.row.task_id is not None:
+                yield execute(
+                    self.q["task_dead"],
+                    {"id": f.row.task_id, "error": f.error[:1000], "now": now},
+                )
 
     async def get_relay_row(self, outbox_id: str) -> RelayRow | None:
         def body() -> Generator[Op, Any, RelayRow | None]:

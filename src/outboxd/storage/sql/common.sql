@@ -96,6 +96,16 @@ UPDATE relay_outbox
    AND (claimed_until IS NULL OR claimed_until < :now)
 RETURNING *;
 
+-- name: claim_relay_many
+-- :ids is a JSON array of outbox ids: the requests of one coalesced dispatch batch
+-- claim their rows in one statement. A row SENT already, or leased by another holder,
+-- is left out of the result.
+UPDATE relay_outbox
+   SET attempt_count = attempt_count + 1, claimed_until = :claimed_until, version = version + 1
+ WHERE id IN (SELECT value FROM json_each(:ids)) AND status IN ('PENDING', 'RETRYABLE_FAILED')
+   AND (claimed_until IS NULL OR claimed_until < :now)
+RETURNING *;
+
 -- name: relay_sent_many
 -- :rows is a JSON array of {"id", "v" (the claimed version), "m" (the MessageId)}:
 -- one statement however many rows a round published. (SQLite plans an UPDATE ... FROM
