@@ -201,6 +201,9 @@ class Relay:
                 if not fut.done():
                     fut.set_exception(exc)
         finally:
+            for _, fut in batch:
+                if not fut.done():  # the batch was cancelled: nobody may hang on it
+                    fut.set_result(False)
             self._in_flight -= 1
             if self._waiting:
                 # They have waited for a free slot already: no linger for them.

@@ -254,6 +254,16 @@ class SqlStore:
     async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None:
         return await self.db.read(lambda: self._relay_row(job_id))
 
+    async def get_job_and_relay_row(
+        self, job_id: str, outbox_id: str
+    ) -> tuple[JobRecord | None, RelayRow | None]:
+        def body() -> Generator[Op, Any, tuple[JobRecord | None, RelayRow | None]]:
+            job = yield from self._one("select_job", {"id": job_id})
+            relay = yield from self._one("select_relay_row", {"id": outbox_id})
+            return (_job(job) if job else None), (_relay(relay) if relay else None)
+
+        return await self.db.read(body)
+
     async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None:
         return await self._job_row(
             "start_job_run", {"id": job_id, "now": now, "lease_until": now + lease_s}

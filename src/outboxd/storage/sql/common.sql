@@ -108,16 +108,19 @@ RETURNING *;
 
 -- name: relay_sent_many
 -- :rows is a JSON array of {"id", "v" (the claimed version), "m" (the MessageId)}:
--- one statement however many rows a round published. (SQLite plans an UPDATE ... FROM
--- json_each as a scan of the table; `id IN (...)` keeps it on the primary key.)
+-- one statement however many rows a round published. The array is parsed once into
+-- `j`; each of its rows then finds its outbox row by primary key. (Correlated
+-- json_each subqueries instead re-parse the array for every row: about ten times the
+-- CPU for a round of a hundred.)
+WITH j(id, v, m) AS MATERIALIZED (
+    SELECT json_extract(value, '$.id'), json_extract(value, '$.v'), json_extract(value, '$.m')
+      FROM json_each(:rows))
 UPDATE relay_outbox
-   SET status = 'SENT',
-       queue_message_id = (SELECT json_extract(value, '$.m') FROM json_each(:rows)
-                            WHERE json_extract(value, '$.id') = relay_outbox.id),
-       sent_at = :now, claimed_until = NULL, last_error = NULL, version = version + 1
- WHERE id IN (SELECT json_extract(value, '$.id') FROM json_each(:rows))
-   AND version = (SELECT json_extract(value, '$.v') FROM json_each(:rows)
-                   WHERE json_extract(value, '$.id') = relay_outbox.id)
+   SET status = 'SENT', queue_message_id = j.m, sent_at = :now, claimed_until = NULL,
+       last_error = NULL, version = relay_outbox.version + 1
+  FROM j
+ WHERE relay_outbox.id = j.id
+   AND relay_outbox.version = j.v
 RETURNING *;
 
 -- name: jobs_running_if_queued
