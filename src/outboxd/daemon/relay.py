@@ -36,9 +36,10 @@ from outboxd.storage.ports import RelayFailure, RelayRow, RelayStore, TaskStore
 
 log = structlog.get_logger(__name__)
 
-# How long a request that finds no batch forming waits for others to join it: about
-# a millisecond, so a lone request barely notices, while requests that arrive together
-# share one SendMessageBatch.
+# How long a request waits for others to join its batch while other batches are out:
+# about a millisecond, so requests that arrive close together share one SendMessageBatch.
+# When nothing is out, a request does not wait at all (it leaves at the end of the
+# event loop's turn): a lone request adds no delay.
 DISPATCH_LINGER_S = 0.001
 # Coalesced batches in flight at once. While all are out, new requests queue up and
 # leave together as soon as one returns: the busier the API, the fuller the batches.
@@ -105,7 +106,7 @@ class Relay:
         self._waiting: list[_Waiter] = []
         self._open: set[asyncio.Future[bool | None]] = set()
         self._in_flight = 0
-        self._linger: asyncio.TimerHandle | None = None
+        self._linger: asyncio.Handle | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         self._stop_watch: asyncio.Future[None] | None = None
 
@@ -163,6 +164,11 @@ class Relay:
             return  # the next batch to return takes the waiting requests along
         if len(self._waiting) >= self._dispatch_size:
             self._flush()
+        elif self._linger is None and self._in_flight == 0:
+            # Nothing is out: no one is about to return with company for this request.
+            # It leaves at the end of this turn of the loop, with the requests that
+            # became ready in the same turn.
+            self._linger = loop.call_soon(self._linger_over)
         elif self._linger is None:
             self._linger = loop.call_later(self._linger_s, self._linger_over)
 
