@@ -192,7 +192,10 @@ async def test_a_shutdown_answers_the_waiting_requests_not_dispatched(
     assert answers == [False] * len(made)
     assert await relay.publish_now(made[0][1]) is False  # after the stop: not even tried
 
-    pub.gate.set()  # the held batch goes out and is recorded
+    pub.gate.set()  # the held batch goes out and is recorded before drain() returns
+    await asyncio.wait_for(relay.drain(10.0), 15)
+    held = [r for r in await all_rows(store) if r.status == "SENT"]
+    assert len(held) == 10 and all(r.queue_message_id for r in held)
     loop = Relay(store, RecordingPublisher(queues), relay_settings(), Metrics())
     deadline = asyncio.get_running_loop().time() + 10
     while any(r.status != "SENT" for r in await all_rows(store)):

@@ -504,6 +504,7 @@ async def _serve(
 
         tg.create_task(enforce_deadline())
         await stop.wait()
+    await relay.drain(settings.relay.publish_timeout_s + 1.0)
     return 1 if failures else 0
 
 

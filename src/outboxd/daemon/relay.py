@@ -140,6 +140,13 @@ class Relay:
             return await self._outcome_of_other_holder(outbox_id)
         return outcome
 
+    async def drain(self, timeout_s: float) -> None:
+        """At shutdown, before the store closes: wait (at most `timeout_s`) for coalesced
+        batches still at SQS to record their outcome, so a message that went out is not
+        left looking unsent for a lease and published again after a restart."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()
 
