@@ -9,8 +9,8 @@ At each stage:
   as the claimer's tick does (p50/p99 of each);
 - idle claim: `claim_work` when nothing is eligible (all three scans miss), which is
   what every tick costs on a quiet system;
-- Postgres: `EXPLAIN (ANALYZE, BUFFERS)` of the three claim statements (rolled back);
-  SQLite: `EXPLAIN QUERY PLAN`.
+- the indexes each claim statement and the prune read (Postgres: `EXPLAIN (ANALYZE,
+  BUFFERS)`, rolled back, with its execution time; SQLite: `EXPLAIN QUERY PLAN`).
 
 At the largest stage `SqlStore.prune` (outbox.prune's storage call) runs: rows before and
 after, and the time it takes; then claims are measured again.
@@ -21,7 +21,7 @@ after, and the time it takes; then claims are measured again.
 from __future__ import annotations
 
 import asyncio
-import os
+import math
 import sqlite3
 import time
 import uuid
@@ -29,45 +29,34 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    Results,
+    Table,
     backends_arg,
     base_parser,
     database,
     emit,
     f_ms,
-    goal,
     machine_line,
     open_migrated_store,
     percentile,
     quiet_logging,
-    ratio,
     save,
     table,
-    verdict,
     workdir,
+    write_raw,
 )
-from bench.roundtrips import counting
 
 FRESH_PENDING = 2000
 RETRY_PENDING = 200
 PROCESSING = 20
 DAY = 86400.0
 CHUNK = 50_000
-
 WEB_COLS = ["id", "domain", "favicon_url", "category", "created_at", "updated_at"]
-WORK_COLS = [
-    "id",
-    "website_id",
-    "status",
-    "attempt_count",
-    "attempted_at",
-    "last_error",
-    "created_at",
-]
+WORK_COLS = ["id", "website_id", "status", "attempt_count", "attempted_at", "last_error"]
+WORK_COLS.append("created_at")
 
 
-def _rows(
-    start: int, n: int, status: str, now: float
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+def _rows(start: int, n: int, status: str, now: float) -> tuple[list[Any], list[Any]]:
     webs, works = [], []
     for i in range(start, start + n):
         wid, oid = str(uuid.uuid4()), str(uuid.uuid4())
@@ -77,97 +66,37 @@ def _rows(
             created, attempted, attempts, category = now - age - 60, now - age, 1, "other"
         elif status == "PENDING":
             created, attempted, attempts, category = now - 3600 + i * 1e-3, None, 0, None
-        elif status == "RETRY":
-            # Attempted recently: waits for claimer.retry_delay_s (60 s) before it is due.
+        else:
+            # RETRY: attempted 5 s ago, waits for claimer.retry_delay_s (60 s) to be due.
+            # PROCESSING: held by a live claimer (not stale).
             created, attempted, attempts, category = now - 3600, now - 5, 1, None
-        else:  # PROCESSING, held by a live claimer (not stale)
-            created, attempted, attempts, category = now - 3600, now - 10, 1, None
         webs.append((wid, f"site-{i}.example.com", None, category, created, created))
-        works.append(
-            (
-                oid,
-                wid,
-                "PENDING" if status == "RETRY" else status,
-                attempts,
-                attempted,
-                None,
-                created,
-            )
-        )
+        row_status = "PENDING" if status == "RETRY" else status
+        works.append((oid, wid, row_status, attempts, attempted, None, created))
     return webs, works
 
 
 async def load(backend: str, url: str, start: int, counts: dict[str, int]) -> float:
     """Insert rows of each status; returns the seconds it took (with ANALYZE)."""
-    t0 = time.perf_counter()
-    now = time.time()
-    i = start
-    if backend == "postgres":
-        import asyncpg
-
-        conn = await asyncpg.connect(url)
-        try:
-            for status, n in counts.items():
-                for off in range(0, n, CHUNK):
-                    k = min(CHUNK, n - off)
-                    webs, works = _rows(i, k, status, now)
-                    i += k
-                    await conn.copy_records_to_table("websites", records=webs, columns=WEB_COLS)
-                    await conn.copy_records_to_table(
-                        "work_outbox", records=works, columns=WORK_COLS
-                    )
-            await conn.execute("ANALYZE websites; ANALYZE work_outbox")
-        finally:
-            await conn.close()
-        return time.perf_counter() - t0
-    db = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-    try:
-        db.execute("PRAGMA synchronous=OFF")  # the loader only; the store keeps FULL
-        db.execute("BEGIN IMMEDIATE")
-        for status, n in counts.items():
-            for off in range(0, n, CHUNK):
-                k = min(CHUNK, n - off)
-                webs, works = _rows(i, k, status, now)
-                i += k
-                db.executemany(
-                    f"INSERT INTO websites ({','.join(WEB_COLS)}) VALUES "
-                    f"({','.join('?' * len(WEB_COLS))})",
-                    webs,
-                )
-                db.executemany(
-                    f"INSERT INTO work_outbox ({','.join(WORK_COLS)}) VALUES "
-                    f"({','.join('?' * len(WORK_COLS))})",
-                    works,
-                )
-        db.execute("COMMIT")
-        db.execute("ANALYZE")
-    finally:
-        db.close()
+    t0, now, i = time.perf_counter(), time.time(), start
+    chunks = []
+    for status, n in counts.items():
+        for off in range(0, n, CHUNK):
+            k = min(CHUNK, n - off)
+            chunks.append(_rows(i, k, status, now))
+            i += k
+    tables: list[Table] = []
+    for webs, works in chunks:
+        tables += [("websites", WEB_COLS, webs), ("work_outbox", WORK_COLS, works)]
+    await write_raw(backend, url, tables)
     return time.perf_counter() - t0
-
-
-async def exec_sql(backend: str, url: str, sql: str) -> None:
-    if backend == "postgres":
-        import asyncpg
-
-        conn = await asyncpg.connect(url)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-        return
-    db = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-    try:
-        db.execute(sql)
-    finally:
-        db.close()
 
 
 async def counts_by_status(store: Any) -> dict[str, int]:
     return {s.status: s.count for s in await store.status_counts() if s.table == "work_outbox"}
 
 
-async def measure_claims(store: Any, k: int) -> dict[str, Any]:
+async def measure_claims(store: Any, k: int) -> Results:
     claim, complete, both = [], [], []
     for _ in range(k):
         t0 = time.perf_counter()
@@ -180,47 +109,30 @@ async def measure_claims(store: Any, k: int) -> dict[str, Any]:
         claim.append((t1 - t0) * 1000)
         complete.append((t2 - t1) * 1000)
         both.append((t2 - t0) * 1000)
-    with counting() as c:
-        row = await store.claim_work(time.time(), 60.0, 300.0)
-        if row is not None:
-            await store.complete_work(row, "other", time.time())
-    return {
-        "n": len(both),
-        "claim_p50": percentile(claim, 50),
-        "claim_p99": percentile(claim, 99),
-        "complete_p50": percentile(complete, 50),
-        "complete_p99": percentile(complete, 99),
-        "both_p50": percentile(both, 50),
-        "both_p99": percentile(both, 99),
-        "round_trips": c.total,
-    }
+    out: Results = {"n": len(both)}
+    for name, xs in (("claim", claim), ("complete", complete), ("both", both)):
+        out.update({f"{name}_p50": percentile(xs, 50), f"{name}_p99": percentile(xs, 99)})
+    return out
 
 
-async def measure_idle(store: Any, k: int) -> dict[str, Any]:
+async def measure_idle(store: Any, k: int) -> Results:
     lat = []
     for _ in range(k):
         t0 = time.perf_counter()
         row = await store.claim_work(time.time(), 60.0, 300.0)
         lat.append((time.perf_counter() - t0) * 1000)
         assert row is None, "idle claim found a row"
-    with counting() as c:
-        await store.claim_work(time.time(), 60.0, 300.0)
-    return {"n": k, "p50": percentile(lat, 50), "p99": percentile(lat, 99), "round_trips": c.total}
+    return {"n": k, "p50": percentile(lat, 50), "p99": percentile(lat, 99)}
 
 
-async def plans(backend: str, url: str) -> dict[str, list[str]]:
-    """The claim statements' plans (Postgres: executed and rolled back)."""
+async def plans(backend: str, url: str) -> dict[str, str]:
+    """Which index each claim statement reads (Postgres: EXPLAIN ANALYZE, rolled back)."""
     from outboxd.storage.db import load_queries
 
     q = load_queries("postgres" if backend == "postgres" else "sqlite")
     now = time.time()
-    params = {
-        "now": now,
-        "retry_before": now - 60,
-        "stale_before": now - 300,
-        "before": now - 7 * DAY,
-        "limit": 1000,
-    }
+    params = {"now": now, "retry_before": now - 60, "stale_before": now - 300}
+    params.update(before=now - 7 * DAY, limit=1000)
     names = ["claim_work_fresh", "claim_work_retry", "claim_work_stale", "prune_work_completed"]
     out: dict[str, list[str]] = {}
     if backend == "postgres":
@@ -232,92 +144,62 @@ async def plans(backend: str, url: str) -> dict[str, list[str]]:
                 tx = conn.transaction()
                 await tx.start()
                 try:
-                    rows = await conn.fetch(
-                        "EXPLAIN (ANALYZE, BUFFERS) " + q[name].sql, *q[name].positional(params)
-                    )
+                    sql = "EXPLAIN (ANALYZE, BUFFERS) " + q[name].sql
+                    rows = await conn.fetch(sql, *q[name].positional(params))
                 finally:
                     await tx.rollback()
                 out[name] = [r[0] for r in rows]
         finally:
             await conn.close()
-        return out
-    db = sqlite3.connect(url.removeprefix("sqlite:///"))
-    try:
-        for name in names:
-            rows = db.execute("EXPLAIN QUERY PLAN " + q[name].sql, params).fetchall()
-            out[name] = [str(r[-1]) for r in rows]
-    finally:
-        db.close()
-    return out
+    else:
+        db = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            for name in names:
+                rows = db.execute("EXPLAIN QUERY PLAN " + q[name].sql, params).fetchall()
+                out[name] = [str(r[-1]) for r in rows]
+        finally:
+            db.close()
+    return {name: plan_digest(lines) for name, lines in out.items()}
 
 
 def plan_digest(lines: list[str]) -> str:
-    """Which index each plan reads, and its time and buffers (Postgres)."""
-    idx = sorted(
-        {
-            part.split(" on ")[0].split(" using ")[-1].strip()
-            for ln in lines
-            for part in [ln]
-            if " using " in ln.lower()
-        }
-    )
+    """The indexes a plan reads, whether it scans a whole table, and its time (Postgres)."""
+    used = [ln for ln in lines if " using " in ln.lower()]
+    idx = {ln.split(" on ")[0].split(" using ")[-1].strip() for ln in used}
     seq = any("Seq Scan" in ln or ("SCAN " in ln and "USING" not in ln) for ln in lines)
-    execution = next((ln.split(":")[1].strip() for ln in lines if "Execution Time" in ln), "")
-    buffers = next((ln.strip().removeprefix("Buffers: ") for ln in lines if "Buffers:" in ln), "")
-    text = ", ".join(idx) or "-"
-    if seq:
-        text += " + SEQ SCAN"
-    if execution:
-        text += f"; {execution}"
-    if buffers:
-        text += f"; {buffers}"
-    return text
+    execution = [ln.split(":")[1].strip() for ln in lines if "Execution Time" in ln]
+    text = ", ".join(sorted(idx) or ["-"]) + (" + SEQ SCAN" if seq else "")
+    return "; ".join([text, *execution])
 
 
-async def run_backend(backend: str, wd: Path, sizes: list[int], k: int) -> dict[str, Any]:
+async def run_backend(backend: str, wd: Path, sizes: list[int], k: int) -> Results:
     async with database(backend, "claimer", wd) as url:
         store = await open_migrated_store(url, wd, 4)
-        stages: list[dict[str, Any]] = []
+        stages: list[Results] = []
         loaded = 0
         try:
             for size in sizes:
-                counts = await counts_by_status(store)
-                fresh_now = counts.get("PENDING", 0)
-                extra_completed = (
-                    size
-                    - loaded
-                    - (FRESH_PENDING + RETRY_PENDING + PROCESSING if not loaded else 0)
-                )
-                todo = {
-                    "COMPLETED": max(0, extra_completed),
-                    "PENDING": max(0, FRESH_PENDING - fresh_now),
-                }
+                fresh_now = (await counts_by_status(store)).get("PENDING", 0)
+                todo = {"PENDING": max(0, FRESH_PENDING - fresh_now)}
                 if not loaded:
                     todo.update({"RETRY": RETRY_PENDING, "PROCESSING": PROCESSING})
+                todo["COMPLETED"] = max(0, size - loaded - sum(todo.values()))
                 load_s = await load(backend, url, loaded, todo)
                 loaded += sum(todo.values())
                 total = sum((await counts_by_status(store)).values())
                 claims = await measure_claims(store, k)
                 plan = await plans(backend, url)
                 # Idle: nothing fresh left (bench-only SQL), retries not due, PROCESSING live.
-                await exec_sql(
+                await write_raw(
                     backend,
                     url,
-                    "UPDATE work_outbox SET status = 'COMPLETED', "
+                    sql="UPDATE work_outbox SET status = 'COMPLETED', "
                     "attempted_at = created_at, attempt_count = 1 "
                     "WHERE status = 'PENDING' AND attempted_at IS NULL",
                 )
                 idle = await measure_idle(store, k)
-                stages.append(
-                    {
-                        "size": size,
-                        "rows": total,
-                        "load_s": load_s,
-                        "claims": claims,
-                        "idle": idle,
-                        "plan": plan,
-                    }
-                )
+                stages.append({"rows": total, "load_s": load_s, "claims": claims})
+                stages[-1].update(idle=idle, plan=plan)
                 emit(
                     f"  {backend}: {total:,} rows loaded in {load_s:.1f} s; claim+complete p50 "
                     f"{claims['both_p50']:.2f} ms, idle claim p50 {idle['p50']:.2f} ms"
@@ -331,26 +213,53 @@ async def run_backend(backend: str, wd: Path, sizes: list[int], k: int) -> dict[
             after = await counts_by_status(store)
             await load(backend, url, loaded + 1, {"PENDING": FRESH_PENDING})
             post = await measure_claims(store, k)
-            return {
-                "stages": stages,
-                "prune": {"before": before, "after": after, "seconds": prune_s, "pruned": pruned},
-                "after_prune_claims": post,
-            }
+            prune = {"before": before, "after": after, "seconds": prune_s, "pruned": pruned}
+            return {"stages": stages, "prune": prune, "after_prune_claims": post}
         finally:
             await store.close()
 
 
+def report(backend: str, res: Results) -> None:
+    rows = []
+    pruned = f"{sum(res['prune']['after'].values()):,} (pruned)"
+    for st in [*res["stages"], {"rows": None, "claims": res["after_prune_claims"]}]:
+        c, i = st["claims"], st.get("idle", {})
+        rows.append(
+            [
+                f"{st['rows']:,}" if st["rows"] else pruned,
+                *(f_ms(c[k]) for k in ("claim_p50", "claim_p99", "complete_p50", "both_p50")),
+                f_ms(c["both_p99"]),
+                f_ms(i.get("p50", math.nan)),
+                f_ms(i.get("p99", math.nan)),
+                f"{st['load_s']:.1f}" if "load_s" in st else "-",
+            ]
+        )
+    head = ["rows", "claim p50", "claim p99", "complete p50", "claim+complete p50"]
+    head += ["claim+complete p99", "idle p50", "idle p99", "load s"]
+    emit(table(f"Claim latency, {backend} (ms)", head, rows))
+    for st in (res["stages"][0], res["stages"][-1]):
+        digest = list(st["plan"].items())
+        emit(table(f"Plans at {st['rows']:,} rows, {backend}", ["statement", "reads"], digest))
+    pr = res["prune"]
+    n_before, n_after = sum(pr["before"].values()), sum(pr["after"].values())
+    rate = f"{sum(pr['pruned'].values()) / pr['seconds']:,.0f}" if pr["seconds"] else "-"
+    per_table = ", ".join(f"{k}={v:,}" for k, v in pr["pruned"].items())
+    emit(
+        table(
+            f"outbox.prune (SqlStore.prune, batches of 1,000), {backend}",
+            ["work_outbox before", "after", "seconds", "rows/s", "deleted per table"],
+            [[f"{n_before:,}", f"{n_after:,}", f"{pr['seconds']:.1f}", rate, per_table]],
+        )
+    )
+
+
 async def main_async() -> int:
     p = base_parser(__doc__ or "")
-    p.add_argument(
-        "--sizes", help="comma-separated row counts (default: quick 10k,100k; full 10k,100k,1M)"
-    )
+    p.add_argument("--sizes", help="row counts (default: quick 10k,100k; full 10k,100k,1M)")
     args = p.parse_args()
     backends = await backends_arg(args.backends)
-    if args.sizes:
-        sizes = [int(x) for x in args.sizes.split(",")]
-    else:
-        sizes = [10_000, 100_000] if args.quick else [10_000, 100_000, 1_000_000]
+    default = "10000,100000" if args.quick else "10000,100000,1000000"
+    sizes = [int(x) for x in (args.sizes or default).split(",")]
     k = 200 if args.quick else 500
     emit(f"\n## Claimer at scale  ({machine_line()})")
     emit(f"sizes={sizes}; {k} claims per stage; {FRESH_PENDING} fresh PENDING rows per stage")
@@ -360,125 +269,11 @@ async def main_async() -> int:
         for backend in backends:
             results[backend] = await run_backend(backend, wd, sizes, k)
     sink.close()
-    goals = []
     for backend, res in results.items():
-        rows = []
-        for st in res["stages"]:
-            c, i = st["claims"], st["idle"]
-            rows.append(
-                [
-                    f"{st['rows']:,}",
-                    f_ms(c["claim_p50"]),
-                    f_ms(c["claim_p99"]),
-                    f_ms(c["complete_p50"]),
-                    f_ms(c["both_p50"]),
-                    f_ms(c["both_p99"]),
-                    f_ms(i["p50"]),
-                    f_ms(i["p99"]),
-                    c["round_trips"],
-                    i["round_trips"],
-                    f"{st['load_s']:.1f}",
-                ]
-            )
-        c = res["after_prune_claims"]
-        after_rows = sum(res["prune"]["after"].values())
-        rows.append(
-            [
-                f"{after_rows:,} (pruned)",
-                f_ms(c["claim_p50"]),
-                f_ms(c["claim_p99"]),
-                f_ms(c["complete_p50"]),
-                f_ms(c["both_p50"]),
-                f_ms(c["both_p99"]),
-                "-",
-                "-",
-                c["round_trips"],
-                "-",
-                "-",
-            ]
-        )
-        emit(
-            table(
-                f"Claim latency, {backend} (ms)",
-                [
-                    "rows",
-                    "claim p50",
-                    "claim p99",
-                    "complete p50",
-                    "claim+complete p50",
-                    "claim+complete p99",
-                    "idle p50",
-                    "idle p99",
-                    "trips",
-                    "idle trips",
-                    "load s",
-                ],
-                rows,
-                "trips: database round trips (statements, or hops to the SQLite thread) of one "
-                "claim+complete / one idle claim.",
-            )
-        )
-        first, last = res["stages"][0], res["stages"][-1]
-        for st in (first, last):
-            digest = [[name, plan_digest(lines)] for name, lines in st["plan"].items()]
-            emit(table(f"Plans at {st['rows']:,} rows, {backend}", ["statement", "reads"], digest))
-        if backend == "postgres":
-            emit(f"\nEXPLAIN (ANALYZE, BUFFERS) at {last['rows']:,} rows:")
-            for name, lines in last["plan"].items():
-                emit(f"-- {name}")
-                emit("\n".join("   " + ln for ln in lines))
-        pr = res["prune"]
-        emit(
-            table(
-                f"outbox.prune (SqlStore.prune, batches of 1,000), {backend}",
-                ["work_outbox before", "after", "seconds", "rows/s", "deleted per table"],
-                [
-                    [
-                        f"{sum(pr['before'].values()):,}",
-                        f"{sum(pr['after'].values()):,}",
-                        f"{pr['seconds']:.1f}",
-                        f"{sum(pr['pruned'].values()) / pr['seconds']:,.0f}"
-                        if pr["seconds"]
-                        else "-",
-                        ", ".join(f"{k2}={v:,}" for k2, v in pr["pruned"].items()),
-                    ]
-                ],
-            )
-        )
-        growth = ratio(last["claims"]["both_p50"], first["claims"]["both_p50"])
-        goals.append(
-            goal(
-                f"claim latency flat (≤ 2×) from {first['rows']:,} to {last['rows']:,} rows "
-                f"({backend})",
-                growth,
-                2.0,
-                growth <= 2.0,
-                f"claim+complete p50 {f_ms(first['claims']['both_p50'])} → "
-                f"{f_ms(last['claims']['both_p50'])} ms = {growth:.2f}×; idle claim p50 "
-                f"{f_ms(first['idle']['p50'])} → {f_ms(last['idle']['p50'])} ms",
-            )
-        )
-    emit("\nGoals:")
-    for g in goals:
-        emit(f"  [{verdict(g['pass'])}] {g['name']}: {g['text']}")
-    save(
-        args.json_out,
-        {
-            "bench": "claimer",
-            "quick": args.quick,
-            "sizes": sizes,
-            "results": results,
-            "goals": goals,
-        },
-    )
+        report(backend, res)
+    save(args.json_out, {"bench": "claimer", "quick": args.quick, "results": results})
     return 0
 
 
-def main() -> int:
-    return asyncio.run(main_async())
-
-
 if __name__ == "__main__":
-    if os.environ.get("OUTBOXD_BENCH_DEBUG"):
-        asyncio.get_event_loop_policy()
-    raise SystemExit(main())
+    raise SystemExit(asyncio.run(main_async()))

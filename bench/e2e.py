@@ -1,7 +1,7 @@
 """End to end: job accepted → handler started, through the real daemon.
 
 The daemon runs as a subprocess (`outboxd serve`, all roles, embedded SQS = moto as its
-child), with the fake Suwon portal (tests/fakes/portal.py) answering at once and
+child), with the fake Suwon portal (started through testkit) answering at once and
 `scrapers.suwon.min_interval_s = 0`. Jobs are POSTed one at a time, spaced so the
 consumer is never the queue; the latency is read from the daemon's own log lines:
 `job_accepted` (API, after commit) → `job_started` (consumer, after the job row is
@@ -19,21 +19,30 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from testkit.daemon import PORTAL_MODULE, SAMPLE_PASSWORD, SAMPLE_SNO, DaemonProcess, FakeProcess
 
 from bench.common import (
+    Results,
     backends_arg,
     base_parser,
+    database,
     emit,
     f_ms,
     machine_line,
     percentile,
-    pg_create,
-    pg_drop,
     proc_cpu_s,
     save,
     table,
     workdir,
 )
+
+EVENTS = ("job_accepted", "job_started", "job_succeeded")
+INTERVALS = {
+    "http_ms": ("POST → 202 (client)", "sent", "answered"),
+    "accepted_to_started": ("job_accepted → job_started", "job_accepted", "job_started"),
+    "post_to_started": ("POST sent → job_started", "sent", "job_started"),
+    "started_to_succeeded": ("job_started → job_succeeded", "job_started", "job_succeeded"),
+}
 
 
 def _ts(text: str) -> float:
@@ -41,8 +50,6 @@ def _ts(text: str) -> float:
 
 
 async def submit(base_url: str, n: int, spacing_s: float, tag: str) -> list[dict[str, Any]]:
-    from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
-
     out = []
     async with aiohttp.ClientSession() as http:
         for i in range(n):
@@ -55,27 +62,31 @@ async def submit(base_url: str, n: int, spacing_s: float, tag: str) -> list[dict
                 body = await resp.json()
                 if resp.status != 202:
                     raise RuntimeError(f"POST answered {resp.status}: {body}")
-            out.append(
-                {
-                    "job_id": body["jobId"],
-                    "sent": t0,
-                    "answered": time.time(),
-                    "dispatch": (body.get("dispatch") or {}).get("status"),
-                }
-            )
+            dispatch = (body.get("dispatch") or {}).get("status")
+            out.append({"job_id": body["jobId"], "sent": t0, "answered": time.time()})
+            out[-1]["dispatch"] = dispatch
             await asyncio.sleep(max(0.0, spacing_s - (time.time() - t0)))
     return out
 
 
-def run_one(backend: str, dsn: str | None, wd: Path, n: int, spacing: float) -> dict[str, Any]:
-    from tests.support.daemon import DaemonProcess, FakeProcess
+def ready(daemon: DaemonProcess) -> str:
+    """Start the daemon and wait for `daemon_ready` (every role up): its base URL."""
+    base = daemon.start(timeout_s=90)
+    deadline = time.monotonic() + 60
+    while not any(e.get("event") == "daemon_ready" for e in daemon.events()):
+        if time.monotonic() > deadline:
+            raise RuntimeError("daemon never logged daemon_ready")
+        time.sleep(0.1)
+    return base
 
+
+def run_one(backend: str, url: str, wd: Path, n: int, spacing: float) -> Results:
     from outboxd.security import generate_key
 
-    portal = FakeProcess(wd, "tests.fakes.portal")
+    portal = FakeProcess(wd, PORTAL_MODULE)
     config: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": 0},
-        "storage": {"url": dsn or "sqlite:///var/outboxd.db"},
+        "storage": {"url": url if backend == "postgres" else "sqlite:///var/outboxd.db"},
         "sqs": {"endpoint_url": "embedded"},
         "scrapers": {
             "suwon": {
@@ -86,15 +97,10 @@ def run_one(backend: str, dsn: str | None, wd: Path, n: int, spacing: float) -> 
         },
         "logging": {"level": "info", "format": "json"},
     }
-    env = {"OUTBOXD_SECRET_KEYS": generate_key()} if dsn else {}
+    env = {"OUTBOXD_SECRET_KEYS": generate_key()} if backend == "postgres" else {}
     daemon = DaemonProcess(wd / backend, config, env=env, name=f"e2e-{backend}")
     try:
-        base = daemon.start(timeout_s=90)
-        deadline = time.monotonic() + 60
-        while not any(e.get("event") == "daemon_ready" for e in daemon.events()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("daemon never logged daemon_ready")
-            time.sleep(0.1)
+        base = ready(daemon)
         time.sleep(1.0)
         cpu0 = proc_cpu_s(daemon.pid)
         t0 = time.perf_counter()
@@ -118,27 +124,14 @@ def run_one(backend: str, dsn: str | None, wd: Path, n: int, spacing: float) -> 
         key = (str(e.get("event")), str(e.get("job_id")))
         if e.get("job_id") in ids and key not in first and "timestamp" in e:
             first[key] = _ts(e["timestamp"])
-    acc_start, start_done, http_ms, post_to_start = [], [], [], []
+    out: Results = {key: [] for key in INTERVALS}
     for s in sent:
-        j = s["job_id"]
-        acc, st, ok = (first.get((k, j)) for k in ("job_accepted", "job_started", "job_succeeded"))
-        http_ms.append((s["answered"] - s["sent"]) * 1000)
-        if acc is not None and st is not None:
-            acc_start.append((st - acc) * 1000)
-            post_to_start.append((st - s["sent"]) * 1000)
-        if st is not None and ok is not None:
-            start_done.append((ok - st) * 1000)
-    return {
-        "jobs": n,
-        "started": len(acc_start),
-        "succeeded": len(start_done),
-        "dispatched_sent": sum(1 for s in sent if s["dispatch"] == "SENT"),
-        "accepted_to_started": acc_start,
-        "started_to_succeeded": start_done,
-        "http_ms": http_ms,
-        "post_to_started": post_to_start,
-        "daemon_cpu": cpu,
-    }
+        at = {**s, **{ev: first.get((ev, s["job_id"])) for ev in EVENTS}}
+        for name, (_label, a, b) in INTERVALS.items():
+            if at[a] is not None and at[b] is not None:
+                out[name].append((at[b] - at[a]) * 1000)
+    dispatched = sum(1 for s in sent if s["dispatch"] == "SENT")
+    return {**out, "jobs": n, "dispatched_sent": dispatched, "daemon_cpu": cpu}
 
 
 async def main_async() -> int:
@@ -154,33 +147,14 @@ async def main_async() -> int:
     results: dict[str, Any] = {}
     with workdir("e2e") as wd:
         for backend in backends:
-            dsn = name = None
-            if backend == "postgres":
-                name, dsn = await pg_create("e2e")
-            try:
-                results[backend] = await asyncio.to_thread(run_one, backend, dsn, wd, n, spacing)
-            finally:
-                if name:
-                    await pg_drop(name)
+            async with database(backend, "e2e", wd) as url:
+                results[backend] = await asyncio.to_thread(run_one, backend, url, wd, n, spacing)
     rows = []
     for backend, r in results.items():
-        for label, key in (
-            ("POST → 202 (client)", "http_ms"),
-            ("job_accepted → job_started", "accepted_to_started"),
-            ("POST sent → job_started", "post_to_started"),
-            ("job_started → job_succeeded", "started_to_succeeded"),
-        ):
+        for key, (label, _a, _b) in INTERVALS.items():
             xs = r[key]
-            rows.append(
-                [
-                    backend,
-                    label,
-                    len(xs),
-                    f_ms(percentile(xs, 50)),
-                    f_ms(percentile(xs, 99)),
-                    f_ms(max(xs) if xs else float("nan")),
-                ]
-            )
+            ps = (f_ms(percentile(xs, q)) for q in (50, 99, 100))
+            rows.append([backend, label, len(xs), *ps])
     emit(
         table(
             "Job accepted → handler started (ms)",
@@ -193,13 +167,9 @@ async def main_async() -> int:
             + ", ".join(f"{b} {r['daemon_cpu']:.0%}" for b, r in results.items()),
         )
     )
-    save(args.json_out, {"bench": "e2e", "quick": args.quick, "results": results, "goals": []})
+    save(args.json_out, {"bench": "e2e", "quick": args.quick, "results": results})
     return 0
 
 
-def main() -> int:
-    return asyncio.run(main_async())
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(asyncio.run(main_async()))

@@ -1,11 +1,11 @@
 """HTTP load generator: N keep-alive connections POSTing portal-link jobs, in its own process.
 
-Standard library only, with a hand-rolled HTTP/1.1 client on asyncio streams: an aiohttp
-client spends more CPU per request than the server it measures
-(docs/architecture.md#decisions-and-their-measurements), and
-on 2 cores that would cap the number we report. Prints one JSON object:
+Standard library only (and bench.common), a hand-rolled HTTP/1.1 client on asyncio
+streams: an aiohttp client spends more CPU per request than the server it measures
+(docs/architecture.md#decisions-and-their-measurements), and on 2 cores that would cap the
+number we report. Prints one JSON object:
 
-    {"concurrency", "duration_s", "requests", "rate", "p50_ms", "p99_ms", "statuses",
+    {"concurrency", "requests", "rate", "p50_ms", "p99_ms", "statuses",
      "cpu": {"loadgen": share of one core, "<watched>": ...}, "machine_busy": 0..1}
 
 Only requests completed inside the measured window (after `--warmup`) count.
@@ -16,39 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import sys
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def machine_jiffies() -> tuple[int, int]:
-    parts = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
-    total = sum(parts[:8])
-    return total - idle, total
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+from bench.common import CpuWindow, percentile
 
 
 class Window:
@@ -100,10 +73,7 @@ async def worker(
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     u = urlsplit(args.url)
     host, port = u.hostname or "127.0.0.1", u.port or 80
-    watched = {}
-    for item in args.watch:
-        name, _, pid = item.partition("=")
-        watched[name] = int(pid)
+    watched = {n: int(pid) for n, _, pid in (w.partition("=") for w in args.watch)}
     win = Window()
     stop = asyncio.Event()
     tasks = [
@@ -111,38 +81,28 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
         for c in range(args.concurrency)
     ]
     await asyncio.sleep(args.warmup)
-    c0 = {k: proc_cpu_s(p) for k, p in watched.items()}
-    self0 = time.process_time()
-    m0 = machine_jiffies()
-    t0 = time.perf_counter()
+    cpu = CpuWindow({"loadgen": os.getpid(), **watched})
+    cpu.start()
     win.open = True
     await asyncio.sleep(args.duration)
     win.closed = True
-    wall = time.perf_counter() - t0
-    self1 = time.process_time()
-    m1 = machine_jiffies()
-    c1 = {k: proc_cpu_s(p) for k, p in watched.items()}
+    cpu.stop()
     stop.set()
     done, pending = await asyncio.wait(tasks, timeout=30)
     for t in pending:
         t.cancel()
     errors = [repr(t.exception()) for t in done if not t.cancelled() and t.exception()]
     lat_ms = [x * 1000 for x in win.latencies]
-    total = m1[1] - m0[1]
     return {
         "concurrency": args.concurrency,
-        "duration_s": wall,
         "requests": len(lat_ms),
-        "rate": len(lat_ms) / wall,
-        "ok_rate": sum(v for s, v in win.statuses.items() if 200 <= s < 300) / wall,
-        "p50_ms": pct(lat_ms, 50),
-        "p99_ms": pct(lat_ms, 99),
+        "rate": len(lat_ms) / cpu.wall_s,
+        "ok_rate": sum(v for s, v in win.statuses.items() if 200 <= s < 300) / cpu.wall_s,
+        "p50_ms": percentile(lat_ms, 50),
+        "p99_ms": percentile(lat_ms, 99),
         "statuses": {str(k): v for k, v in sorted(win.statuses.items())},
-        "cpu": {
-            "loadgen": (self1 - self0) / wall,
-            **{k: (c1[k] - c0[k]) / wall for k in watched},
-        },
-        "machine_busy": (m1[0] - m0[0]) / total if total else math.nan,
+        "cpu": cpu.shares(),
+        "machine_busy": cpu.machine_busy,
         "errors": errors[:3],
     }
 

@@ -6,37 +6,44 @@ All on the same Postgres in the same run, 16 concurrent, trials interleaved:
 - ours, HTTP: `POST /v1/portal-link-jobs` (dispatch off; server and load generator in
   separate processes);
 - the bare loop committing the same two INSERTs (the floor under both);
-- procrastinate 3.10 `Task.defer_async` and pgqueuer 1.6 `Queries.enqueue`, each in its own
-  database, run by `bench/peers_worker.py` inside `bench/.venv-peers` (created here with
-  pip from PyPI, pins in `bench/requirements-peers.txt`; the project's venv is untouched).
+- procrastinate `Task.defer_async` and pgqueuer `Queries.enqueue`, each in its own
+  database, each through its public API with a pool of 16 connections, enqueueing a
+  payload equivalent to a portal-link job (ids, user, key, a sealed blob of the same
+  size). They run in this module's worker mode inside `.venv-peers` (created here
+  with pip from PyPI, pins in `bench/requirements-peers.txt`; the project's venv is
+  untouched), timed by the same `bench.measure.measure` as ours.
 
     python -m bench.peers [--quick] [--json-out F]
+    python -m bench.peers --worker procrastinate|pgqueuer --dsn DSN [--install]   (in .venv-peers)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import base64
 import hashlib
+import itertools
 import json
+import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
     BENCH,
-    PY,
-    Child,
+    ROOT,
     base_parser,
     emit,
     f_ms,
     f_pct,
     f_rate,
-    goal,
     machine_line,
-    median,
+    med,
     open_migrated_store,
-    pg_available,
     pg_create,
     pg_drop,
     pg_version,
@@ -44,18 +51,19 @@ from bench.common import (
     run_loadgen,
     save,
     table,
-    verdict,
     workdir,
 )
+from bench.intake import api_server
 from bench.measure import bare_pg, measure, ours_op
 
-VENV = BENCH / ".venv-peers"
+VENV = ROOT / ".venv-peers"  # beside .venv, outside bench/: not our code
 REQUIREMENTS = BENCH / "requirements-peers.txt"
 CONC = 16
+PEERS = {"procrastinate": "procrastinate defer_async", "pgqueuer": "pgqueuer enqueue"}
 
 
 def ensure_venv() -> Path:
-    """bench/.venv-peers with the pinned peers; rebuilt when the pins change."""
+    """.venv-peers with the pinned peers; rebuilt when the pins change."""
     py = VENV / "bin" / "python"
     stamp = VENV / ".installed"
     want = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
@@ -64,197 +72,180 @@ def ensure_venv() -> Path:
     emit(f"(preparing {VENV} from {REQUIREMENTS.name}: pip install from PyPI)")
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--clear", str(VENV)], check=True)
-    subprocess.run(
-        [
-            str(py),
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-            str(REQUIREMENTS),
-        ],
-        check=True,
-    )
+    pip = [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
     stamp.write_text(want + "\n")
     return py
 
 
 def peer(py: Path, lib: str, dsn: str, *extra: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [
-            str(py),
-            str(BENCH / "peers_worker.py"),
-            "--lib",
-            lib,
-            "--dsn",
-            dsn,
-            "--concurrency",
-            str(CONC),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    argv = [str(py), "-m", "bench.peers", "--worker", lib, "--dsn", dsn, *extra]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False, cwd=ROOT)
     if out.returncode != 0:
         raise RuntimeError(f"{lib} worker failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
-async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    args = p.parse_args()
-    reason = await pg_available()
-    if reason is not None:
-        emit(f"peers: Postgres unreachable ({reason}); skipped")
-        save(args.json_out, {"bench": "peers", "skipped": reason, "goals": []})
-        return 0
-    py = ensure_venv()
-    trials, dur, warm = (2, 2.0, 0.5) if args.quick else (3, 5.0, 1.0)
-    emit(f"\n## Peers on the same Postgres  ({machine_line()})")
-    emit(
-        f"PostgreSQL {await pg_version()}; {CONC} concurrent; trials={trials} × {dur:g} s "
-        f"after {warm:g} s warm-up; pools of {CONC} connections everywhere"
+SEALED = base64.b64encode(os.urandom(96)).decode()
+
+
+def payload(i: int) -> dict[str, Any]:
+    return {
+        "jobId": str(uuid.uuid4()),
+        "userId": "bench",
+        "idempotencyKey": f"peer-{os.getpid()}-{i}",
+        "portal": "suwon",
+        "sealed": SEALED,
+    }
+
+
+def job_op(enqueue: Callable[[dict[str, Any]], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """One enqueue per call, each with a payload of its own."""
+    counter = itertools.count()
+
+    async def op() -> None:
+        await enqueue(payload(next(counter)))
+
+    return op
+
+
+async def run_procrastinate(args: argparse.Namespace) -> dict[str, Any]:
+    import procrastinate
+
+    app = procrastinate.App(
+        connector=procrastinate.PsycopgConnector(conninfo=args.dsn, min_size=CONC, max_size=CONC)
     )
-    dbs = {k: await pg_create(f"peers_{k}") for k in ("ours", "http", "procrastinate", "pgqueuer")}
-    res: dict[str, list[dict[str, Any]]] = {}
-    versions: dict[str, str] = {}
+
+    @app.task(name="portal_link", queue="portal")
+    async def portal_link(**kwargs: Any) -> None:  # never run here: intake only
+        return None
+
+    async with app.open_async():
+        if args.install:
+            await app.schema_manager.apply_schema_async()
+            return {"installed": True}
+
+        op = job_op(lambda p: portal_link.defer_async(**p))
+        return await measure(op, CONC, args.duration, args.warmup)
+
+
+async def run_pgqueuer(args: argparse.Namespace) -> dict[str, Any]:
+    import asyncpg
+    from pgqueuer.queries import Queries
+
+    pool = await asyncpg.create_pool(args.dsn, min_size=CONC, max_size=CONC)
     try:
-        for lib in ("procrastinate", "pgqueuer"):
-            versions[lib] = peer(py, lib, dbs[lib][1], "--install")["version"]
+        queries = Queries.from_asyncpg_pool(pool)
+        if args.install:
+            await queries.install()
+            return {"installed": True}
+
+        op = job_op(lambda p: queries.enqueue("portal_link", json.dumps(p).encode()))
+        return await measure(op, CONC, args.duration, args.warmup)
+    finally:
+        await pool.close()
+
+
+async def run(py: Path, trials: int, dur: float, warm: float) -> dict[str, list[dict[str, Any]]]:
+    dbs = {k: await pg_create(f"peers_{k}") for k in ("ours", "http", *PEERS)}
+    res: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for lib in PEERS:
+            peer(py, lib, dbs[lib][1], "--install")
         with workdir("peers") as wd:
-            store = await open_migrated_store(dbs["ours"][1], Path(wd), CONC)
-            server = Child(
-                "api-peers",
-                [
-                    PY,
-                    "-m",
-                    "bench.api_server",
-                    "--mode",
-                    "outboxd",
-                    "--db",
-                    dbs["http"][1],
-                    "--workdir",
-                    str(wd),
-                    "--pool-size",
-                    str(CONC),
-                ],
-                wd,
-            )
+            store = await open_migrated_store(dbs["ours"][1], wd, CONC)
+            server = api_server("api-peers", wd, dbs["http"][1])
             try:
                 async with bare_pg(dbs["ours"][1], CONC, "bare") as bare:
                     ours = ours_op(store, "ours")
                     for _ in range(trials):
                         res.setdefault("ours: SqlStore.create_portal_job", []).append(
-                            (await measure(ours, CONC, dur, warm)).as_dict()
+                            await measure(ours, CONC, dur, warm)
                         )
                         res.setdefault("ours: POST /v1/portal-link-jobs (dispatch off)", []).append(
                             await asyncio.to_thread(
                                 run_loadgen,
                                 server.info["base_url"],
-                                path="/v1/portal-link-jobs",
-                                concurrency=CONC,
-                                duration_s=dur,
-                                warmup_s=warm,
-                                server_pids={"server": server.pid},
-                                tag="peers",
+                                CONC,
+                                dur,
+                                warm,
+                                {"server": server.pid},
+                                "peers",
                             )
                         )
                         res.setdefault("bare: BEGIN+2 INSERT+COMMIT", []).append(
-                            (await measure(bare, CONC, dur, warm)).as_dict()
+                            await measure(bare, CONC, dur, warm)
                         )
-                        for lib, label in (
-                            ("procrastinate", "procrastinate defer_async"),
-                            ("pgqueuer", "pgqueuer enqueue"),
-                        ):
-                            res.setdefault(f"{label} {versions[lib]}", []).append(
-                                await asyncio.to_thread(
-                                    peer,
-                                    py,
-                                    lib,
-                                    dbs[lib][1],
-                                    "--duration",
-                                    str(dur),
-                                    "--warmup",
-                                    str(warm),
-                                )
-                            )
+                        for lib, label in PEERS.items():
+                            more = ("--duration", str(dur), "--warmup", str(warm))
+                            r = await asyncio.to_thread(peer, py, lib, dbs[lib][1], *more)
+                            res.setdefault(label, []).append(r)
             finally:
                 server.stop()
                 await store.close()
     finally:
         for name, _dsn in dbs.values():
             await pg_drop(name)
-    procr = median(
-        [r["rate"] for k, rs in res.items() if k.startswith("procrastinate") for r in rs]
-    )
-    bare_rate = median([r["rate"] for r in res["bare: BEGIN+2 INSERT+COMMIT"]])
+    return res
+
+
+async def main_async() -> int:
+    p = base_parser(__doc__ or "")
+    p.add_argument("--worker", choices=PEERS, help="enqueue with this peer (in .venv-peers)")
+    p.add_argument("--dsn")
+    p.add_argument("--install", action="store_true", help="with --worker: create its schema")
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    args = p.parse_args()
+    if args.worker:
+        import importlib.metadata
+
+        fn = run_procrastinate if args.worker == "procrastinate" else run_pgqueuer
+        result = {**await fn(args), "version": importlib.metadata.version(args.worker)}
+        sys.stdout.write(json.dumps(result) + "\n")
+        return 0
+    version = await pg_version()
+    if version is None:
+        save(args.json_out, {"bench": "peers", "skipped": "Postgres unreachable"})
+        return 0
+    py = ensure_venv()
+    trials, dur, warm = (2, 2.0, 0.5) if args.quick else (3, 5.0, 1.0)
+    emit(f"\n## Peers on the same Postgres  ({machine_line()})")
+    emit(f"PostgreSQL {version}; {CONC} concurrent; trials={trials} × {dur:g} s after {warm:g} s")
+    res = await run(py, trials, dur, warm)
+    versions = {lib: res[label][0]["version"] for lib, label in PEERS.items()}
+    procr = med(res[PEERS["procrastinate"]], "rate")
+    bare = med(res["bare: BEGIN+2 INSERT+COMMIT"], "rate")
     rows = []
     for name, rs in res.items():
-        rate = median([r.get("ok_rate", r["rate"]) for r in rs])
-        cpu = median([r["cpu"]["loadgen"] if isinstance(r["cpu"], dict) else r["cpu"] for r in rs])
+        rate = med(rs, "ok_rate" if "ok_rate" in rs[0] else "rate")
+        label = f"{name} {versions[name.split()[0]]}" if name.split()[0] in versions else name
+        cpu = [r["cpu"]["loadgen"] if isinstance(r["cpu"], dict) else r["cpu"] for r in rs]
         rows.append(
             [
-                name,
+                label,
                 f_rate(rate),
-                f_ms(median([r["p50_ms"] for r in rs])),
-                f_ms(median([r["p99_ms"] for r in rs])),
-                f_pct(cpu),
+                f_ms(med(rs, "p50_ms")),
+                f_ms(med(rs, "p99_ms")),
+                f_pct(sorted(cpu)[len(cpu) // 2]),
                 f_pct(ratio(rate, procr)),
-                f_pct(ratio(rate, bare_rate)),
+                f_pct(ratio(rate, bare)),
             ]
         )
+    head = ["variant", "jobs/s", "p50 ms", "p99 ms", "client CPU", "vs procrastinate", "vs bare"]
     emit(
         table(
-            "Intake on one Postgres, 16 concurrent (jobs/s, medians of trials)",
-            [
-                "variant",
-                "jobs/s",
-                "p50 ms",
-                "p99 ms",
-                "client CPU",
-                "vs procrastinate",
-                "vs bare loop",
-            ],
+            f"Intake on one Postgres, {CONC} concurrent (jobs/s, medians of trials)",
+            head,
             rows,
             "client CPU: the process issuing the jobs (for HTTP: the load generator; the "
-            "server's own CPU is in the intake table). Peers run in bench/.venv-peers.",
+            "server's own CPU is in the intake table). Peers run in .venv-peers.",
         )
     )
-    ours_rate = median([r["rate"] for r in res["ours: SqlStore.create_portal_job"]])
-    r = ratio(ours_rate, procr)
-    goals = [
-        goal(
-            "storage-layer intake ≥ procrastinate's defer rate (same Postgres)",
-            r,
-            1.0,
-            r >= 1.0,
-            f"{f_rate(ours_rate)} vs {f_rate(procr)} jobs/s = {f_pct(r)}",
-        )
-    ]
-    emit("\nGoals:")
-    for g in goals:
-        emit(f"  [{verdict(g['pass'])}] {g['name']}: {g['text']}")
-    save(
-        args.json_out,
-        {
-            "bench": "peers",
-            "quick": args.quick,
-            "versions": versions,
-            "results": res,
-            "goals": goals,
-        },
-    )
+    save(args.json_out, {"bench": "peers", "results": res, "versions": versions})
     return 0
 
 
-def main() -> int:
-    return asyncio.run(main_async())
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(asyncio.run(main_async()))

@@ -1,58 +1,53 @@
 """Run every benchmark side by side and print a summary with the goals (PASS/MISS).
 
 Called by `bench/run`; each benchmark runs as its own process (`python -m bench.<name>`),
-prints its tables as it goes, and leaves JSON in bench/results/<timestamp>/.
+prints its tables as it goes, and leaves JSON in bench/results/<timestamp>/. The summary
+reads those back: key figures, then one line per goal of the README's Performance section.
 
-    bench/run [--quick] [--only intake,relay,...] [--profile] [--sizes N,N,N]
+    bench/run [--quick] [--only intake,relay,...] [--sizes N,N,N] [--backends ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from bench.common import (
     BENCH,
     PY,
     ROOT,
+    Results,
     emit,
+    f_mib,
     f_ms,
     f_pct,
     f_rate,
-    loadavg,
     machine_line,
-    median,
+    med,
+    percentile,
+    ratio,
     table,
-    verdict,
 )
 
 ORDER = ("intake", "relay", "peers", "claimer", "e2e", "footprint")
+STUB, OFF = "dispatch stub", "dispatch off"
+OURS, BARE = "ours: create_portal_job", "bare: BEGIN+2 INSERT+COMMIT"
+
+
+def git(*args: str) -> str:
+    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+    return out.stdout.strip()
 
 
 def code_version() -> str:
     """The commit under test, and whether src/ differs from it (read-only git calls)."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", "src"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return (head or "?") + (" (src/ modified)" if dirty else "")
+    dirty = git("status", "--porcelain", "--", "src")
+    return (git("rev-parse", "--short", "HEAD") or "?") + (" (src/ modified)" if dirty else "")
 
 
 def run_one(name: str, outdir: Path, args: argparse.Namespace) -> int:
@@ -61,17 +56,14 @@ def run_one(name: str, outdir: Path, args: argparse.Namespace) -> int:
         argv.append("--quick")
     if args.backends and name in ("intake", "relay", "claimer", "e2e"):
         argv += ["--backends", args.backends]
-    if args.profile and name in ("intake", "relay"):
-        argv.append("--profile")
     if args.sizes and name == "claimer":
         argv += ["--sizes", args.sizes]
     t0 = time.perf_counter()
     with (outdir / f"{name}.txt").open("w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
-        for line in proc.stdout:
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace")
             sys.stdout.write(line)
             sys.stdout.flush()
             log.write(line)
@@ -80,184 +72,168 @@ def run_one(name: str, outdir: Path, args: argparse.Namespace) -> int:
     return code
 
 
-def _load(outdir: Path, name: str) -> dict[str, Any] | None:
-    path = outdir / f"{name}.json"
-    if not path.exists():
-        return None
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
+def load_all(outdir: Path) -> dict[str, Results]:
+    out: dict[str, Results] = {}
+    for name in ORDER:
+        path = outdir / f"{name}.json"
+        if path.exists():
+            out[name] = json.loads(path.read_text()).get("results") or {}
+    return out
 
 
-def _med(rs: list[dict[str, Any]], key: str) -> float:
-    return median([r[key] for r in rs if r.get(key) is not None])
-
-
-def key_figures(outdir: Path) -> list[list[str]]:
+def key_figures(r: dict[str, Results]) -> list[list[str]]:
     rows: list[list[str]] = []
-    intake = _load(outdir, "intake")
-    if intake:
-        res = intake["results"]
-        bare_h = {int(c): _med(v, "rate") for c, v in res["bare_http"].items()}
-        for backend, b in res["backends"].items():
-            st = b["storage"]
-            ours = _med(st["ours: create_portal_job"]["16"], "rate")
-            bare = _med(st["bare: BEGIN+2 INSERT+COMMIT"]["16"], "rate")
-            rows.append(
-                [
-                    f"intake, storage layer, {backend}, c16",
-                    f"{f_rate(ours)} jobs/s",
-                    f"bare loop {f_rate(bare)}",
-                    f_pct(ours / bare if bare else math.nan),
-                ]
-            )
-            for mode, per_c in b["http"].items():
-                for c in ("1", "16", "64"):
-                    rate = _med(per_c[c], "ok_rate")
-                    rows.append(
-                        [
-                            f"intake, HTTP, {backend}, {mode}, c{c}",
-                            f"{f_rate(rate)} jobs/s, p99 {f_ms(_med(per_c[c], 'p99_ms'))} ms",
-                            f"bare HTTP {f_rate(bare_h[int(c)])}",
-                            f_pct(rate / bare_h[int(c)]),
-                        ]
-                    )
-    relay = _load(outdir, "relay")
-    if relay:
-        for backend, res in relay["results"].items():
-            for ep in ("stub", "moto"):
-                if f"{ep}: Relay.relay_once" not in res:
-                    continue
-                rr = median([r["rate"] for r in res[f"{ep}: Relay.relay_once"]])
-                bb = median([r["rate"] for r in res[f"{ep}: bare send_message_batch"]])
-                rows.append(
-                    [
-                        f"relay, {backend}, {ep}",
-                        f"{f_rate(rr)} msg/s",
-                        f"bare {f_rate(bb)}",
-                        f_pct(rr / bb if bb else math.nan),
-                    ]
-                )
-    peers = _load(outdir, "peers")
-    if peers and "results" in peers:
-        for name, rs in peers["results"].items():
-            rate = median([r.get("ok_rate", r["rate"]) for r in rs])
-            rows.append([f"peers, {name}", f"{f_rate(rate)} jobs/s", "", ""])
-    claimer = _load(outdir, "claimer")
-    if claimer:
-        for backend, res in claimer["results"].items():
-            first, last = res["stages"][0], res["stages"][-1]
-            rows.append(
-                [
-                    f"claim+complete p50, {backend}",
-                    f"{f_ms(first['claims']['both_p50'])} → {f_ms(last['claims']['both_p50'])} ms",
-                    f"{first['rows']:,} → {last['rows']:,} rows",
-                    f"{last['claims']['both_p50'] / first['claims']['both_p50']:.2f}×",
-                ]
-            )
-            pr = res["prune"]
-            rows.append(
-                [
-                    f"prune, {backend}",
-                    f"{pr['seconds']:.1f} s",
-                    f"{sum(pr['before'].values()):,} → {sum(pr['after'].values()):,} rows",
-                    "",
-                ]
-            )
-    e2e = _load(outdir, "e2e")
-    if e2e:
-        from bench.common import percentile
-
-        for backend, r in e2e["results"].items():
-            xs = r["accepted_to_started"]
-            rows.append(
-                [
-                    f"accepted → started, {backend}",
-                    f"p50 {f_ms(percentile(xs, 50))} ms, p99 {f_ms(percentile(xs, 99))} ms",
-                    f"{len(xs)} jobs",
-                    "",
-                ]
-            )
-    fp = _load(outdir, "footprint")
-    if fp:
-        i, ld = fp["results"]["idle"], fp["results"]["load"]
-        rows.append(
-            [
-                "idle daemon",
-                f"CPU {i['cpu']:.2%}, RSS {i['rss_max'] / 2**20:.1f} MiB",
-                f"moto child {i['moto_rss'] / 2**20:.1f} MiB",
-                "",
-            ]
-        )
-        rows.append(
-            [
-                "daemon under load (c16)",
-                f"RSS {ld['rss_max'] / 2**20:.1f} MiB",
-                f"{f_rate(ld['ok_rate'])} jobs/s via moto",
-                "",
-            ]
-        )
+    intake = r.get("intake", {})
+    bare_h = {c: med(v, "rate") for c, v in intake.get("bare_http", {}).items()}
+    for backend, b in intake.get("backends", {}).items():
+        ours, bare = med(b["storage"][OURS]["16"], "rate"), med(b["storage"][BARE]["16"], "rate")
+        rate = f"{f_rate(ours)} jobs/s"
+        rows.append([f"intake, storage layer, {backend}, c16", rate, f"bare loop {f_rate(bare)}"])
+        rows[-1].append(f_pct(ratio(ours, bare)))
+        for mode, per_c in b["http"].items():
+            for c in ("16", "64"):  # c1 is in the intake table
+                rs = per_c[c]
+                rate = f"{f_rate(med(rs, 'ok_rate'))} jobs/s, p99 {f_ms(med(rs, 'p99_ms'))} ms"
+                rows.append([f"intake, HTTP, {backend}, {mode}, c{c}", rate])
+                vs_bare = f_pct(ratio(med(rs, "ok_rate"), bare_h[c]))
+                rows[-1] += [f"bare HTTP {f_rate(bare_h[c])}", vs_bare]
+    for backend, res in r.get("relay", {}).items():
+        for ep in ("stub", "moto"):
+            if f"{ep}: Relay.relay_once" in res:
+                rr = med(res[f"{ep}: Relay.relay_once"], "rate")
+                bb = med(res[f"{ep}: bare send_message_batch"], "rate")
+                rows.append([f"relay, {backend}, {ep}", f"{f_rate(rr)} msg/s"])
+                rows[-1] += [f"bare {f_rate(bb)}", f_pct(ratio(rr, bb))]
+    for name, rs in r.get("peers", {}).items():
+        peer_rate = med(rs, "ok_rate" if "ok_rate" in rs[0] else "rate")
+        rows.append([f"peers, {name}", f"{f_rate(peer_rate)} jobs/s", "", ""])
+    for backend, res in r.get("claimer", {}).items():
+        first, last, pr = res["stages"][0], res["stages"][-1], res["prune"]
+        p0, p1 = first["claims"]["both_p50"], last["claims"]["both_p50"]
+        growth = f"{ratio(p1, p0):.2f}×"
+        rows.append([f"claim+complete p50, {backend}", f"{f_ms(p0)} → {f_ms(p1)} ms"])
+        rows[-1] += [f"{first['rows']:,} → {last['rows']:,} rows", growth]
+        rows.append([f"prune, {backend}", f"{pr['seconds']:.1f} s"])
+        rows[-1] += [f"{sum(pr['before'].values()):,} → {sum(pr['after'].values()):,} rows", ""]
+    for backend, res in r.get("e2e", {}).items():
+        xs = res["accepted_to_started"]
+        lat = f"p50 {f_ms(percentile(xs, 50))} ms, p99 {f_ms(percentile(xs, 99))} ms"
+        rows.append([f"accepted → started, {backend}", lat, f"{len(xs)} jobs", ""])
+    if "footprint" in r:
+        i, ld = r["footprint"]["idle"], r["footprint"]["load"]
+        idle = f"CPU {i['cpu']:.2%}, RSS {f_mib(i['rss_max'])} MiB"
+        rows.append(["idle daemon", idle, f"moto child {f_mib(i['moto_rss'])} MiB", ""])
+        load = f"{f_rate(ld['ok_rate'])} jobs/s via moto"
+        rows.append(["daemon under load (c16)", f"RSS {f_mib(ld['rss_max'])} MiB", load, ""])
     return rows
+
+
+def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
+    """(passed, goal, what was measured) for each goal; a goal not measured is missed."""
+    out: list[tuple[bool, str, str]] = []
+
+    def line(goal: str, parts: list[tuple[bool, str]]) -> None:
+        ok = bool(parts) and all(p for p, _ in parts)
+        texts = [f"{t} ({'met' if p else 'missed'})" for p, t in parts]
+        out.append((ok, goal, "; ".join(texts) or "not measured in this run"))
+
+    intake = r.get("intake", {}).get("backends", {})
+    parts = []
+    for backend, b in intake.items():
+        on = {c: med(b["http"][STUB][c], "ok_rate") for c in ("16", "64") if STUB in b["http"]}
+        off = {c: med(b["http"][OFF][c], "ok_rate") for c in ("16", "64")}
+        if not on:
+            continue
+        r16, r64 = ratio(on["16"], off["16"]), ratio(on["64"], off["64"])
+        p_on, p_off = med(b["http"][STUB]["16"], "p99_ms"), med(b["http"][OFF]["16"], "p99_ms")
+        ok = r16 >= 0.7 and r64 >= 0.7 and ratio(p_on, p_off) <= 2
+        text = f"{backend} c16 {f_rate(on['16'])}/{f_rate(off['16'])} = {f_pct(r16)}, "
+        text += f"c64 {f_pct(r64)}, p99 c16 {f_ms(p_on)} vs {f_ms(p_off)} ms"
+        parts.append((ok, text))
+    goal = "HTTP intake with dispatch on (stub SQS) ≥ 70% of dispatch off at c16 and c64"
+    line(goal + ", p99 at c16 ≤ 2× dispatch off's", parts)
+
+    parts = []
+    for backend, res in r.get("relay", {}).items():
+        rr = med(res["stub: Relay.relay_once"], "rate")
+        bb = med(res["stub: bare send_message_batch"], "rate")
+        text = f"{backend} {f_rate(rr)} vs {f_rate(bb)} msg/s = {f_pct(ratio(rr, bb))}"
+        parts.append((ratio(rr, bb) >= 0.8, text))
+    line("relay ≥ 80% of the bare batch-send loop against the stub", parts)
+
+    parts = []
+    for backend, b in intake.items():
+        http, store = med(b["http"][OFF]["16"], "ok_rate"), med(b["storage"][OURS]["16"], "rate")
+        text = f"{backend} {f_rate(http)} vs {f_rate(store)} jobs/s = {f_pct(ratio(http, store))}"
+        parts.append((ratio(http, store) >= 0.7, text))
+    line("HTTP intake with dispatch off ≥ 70% of the storage-layer rate at c16", parts)
+
+    parts = []
+    peers = r.get("peers", {})
+    if peers:
+        ours = med(peers["ours: SqlStore.create_portal_job"], "rate")
+        for label, need in (("pgqueuer enqueue", 1.5), ("procrastinate defer_async", 2.0)):
+            theirs = med(peers[label], "rate")
+            text = f"{f_rate(ours)} vs {label} {f_rate(theirs)} = {ratio(ours, theirs):.2f}×"
+            parts.append((ratio(ours, theirs) >= need, text))
+    goal = "storage-layer intake ≥ 1.5× pgqueuer enqueue and ≥ 2× procrastinate defer_async"
+    line(goal + " (Postgres)", parts)
+
+    parts = []
+    if "sqlite" in intake:
+        st = intake["sqlite"]["storage"]
+        ours, bare = med(st[OURS]["16"], "rate"), med(st[BARE]["16"], "rate")
+        text = f"{f_rate(ours)} vs {f_rate(bare)} jobs/s = {ratio(ours, bare):.2f}×"
+        parts.append((ratio(ours, bare) >= 1.5, text))
+    line("SQLite storage-layer intake ≥ 1.5× the bare one-transaction-per-job loop (c16)", parts)
+
+    parts = []
+    for backend, res in r.get("e2e", {}).items():
+        p50 = percentile(res["accepted_to_started"], 50)
+        parts.append((p50 <= 15, f"{backend} p50 {f_ms(p50)} ms"))
+    if "footprint" in r:
+        i = r["footprint"]["idle"]
+        parts.append((i["cpu"] < 0.01, f"idle CPU {i['cpu']:.2%}"))
+        parts.append((i["rss_max"] < 120 * 2**20, f"idle RSS {f_mib(i['rss_max'])} MiB"))
+    line("accepted → handler started p50 ≤ 15 ms; idle CPU < 1%; idle RSS < 120 MiB", parts)
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="a few-minute version")
     p.add_argument("--only", help="comma-separated subset of: " + ",".join(ORDER))
-    p.add_argument("--profile", action="store_true", help="py-spy the intake server and relay")
     p.add_argument("--sizes", help="claimer row counts, e.g. 10000,100000,1000000")
     p.add_argument("--backends", help="sqlite,postgres (default: both)")
     args = p.parse_args()
     names = [n.strip() for n in args.only.split(",")] if args.only else list(ORDER)
-    unknown = set(names) - set(ORDER)
-    if unknown:
-        p.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    if set(names) - set(ORDER):
+        p.error(f"unknown benchmark(s) in {args.only}")
+    kind = "quick" if args.quick else "full"
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ("-quick" if args.quick else "")
     outdir = BENCH / "results" / stamp
     outdir.mkdir(parents=True, exist_ok=True)
-    start_line, la0, t0 = machine_line(), loadavg(), time.perf_counter()
-    commit = code_version()
-    emit(f"# outboxd benchmarks ({'quick' if args.quick else 'full'} run)")
-    emit(f"start: {start_line}  commit {commit}")
-    emit(f"results: {outdir}")
+    start, commit, t0 = machine_line(), code_version(), time.perf_counter()
+    emit(f"# outboxd benchmarks ({kind} run)\nstart: {start}  commit {commit}\nresults: {outdir}")
     codes = {name: run_one(name, outdir, args) for name in names}
-    la1 = loadavg()
-    emit(
-        f"\n# Summary ({'quick' if args.quick else 'full'} run, "
-        f"{(time.perf_counter() - t0) / 60:.1f} min)"
-    )
-    emit(f"start: {start_line}  commit {commit}")
+    emit(f"\n# Summary ({kind} run, {(time.perf_counter() - t0) / 60:.1f} min)")
     end_commit = code_version()
-    emit(f"end:   {machine_line()}  commit {end_commit}")
+    emit(f"start: {start}  commit {commit}\nend:   {machine_line()}  commit {end_commit}")
     if end_commit != commit:
         emit("WARNING: the code changed during the run; benchmarks ran on different versions")
-    emit(
-        "loadavg start → end: "
-        + " ".join(f"{x:.2f}" for x in la0)
-        + " → "
-        + " ".join(f"{x:.2f}" for x in la1)
-        + " (2 cores: above 2 means other work was queued for the CPU)"
-    )
-    emit(
-        table(
-            "Key figures (medians; ratios measured in this run)",
-            ["measure", "ours", "beside", "ratio"],
-            key_figures(outdir),
-        )
-    )
-    emit("\n### Goals")
-    for name in names:
-        data = _load(outdir, name)
-        for g in (data or {}).get("goals", []):
-            emit(f"- [{verdict(g['pass'])}] {g['name']}: {g['text']}")
+    emit("(2 cores: a load average above 2 means other work was queued for the CPU)")
+    results = load_all(outdir)
+    head = ["measure", "ours", "beside", "ratio"]
+    emit(table("Key figures (medians; ratios measured in this run)", head, key_figures(results)))
+    emit("\n### Goals (issue 13; all measured side by side in this run)")
+    verdicts = goals(results)
+    for ok, goal, measured in verdicts:
+        emit(f"[{'PASS' if ok else 'MISS'}] {goal}: {measured}")
     failed = [n for n, c in codes.items() if c != 0]
     if failed:
         emit(f"\nbenchmarks that failed: {', '.join(failed)} (see {outdir}/<name>.txt)")
-    (outdir / "summary.json").write_text(
-        json.dumps(
-            {"start": start_line, "end": machine_line(), "loadavg": [la0, la1], "codes": codes},
-            indent=2,
-        )
-    )
+    summary = {"start": start, "end": machine_line(), "codes": codes, "goals": verdicts}
+    (outdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return 1 if failed else 0
 
 

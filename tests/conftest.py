@@ -19,6 +19,7 @@ from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
+from tests.support.config import merge
 from tests.support.moto import MotoServer
 
 # A test run started by systemd (stdout to the journal) must not make every daemon the
@@ -74,13 +75,6 @@ def queue_names() -> dict[str, str]:
 SettingsFactory = Callable[..., Settings]
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 @pytest.fixture
 def make_settings(db_url: str, tmp_path: Path) -> SettingsFactory:
     """Settings on the test's database; keyword sections override the defaults."""
@@ -92,7 +86,7 @@ def make_settings(db_url: str, tmp_path: Path) -> SettingsFactory:
             "sqs": {"endpoint_url": None, "create_queues": True},
             "logging": {"level": "debug"},
         }
-        return Settings.from_mapping(_merge(base, sections), env={}, base_dir=tmp_path)
+        return Settings.from_mapping(merge(base, sections), env={}, base_dir=tmp_path)
 
     return factory
 

@@ -23,6 +23,7 @@ from typing import Any
 from outboxd.config import ConfigError, Settings
 from outboxd.errors import InvalidState, NotFound, OutboxdError
 from outboxd.security import generate_key, generate_token, hash_token
+from outboxd.storage.ports import RELAY_STATUSES
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -85,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     ol = osub.add_parser("list", parents=[common], help="list relay outbox rows (read-only)")
     ol.add_argument(
         "--status",
-        choices=["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"],
+        choices=RELAY_STATUSES,
         help="only rows in this status (default: all)",
     )
     ol.add_argument("--limit", type=int, default=50, help="at most this many rows, 1-500 (50)")
@@ -283,9 +284,9 @@ def _pace_line(name: str, pace: dict[str, Any]) -> str:
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
-    from outboxd.daemon.api import collect_stats
     from outboxd.daemon.app import Readiness
     from outboxd.queue.sqs import QueueError, SqsQueues
+    from outboxd.services.admin import AdminService
 
     store = await _open(settings)
     queues = None
@@ -302,7 +303,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
             except (QueueError, TimeoutError):
                 await queues.close()
                 queues = None
-        stats = await collect_stats(store, Readiness(store, queues) if queues else None)
+        stats = await AdminService(store, Readiness(store, queues) if queues else None).stats()
     finally:
         if queues is not None:
             await queues.close()
@@ -332,6 +333,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.daemon.api import relay_item
+    from outboxd.services.admin import AdminService
 
     store = await _open(settings)
     try:
@@ -350,7 +352,7 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
                     )
             return EXIT_OK
         try:
-            row = await store.redrive_relay_row(args.id, time.time())
+            row = await AdminService(store).redrive_outbox_row(args.id)
         except NotFound:
             print(f"outboxd: no outbox row {args.id}", file=sys.stderr)
             return EXIT_FAIL
@@ -364,11 +366,11 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _jobs(settings: Settings, args: argparse.Namespace) -> int:
-    import uuid
+    from outboxd.services.admin import AdminService
 
     store = await _open(settings)
     try:
-        job = await store.redrive_job(args.id, str(uuid.uuid4()), time.time())
+        job = await AdminService(store).redrive_job(args.id)
     except NotFound:
         print(f"outboxd: no job {args.id}", file=sys.stderr)
         return EXIT_FAIL

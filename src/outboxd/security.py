@@ -134,10 +134,6 @@ class KeyRing:
         text = default_file.read_text(encoding="ascii")
         return cls.from_lines(text.splitlines(), str(default_file)), created
 
-    @property
-    def primary_id(self) -> str:
-        return self._keys[0].key_id
-
     def seal(self, plaintext: bytes, associated_data: bytes) -> Sealed:
         key = self._keys[0]
         nonce = secrets.token_bytes(NONCE_BYTES)

@@ -10,24 +10,23 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import sqlite3
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import pytest
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.fakes.portal import FakePortal, Student, sample_student
+from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
+from tests.support.db import raw_rows
+from tests.support.loop_thread import LoopThread
 from tests.support.moto import MotoServer
 from tests.support.postgres import dump_all
 
@@ -38,13 +37,11 @@ T = TypeVar("T")
 
 
 class PortalThread:
-    """A FakePortal served from its own event loop on a daemon thread."""
+    """A FakePortal served from a LoopThread of its own."""
 
     def __init__(self, students: list[Student] | None = None) -> None:
         self.portal = FakePortal(students)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
+        self.lt = LoopThread()
         self.run(self.portal.start)
 
     def run(self, fn: Callable[[], Any]) -> Any:
@@ -54,8 +51,7 @@ class PortalThread:
             out = fn()
             return await out if asyncio.iscoroutine(out) else out
 
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(call(), self._loop)
-        return fut.result(timeout=30)
+        return self.lt.run(call(), timeout_s=30)
 
     def add_student(self, student: Student) -> None:
         self.run(lambda: self.portal.students.__setitem__(student.sno, student))
@@ -74,9 +70,7 @@ class PortalThread:
         try:
             self.run(self.portal.stop)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+            self.lt.close()
 
 
 @pytest.fixture
@@ -101,15 +95,6 @@ def secret_keys_file(tmp_path: Path) -> Path:
 
 
 ConfigFactory = Callable[..., dict[str, Any]]
-
-
-def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    """`extra` over `base`, section by section (nested tables merged, the rest replaced)."""
-    out = dict(base)
-    for k, v in extra.items():
-        old = out.get(k)
-        out[k] = merge(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
-    return out
 
 
 @pytest.fixture
@@ -245,26 +230,8 @@ def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 30.0) 
 
 
 def db_rows(db_url: str, query: str, *args: Any) -> list[dict[str, Any]]:
-    """Rows of `query` (`?` placeholders; rewritten to `$n` for Postgres) with a driver
-    of our own, so assertions never trust the store under test."""
-    if db_url.startswith("sqlite:///"):
-        conn = sqlite3.connect(sqlite_path(db_url, Path.cwd()), timeout=10)
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute(query, args).fetchall()]
-        finally:
-            conn.close()
-    parts = query.split("?")
-    pg_query = parts[0] + "".join(f"${i}{p}" for i, p in enumerate(parts[1:], start=1))
-
-    async def run() -> list[dict[str, Any]]:
-        conn = await asyncpg.connect(db_url, timeout=5)
-        try:
-            return [dict(r) for r in await conn.fetch(pg_query, *args)]
-        finally:
-            await conn.close()
-
-    return asyncio.run(run())
+    """Rows of `query` through the one raw reader (tests/support/db.py), from sync code."""
+    return asyncio.run(raw_rows(db_url, query, *args))
 
 
 def db_bytes(db_url: str) -> bytes:

@@ -46,11 +46,12 @@ from typing import Any
 
 from aiohttp import web
 
+# The sample student has one home, shared with bench/e2e.py.
+from testkit.daemon import SAMPLE_PASSWORD as SAMPLE_PASSWORD
+from testkit.daemon import SAMPLE_SNO as SAMPLE_SNO
+
 Scalar = str | int | float
 """A value as the info system may send it: the real one mixes numbers and numeric strings."""
-
-SAMPLE_SNO = "20201234"
-SAMPLE_PASSWORD = "correct-horse"
 
 PORTAL_COOKIE = "ENVIEW_SESSIONID"
 INFO_COOKIE = "INFO_JSESSIONID"

@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from outboxd.daemon.api import create_app
-from outboxd.daemon.app import build_api_deps
-from outboxd.observability import Metrics
-from outboxd.security import KeyRing, generate_token, hash_token
+from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
-from tests.conftest import SettingsFactory
 from tests.support.ops import (
     db_counts,
     fail,
@@ -404,30 +398,10 @@ ADMIN_ROUTES = [
 ]
 
 
-@pytest_asyncio.fixture
-async def authed(
-    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
-) -> AsyncIterator[tuple[Client, str, str]]:
-    user_token, admin_token = generate_token(), generate_token()
-    settings = make_settings(
-        auth={
-            "tokens": [
-                {"sha256": hash_token(user_token), "user": "bob", "role": "user"},
-                {"sha256": hash_token(admin_token), "user": "root", "role": "admin"},
-            ]
-        }
-    )
-    deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
-    client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
-    await client.start_server()
-    yield client, user_token, admin_token
-    await client.close()
-
-
 async def test_admin_routes_are_403_for_a_user_token(
-    authed: tuple[Client, str, str], store: SqlStore, keys: KeyRing
+    two_role_api: tuple[Client, str, str], store: SqlStore, keys: KeyRing
 ) -> None:
-    client, user_token, admin_token = authed
+    client, user_token, admin_token = two_role_api
     job = await submit_job(store, keys, user="bob")
     row = await kill_at_publish(store, job.id)
     for method, template, body in ADMIN_ROUTES:

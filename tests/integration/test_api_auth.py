@@ -15,8 +15,8 @@ from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing, hash_token
-from outboxd.storage.db import Query
 from outboxd.storage.store import SqlStore
+from tests.support.db import raw_count
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-auth"}
@@ -28,13 +28,6 @@ TOKENS = [
 ]
 
 Client = TestClient[Any, Any]
-
-
-async def count(store: SqlStore, table: str) -> int:
-    async with store.db.reader() as c:
-        row = await c.fetchrow(Query("count", f"SELECT COUNT(*) AS n FROM {table}", ()), {})
-    assert row is not None
-    return int(row["n"])
 
 
 async def _client(settings: Settings, store: SqlStore, keys: KeyRing) -> Client:
@@ -89,7 +82,7 @@ async def assert_401(resp: Any) -> None:
     ],
 )
 async def test_missing_or_bad_token_is_401_c02(
-    authed: Client, store: SqlStore, authorization: str | None
+    authed: Client, store: SqlStore, authorization: str | None, db_url: str
 ) -> None:
     """Without a valid bearer token every /v1 route answers 401 C02 with WWW-Authenticate."""
     headers = {"Idempotency-Key": "k-auth"}
@@ -98,8 +91,8 @@ async def test_missing_or_bad_token_is_401_c02(
     await assert_401(await authed.post(URL, json=BODY, headers=headers))
     await assert_401(await authed.get("/v1/jobs/anything", headers=headers))
     await assert_401(await authed.get("/v1/admin/stats", headers=headers))
-    assert await count(store, "jobs") == 0
-    assert await count(store, "relay_outbox") == 0
+    assert await raw_count(db_url, "jobs") == 0
+    assert await raw_count(db_url, "relay_outbox") == 0
 
 
 async def test_good_token_works_and_names_the_user(authed: Client, store: SqlStore) -> None:

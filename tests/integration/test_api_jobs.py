@@ -21,8 +21,8 @@ from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing, hash_token
-from outboxd.storage.db import Query
 from outboxd.storage.store import SqlStore
+from tests.support.db import raw_count
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-jobs"}
@@ -43,16 +43,9 @@ def bearer(token: str, **extra: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **extra}
 
 
-async def count(store: SqlStore, table: str) -> int:
-    async with store.db.reader() as c:
-        row = await c.fetchrow(Query("count", f"SELECT COUNT(*) AS n FROM {table}", ()), {})
-    assert row is not None
-    return int(row["n"])
-
-
-async def assert_nothing_stored(store: SqlStore) -> None:
-    assert await count(store, "jobs") == 0
-    assert await count(store, "relay_outbox") == 0
+async def assert_nothing_stored(db_url: str) -> None:
+    assert await raw_count(db_url, "jobs") == 0
+    assert await raw_count(db_url, "relay_outbox") == 0
 
 
 async def assert_problem(resp: Any, status: int, code: str) -> dict[str, Any]:
@@ -117,7 +110,7 @@ async def test_new_job_answers_202_with_location_and_body(api: Client, store: Sq
 
 
 async def test_replay_returns_the_same_job_and_stores_nothing_new(
-    api: Client, store: SqlStore
+    api: Client, store: SqlStore, db_url: str
 ) -> None:
     """The same key and body answer 202 with the same jobId and Idempotent-Replayed: true."""
     first = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-replay"})
@@ -130,11 +123,13 @@ async def test_replay_returns_the_same_job_and_stores_nothing_new(
         body = await again.json()
         assert body["jobId"] == job_id
         assert again.headers["Location"] == f"/v1/jobs/{job_id}"
-    assert await count(store, "jobs") == 1
-    assert await count(store, "relay_outbox") == 1
+    assert await raw_count(db_url, "jobs") == 1
+    assert await raw_count(db_url, "relay_outbox") == 1
 
 
-async def test_same_key_different_body_is_409_c07(api: Client, store: SqlStore) -> None:
+async def test_same_key_different_body_is_409_c07(
+    api: Client, store: SqlStore, db_url: str
+) -> None:
     """The same key with a different body answers 409 C07 problem+json and stores nothing."""
     first = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-conflict"})
     assert first.status == 202
@@ -142,12 +137,12 @@ async def test_same_key_different_body_is_409_c07(api: Client, store: SqlStore) 
     resp = await api.post(URL, json=other, headers={"Idempotency-Key": "k-conflict"})
     body = await assert_problem(resp, 409, "C07")
     assert "another-password" not in json.dumps(body)
-    assert await count(store, "jobs") == 1
-    assert await count(store, "relay_outbox") == 1
+    assert await raw_count(db_url, "jobs") == 1
+    assert await raw_count(db_url, "relay_outbox") == 1
 
 
 async def test_twenty_concurrent_identical_requests_create_one_job(
-    api: Client, store: SqlStore
+    api: Client, store: SqlStore, db_url: str
 ) -> None:
     """Twenty identical requests at once create exactly one job and one outbox row."""
     responses = await asyncio.gather(
@@ -159,12 +154,12 @@ async def test_twenty_concurrent_identical_requests_create_one_job(
     assert len(ids) == 1
     replayed = [r.headers.get("Idempotent-Replayed") == "true" for r in responses]
     assert replayed.count(False) == 1
-    assert await count(store, "jobs") == 1
-    assert await count(store, "relay_outbox") == 1
+    assert await raw_count(db_url, "jobs") == 1
+    assert await raw_count(db_url, "relay_outbox") == 1
 
 
 async def test_concurrent_same_key_different_bodies_never_make_two_jobs(
-    api: Client, store: SqlStore
+    api: Client, store: SqlStore, db_url: str
 ) -> None:
     """Concurrent requests sharing a key, different bodies: one job; the rest 409 or replay."""
     bodies = [{**BODY, "password": f"pw-{i % 4}"} for i in range(12)]
@@ -182,12 +177,12 @@ async def test_concurrent_same_key_different_bodies_never_make_two_jobs(
     assert all(b == winner_body for b, _ in accepted)
     assert len(accepted) == sum(1 for b in bodies if b == winner_body)
     assert len({(await r.json())["jobId"] for _, r in accepted}) == 1
-    assert await count(store, "jobs") == 1
-    assert await count(store, "relay_outbox") == 1
+    assert await raw_count(db_url, "jobs") == 1
+    assert await raw_count(db_url, "relay_outbox") == 1
 
 
 async def test_replay_survives_key_rotation(
-    make_settings: Callable[..., Settings], store: SqlStore
+    make_settings: Callable[..., Settings], store: SqlStore, db_url: str
 ) -> None:
     """After a key rotation that keeps the old key second, the same request still replays."""
     old_key, new_key = os.urandom(32), os.urandom(32)
@@ -212,7 +207,7 @@ async def test_replay_survives_key_rotation(
         finally:
             await client.close()
     assert job_ids[0] == job_ids[1]
-    assert await count(store, "jobs") == 1
+    assert await raw_count(db_url, "jobs") == 1
 
 
 # ------------------------------------------------------------------ rejected requests
@@ -224,20 +219,20 @@ async def test_replay_survives_key_rotation(
     ids=["missing", "empty", "256-chars"],
 )
 async def test_bad_idempotency_key_is_400_c06(
-    api: Client, store: SqlStore, headers: dict[str, str]
+    api: Client, store: SqlStore, headers: dict[str, str], db_url: str
 ) -> None:
     """A missing, empty or over-255-character Idempotency-Key answers 400 C06 and stores nothing."""
     resp = await api.post(URL, json=BODY, headers=headers)
     assert resp.request_info.headers.get("Idempotency-Key") == headers.get("Idempotency-Key")
     await assert_problem(resp, 400, "C06")
-    await assert_nothing_stored(store)
+    await assert_nothing_stored(db_url)
 
 
-async def test_a_255_character_key_is_accepted(api: Client, store: SqlStore) -> None:
+async def test_a_255_character_key_is_accepted(api: Client, store: SqlStore, db_url: str) -> None:
     """An Idempotency-Key of exactly 255 characters is accepted."""
     resp = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k" * 255})
     assert resp.status == 202, await resp.text()
-    assert await count(store, "jobs") == 1
+    assert await raw_count(db_url, "jobs") == 1
 
 
 INVALID_BODIES: list[tuple[str, Any, set[str]]] = [
@@ -269,7 +264,7 @@ INVALID_BODIES: list[tuple[str, Any, set[str]]] = [
     [pytest.param(p, f, id=name) for name, p, f in INVALID_BODIES],
 )
 async def test_invalid_body_is_400_c01_with_field_errors(
-    api: Client, store: SqlStore, payload: Any, fields: set[str]
+    api: Client, store: SqlStore, payload: Any, fields: set[str], db_url: str
 ) -> None:
     """An invalid body answers 400 C01 naming the bad fields in errors[] and stores nothing."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
@@ -285,12 +280,12 @@ async def test_invalid_body_is_400_c01_with_field_errors(
         assert set(e) == {"field", "message"}
         assert isinstance(e["message"], str) and e["message"]
     assert {e["field"] for e in errors} == fields
-    await assert_nothing_stored(store)
+    await assert_nothing_stored(db_url)
 
 
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", None])
 async def test_non_json_content_type_is_415_c01(
-    api: Client, store: SqlStore, ctype: str | None
+    api: Client, store: SqlStore, ctype: str | None, db_url: str
 ) -> None:
     """A body that is not declared JSON answers 415 C01 and stores nothing."""
     headers = {"Idempotency-Key": "k-ctype"}
@@ -299,76 +294,64 @@ async def test_non_json_content_type_is_415_c01(
     resp = await api.post(URL, data=json.dumps(BODY).encode(), headers=headers)
     body = await assert_problem(resp, 415, "C01")
     assert body["errors"][0]["field"] == "Content-Type"
-    await assert_nothing_stored(store)
+    await assert_nothing_stored(db_url)
 
 
+async def in_chunks(data: bytes, size: int) -> AsyncIterator[bytes]:
+    """`data` sent chunked (no Content-Length), `size` bytes at a time."""
+    for i in range(0, len(data), size):
+        yield data[i : i + size]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("size", [1025 + 100, 4 * 1024 * 1024])
-async def test_oversized_body_with_content_length_is_413_c05(
-    make_client: ClientFactory, store: SqlStore, size: int
+async def test_oversized_body_is_413_c05(
+    make_client: ClientFactory, store: SqlStore, size: int, chunked: bool, db_url: str
 ) -> None:
-    """A body over server.max_body_bytes with Content-Length answers 413 C05, storing nothing."""
-    client = await make_client(server={"max_body_bytes": 1024})
-    big = {**BODY, "username": "u" * size}
-    data = json.dumps(big).encode()
-    resp = await client.post(
-        URL,
-        data=data,
-        headers={"Idempotency-Key": "k-big", "Content-Type": "application/json"},
-    )
-    await assert_problem(resp, 413, "C05")
-    await assert_nothing_stored(store)
-
-
-@pytest.mark.parametrize("size", [1025 + 100, 4 * 1024 * 1024])
-async def test_oversized_chunked_body_is_413_c05(
-    make_client: ClientFactory, store: SqlStore, size: int
-) -> None:
-    """A chunked body (no Content-Length) over server.max_body_bytes answers 413 C05."""
+    """A body over server.max_body_bytes answers 413 C05 and stores nothing, whether it
+    declares its Content-Length or comes chunked (no Content-Length)."""
     client = await make_client(server={"max_body_bytes": 1024})
     data = json.dumps({**BODY, "username": "u" * size}).encode()
-
-    async def chunks() -> AsyncIterator[bytes]:
-        for i in range(0, len(data), 64 * 1024):
-            yield data[i : i + 64 * 1024]
-
     resp = await client.post(
         URL,
-        data=chunks(),
-        headers={"Idempotency-Key": "k-chunked", "Content-Type": "application/json"},
+        data=in_chunks(data, 64 * 1024) if chunked else data,
+        headers={
+            "Idempotency-Key": "k-chunked" if chunked else "k-big",
+            "Content-Type": "application/json",
+        },
     )
-    assert "Content-Length" not in resp.request_info.headers
+    if chunked:
+        assert "Content-Length" not in resp.request_info.headers
     await assert_problem(resp, 413, "C05")
-    await assert_nothing_stored(store)
+    await assert_nothing_stored(db_url)
 
 
-async def test_body_at_the_limit_is_accepted(make_client: ClientFactory, store: SqlStore) -> None:
+async def test_body_at_the_limit_is_accepted(
+    make_client: ClientFactory, store: SqlStore, db_url: str
+) -> None:
     """A chunked body of exactly server.max_body_bytes is read and accepted."""
     client = await make_client(server={"max_body_bytes": 1024})
     base = json.dumps({**BODY, "username": ""}).encode()
     data = json.dumps({**BODY, "username": "u" * (1024 - len(base))}).encode()
     assert len(data) == 1024
 
-    async def chunks() -> AsyncIterator[bytes]:
-        yield data[:500]
-        yield data[500:]
-
     resp = await client.post(
         URL,
-        data=chunks(),
+        data=in_chunks(data, 500),
         headers={"Idempotency-Key": "k-limit", "Content-Type": "application/json"},
     )
     # username is capped at 64 characters: the body was read whole and validated.
     body = await assert_problem(resp, 400, "C01")
     assert body["errors"][0]["field"] == "username"
-    await assert_nothing_stored(store)
+    await assert_nothing_stored(db_url)
 
 
-async def test_unknown_route_is_404_c04(api: Client, store: SqlStore) -> None:
+async def test_unknown_route_is_404_c04(api: Client, store: SqlStore, db_url: str) -> None:
     """An unknown path answers 404 C04 problem+json."""
     for path in ("/v1/nope", "/v1/portal-link-jobs/extra", "/"):
         resp = await api.get(path)
         await assert_problem(resp, 404, "C04")
-    await assert_nothing_stored(store)
+    await assert_nothing_stored(db_url)
 
 
 @pytest.mark.parametrize(
@@ -381,7 +364,7 @@ async def test_unknown_route_is_404_c04(api: Client, store: SqlStore) -> None:
     ],
 )
 async def test_wrong_method_is_405_c10_with_allow(
-    api: Client, store: SqlStore, method: str, path: str, allow: set[str]
+    api: Client, store: SqlStore, method: str, path: str, allow: set[str], db_url: str
 ) -> None:
     """A known path with the wrong method answers 405 C10 with an Allow header."""
     resp = await api.request(
@@ -390,7 +373,7 @@ async def test_wrong_method_is_405_c10_with_allow(
     await assert_problem(resp, 405, "C10")
     allowed = {m.strip() for m in resp.headers["Allow"].split(",")}
     assert allowed == allow
-    await assert_nothing_stored(store)
+    await assert_nothing_stored(db_url)
 
 
 # ------------------------------------------------------------------ visibility
@@ -426,7 +409,7 @@ async def test_another_users_job_is_404_like_a_missing_one(
 
 
 async def test_same_key_for_two_users_makes_two_jobs(
-    make_client: ClientFactory, store: SqlStore
+    make_client: ClientFactory, store: SqlStore, db_url: str
 ) -> None:
     """Idempotency keys are per user: Alice and Bob using one key get a job each."""
     client = await make_client(auth={"tokens": TOKENS})
@@ -439,7 +422,7 @@ async def test_same_key_for_two_users_makes_two_jobs(
     assert a.status == 202 and b.status == 202
     assert "Idempotent-Replayed" not in b.headers
     assert (await a.json())["jobId"] != (await b.json())["jobId"]
-    assert await count(store, "jobs") == 2
+    assert await raw_count(db_url, "jobs") == 2
 
 
 async def test_admin_can_read_any_job(make_client: ClientFactory, store: SqlStore) -> None:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from aiohttp.test_utils import TestClient
 
-from outboxd.storage.db import Query, SqliteDatabase
 from outboxd.storage.store import SqlStore
+from tests.support.db import raw_count, raw_db
 
 URL = "/v1/portal-link-jobs"
 SECRET = "pw-atomicity-7f3a9c"
@@ -19,60 +17,39 @@ BODY = {"portal": "suwon", "username": "20201234", "password": SECRET}
 MARKER = "injected-outbox-fault"
 
 
-async def count(store: SqlStore, table: str) -> int:
-    async with store.db.reader() as c:
-        row = await c.fetchrow(Query("count", f"SELECT COUNT(*) AS n FROM {table}", ()), {})
-    assert row is not None
-    return int(row["n"])
-
-
-async def install_fault(store: SqlStore, db_url: str) -> None:
+async def install_fault(db_url: str) -> None:
     """A trigger that makes every insert into relay_outbox fail inside the transaction."""
-    if isinstance(store.db, SqliteDatabase):
-        conn = sqlite3.connect(store.db.path, isolation_level=None)
-        try:
-            conn.execute(
+    async with raw_db(db_url) as db:
+        if db.url.startswith("sqlite:///"):
+            await db.execute(
                 "CREATE TRIGGER fail_outbox BEFORE INSERT ON relay_outbox "
                 f"BEGIN SELECT RAISE(ABORT, '{MARKER}'); END"
             )
-        finally:
-            conn.close()
-        return
-    pg = await asyncpg.connect(db_url)
-    try:
-        await pg.execute(
+            return
+        await db.execute(
             "CREATE OR REPLACE FUNCTION fail_outbox() RETURNS trigger LANGUAGE plpgsql AS "
             f"$$ BEGIN RAISE EXCEPTION '{MARKER}'; END $$"
         )
-        await pg.execute(
+        await db.execute(
             "CREATE TRIGGER fail_outbox BEFORE INSERT ON relay_outbox "
             "FOR EACH ROW EXECUTE FUNCTION fail_outbox()"
         )
-    finally:
-        await pg.close()
 
 
-async def remove_fault(store: SqlStore, db_url: str) -> None:
-    if isinstance(store.db, SqliteDatabase):
-        conn = sqlite3.connect(store.db.path, isolation_level=None)
-        try:
-            conn.execute("DROP TRIGGER fail_outbox")
-        finally:
-            conn.close()
-        return
-    pg = await asyncpg.connect(db_url)
-    try:
-        await pg.execute("DROP TRIGGER fail_outbox ON relay_outbox")
-        await pg.execute("DROP FUNCTION fail_outbox()")
-    finally:
-        await pg.close()
+async def remove_fault(db_url: str) -> None:
+    async with raw_db(db_url) as db:
+        if db.url.startswith("sqlite:///"):
+            await db.execute("DROP TRIGGER fail_outbox")
+            return
+        await db.execute("DROP TRIGGER fail_outbox ON relay_outbox")
+        await db.execute("DROP FUNCTION fail_outbox()")
 
 
 async def test_outbox_insert_failure_leaves_no_job(
     api: TestClient[Any, Any], store: SqlStore, db_url: str, tmp_path: Path
 ) -> None:
     """A failing outbox insert rolls back the job: 5xx problem+json, no row; later the key works."""
-    await install_fault(store, db_url)
+    await install_fault(db_url)
     try:
         resp = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-atomic"})
         text = await resp.text()
@@ -83,15 +60,15 @@ async def test_outbox_insert_failure_leaves_no_job(
         assert problem["status"] == resp.status
         assert SECRET not in text and "20201234" not in text
         assert MARKER not in text  # driver messages stay in the logs
-        assert await count(store, "jobs") == 0
-        assert await count(store, "relay_outbox") == 0
+        assert await raw_count(db_url, "jobs") == 0
+        assert await raw_count(db_url, "relay_outbox") == 0
 
         # The fault persists: a retry fails the same way and still leaves nothing.
         again = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-atomic"})
         assert 500 <= again.status < 600
-        assert await count(store, "jobs") == 0
+        assert await raw_count(db_url, "jobs") == 0
     finally:
-        await remove_fault(store, db_url)
+        await remove_fault(db_url)
 
     ok = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-atomic"})
     assert ok.status == 202, await ok.text()
@@ -101,5 +78,5 @@ async def test_outbox_insert_failure_leaves_no_job(
     assert job is not None and job.status == "QUEUED"
     outbox = await store.latest_relay_row_for_job(job.id)
     assert outbox is not None and outbox.id == body["dispatch"]["outboxId"]
-    assert await count(store, "jobs") == 1
-    assert await count(store, "relay_outbox") == 1
+    assert await raw_count(db_url, "jobs") == 1
+    assert await raw_count(db_url, "relay_outbox") == 1

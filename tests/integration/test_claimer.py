@@ -22,20 +22,13 @@ from outboxd.daemon.claimer import Claimer
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.services.websites import WebsiteService
-from outboxd.storage.db import Query
 from outboxd.storage.store import SqlStore
 from tests.fakes.ai import FakeAI
+from tests.support.clock import Clock
+from tests.support.db import raw_execute, raw_rows
 
 KEY_ENV = "CLAIMER_TEST_AI_KEY"
 KEY = "sk-claimer-test-5e1d"
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest_asyncio.fixture
@@ -79,22 +72,16 @@ async def register(store: SqlStore, domain: str, at: float | None = None) -> str
     return website.id
 
 
-async def work(store: SqlStore, domain: str) -> dict[str, Any]:
+async def work(db_url: str, domain: str) -> dict[str, Any]:
     """The work row of `domain` joined with its website's category."""
     sql = (
         "SELECT o.status, o.attempt_count, o.attempted_at, o.last_error, o.version, w.category"
         " FROM work_outbox o JOIN websites w ON w.id = o.website_id"
         f" WHERE w.domain = '{domain}'"
     )
-    async with store.db.reader() as c:
-        row = await c.fetchrow(Query("test", sql, ()), {})
-    assert row is not None, domain
-    return row
-
-
-async def execute(store: SqlStore, sql: str) -> int:
-    async with store.db.transaction() as c:
-        return await c.execute(Query("test", sql, ()), {})
+    rows = await raw_rows(db_url, sql)
+    assert rows, domain
+    return rows[0]
 
 
 def calls_per_domain(ai: FakeAI) -> dict[str, int]:
@@ -123,7 +110,7 @@ async def run_until(claimer: Claimer, done: Callable[[], Any], deadline_s: float
 
 
 async def test_each_website_is_classified_once_at_the_fixed_pace(
-    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer
+    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
     expected = {
         "news.example": "news",
@@ -140,14 +127,14 @@ async def test_each_website_is_classified_once_at_the_fixed_pace(
     claimer = make_claimer(fixed_delay_s=0.2)
 
     async def all_done() -> bool:
-        rows = [await work(store, d) for d in expected]
+        rows = [await work(db_url, d) for d in expected]
         return all(r["status"] == "COMPLETED" for r in rows)
 
     await run_until(claimer, all_done)
 
     assert calls_per_domain(ai) == dict.fromkeys(expected, 1)
     for domain, category in expected.items():
-        row = await work(store, domain)
+        row = await work(db_url, domain)
         assert row["category"] == category
         assert row["status"] == "COMPLETED"
         assert row["attempt_count"] == 1
@@ -163,7 +150,7 @@ async def test_each_website_is_classified_once_at_the_fixed_pace(
 
 
 async def test_429_pauses_this_claimer_for_retry_after_without_spending_an_attempt(
-    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer
+    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
     await register(store, "first.example", at=1.0)
     await register(store, "second.example", at=2.0)
@@ -171,7 +158,7 @@ async def test_429_pauses_this_claimer_for_retry_after_without_spending_an_attem
     claimer = make_claimer(fixed_delay_s=0.05, retry_delay_s=0.5)
 
     async def both_done() -> bool:
-        rows = [await work(store, d) for d in ("first.example", "second.example")]
+        rows = [await work(db_url, d) for d in ("first.example", "second.example")]
         return all(r["status"] == "COMPLETED" for r in rows)
 
     await run_until(claimer, both_done)
@@ -184,13 +171,13 @@ async def test_429_pauses_this_claimer_for_retry_after_without_spending_an_attem
     ]
     paused = calls[1].started_at_monotonic - calls[0].finished_at_monotonic
     assert paused >= 1.0 - 0.02, paused
-    first = await work(store, "first.example")
+    first = await work(db_url, "first.example")
     assert first["attempt_count"] == 1  # the 429 did not count
     assert first["category"] == "technology"
 
 
 async def test_429_gives_the_row_back_with_its_attempt_count_unchanged(
-    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer
+    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
     clock = Clock(100.0)
     claimer = make_claimer(clock)
@@ -198,23 +185,23 @@ async def test_429_gives_the_row_back_with_its_attempt_count_unchanged(
 
     ai.rate_limit_next_n(1, retry_after_s=30.0)
     assert await claimer.tick() == "rate_limited"
-    row = await work(store, "limited.example")
+    row = await work(db_url, "limited.example")
     assert (row["status"], row["attempt_count"], row["attempted_at"]) == ("PENDING", 0, None)
 
     # A retry that meets a 429 keeps the one attempt it already spent.
     ai.fail_next_n(1)
     clock.now = 200.0
     assert await claimer.tick() == "retry"
-    assert (await work(store, "limited.example"))["attempt_count"] == 1
+    assert (await work(db_url, "limited.example"))["attempt_count"] == 1
     ai.rate_limit_next_n(1, retry_after_s=5.0)
     clock.now = 300.0
     assert await claimer.tick() == "rate_limited"
-    row = await work(store, "limited.example")
+    row = await work(db_url, "limited.example")
     assert (row["status"], row["attempt_count"], row["category"]) == ("PENDING", 1, None)
 
     clock.now = 400.0
     assert await claimer.tick() == "completed"
-    row = await work(store, "limited.example")
+    row = await work(db_url, "limited.example")
     assert (row["status"], row["attempt_count"]) == ("COMPLETED", 2)
     assert [c.status for c in ai.calls] == [429, 500, 429, 200]
 
@@ -223,9 +210,9 @@ async def test_429_gives_the_row_back_with_its_attempt_count_unchanged(
 
 
 async def test_claim_order_fresh_then_due_retries_then_stale_processing(
-    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer
+    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
-    clock = Clock()
+    clock = Clock(1000.0)
     claimer = make_claimer(clock, retry_delay_s=10.0, processing_timeout_s=30.0)
     for i, domain in enumerate(("a.example", "b.example", "c.example", "d.example"), start=1):
         await register(store, domain, at=float(i))
@@ -255,7 +242,7 @@ async def test_claim_order_fresh_then_due_retries_then_stale_processing(
     # then the stale PROCESSING row (b), although b's attempt is older than c's.
     assert [c.domain for c in ai.calls[3:]] == ["e.example", "a.example", "c.example", "b.example"]
     for domain, attempts in (("a", 2), ("b", 2), ("c", 2), ("d", 1), ("e", 1)):
-        row = await work(store, f"{domain}.example")
+        row = await work(db_url, f"{domain}.example")
         assert (row["status"], row["attempt_count"]) == ("COMPLETED", attempts), domain
         assert row["category"] == "technology"
 
@@ -280,7 +267,7 @@ async def test_retries_wait_retry_delay_and_stale_rows_wait_processing_timeout(
 
 
 async def test_a_provider_that_always_fails_ends_the_row_failed_after_max_attempts(
-    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer
+    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
     clock = Clock(100.0)
     claimer = make_claimer(clock, retry_delay_s=10.0, max_attempts=3)
@@ -292,7 +279,7 @@ async def test_a_provider_that_always_fails_ends_the_row_failed_after_max_attemp
         clock.now = now
         outcomes.append(await claimer.tick())
     assert outcomes == ["retry", "retry", "failed", "idle", "idle"]
-    row = await work(store, "down.example")
+    row = await work(db_url, "down.example")
     assert (row["status"], row["attempt_count"], row["category"]) == ("FAILED", 3, None)
     assert "500" in row["last_error"]
     assert KEY not in row["last_error"]
@@ -304,10 +291,10 @@ async def test_a_provider_that_always_fails_ends_the_row_failed_after_max_attemp
 
 
 async def test_failing_rows_go_to_the_back_while_newer_rows_are_served(
-    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer
+    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
     """An answer outside the categories is a failed attempt; others keep flowing meanwhile."""
-    clock = Clock()
+    clock = Clock(1000.0)
     claimer = make_claimer(clock, retry_delay_s=10.0, max_attempts=3)
     ai.categories_by_domain["odd.example"] = "weather"  # not a configured category
     ai.categories_by_domain["x.example"] = "weather"
@@ -318,7 +305,7 @@ async def test_failing_rows_go_to_the_back_while_newer_rows_are_served(
 
     await register(store, "odd.example", at=1.0)
     assert await tick_at(10.0) == "retry"
-    row = await work(store, "odd.example")
+    row = await work(db_url, "odd.example")
     assert (row["status"], row["attempt_count"], row["category"]) == ("PENDING", 1, None)
     assert "outside categories" in row["last_error"]
     assert row["attempted_at"] == 10.0
@@ -344,28 +331,31 @@ async def test_failing_rows_go_to_the_back_while_newer_rows_are_served(
         "x.example",
         "odd.example",
     ]
-    odd = await work(store, "odd.example")
+    odd = await work(db_url, "odd.example")
     assert (odd["status"], odd["attempt_count"], odd["category"]) == ("FAILED", 3, None)
     assert "weather" in odd["last_error"]
     for domain in ("new1.example", "new2.example", "new3.example"):
-        assert (await work(store, domain))["category"] == "technology"
+        assert (await work(db_url, domain))["category"] == "technology"
 
 
 async def test_a_website_that_has_a_category_is_not_sent_to_the_provider(
-    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer
+    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
     claimer = make_claimer(Clock(100.0))
     await register(store, "known.example", at=1.0)
-    await execute(store, "UPDATE websites SET category = 'news' WHERE domain = 'known.example'")
+    await raw_execute(
+        db_url, "UPDATE websites SET category = 'news' WHERE domain = 'known.example'"
+    )
     assert await claimer.tick() == "skipped"
     assert await claimer.tick() == "idle"
     assert ai.calls == []
-    row = await work(store, "known.example")
+    row = await work(db_url, "known.example")
     assert (row["status"], row["category"]) == ("COMPLETED", "news")
 
 
 async def test_a_stale_holders_late_outcome_cannot_overwrite_the_new_holders(
     store: SqlStore,
+    db_url: str,
 ) -> None:
     await register(store, "slow.example", at=1.0)
     stale = await store.claim_work(100.0, 10.0, 30.0)
@@ -379,7 +369,7 @@ async def test_a_stale_holders_late_outcome_cannot_overwrite_the_new_holders(
     assert await store.complete_work(stale, "news", 201.0) is False
     assert await store.fail_work(stale, "late failure", True, 201.0) is False
     assert await store.give_back_work(stale) is False
-    row = await work(store, "slow.example")
+    row = await work(db_url, "slow.example")
     assert (row["status"], row["category"], row["last_error"]) == ("PROCESSING", None, None)
     assert row["attempt_count"] == fresh.attempt_count
 
@@ -387,15 +377,15 @@ async def test_a_stale_holders_late_outcome_cannot_overwrite_the_new_holders(
     assert await store.complete_work(fresh, "finance", 202.0) is True
     assert await store.complete_work(stale, "news", 203.0) is False
     assert await store.fail_work(stale, "late failure", True, 203.0) is False
-    row = await work(store, "slow.example")
+    row = await work(db_url, "slow.example")
     assert (row["status"], row["category"]) == ("COMPLETED", "finance")
     # The same holder cannot apply its outcome twice either.
     assert await store.complete_work(fresh, "news", 204.0) is False
-    assert (await work(store, "slow.example"))["category"] == "finance"
+    assert (await work(db_url, "slow.example"))["category"] == "finance"
 
 
 async def test_a_claimer_whose_row_was_taken_over_reports_lost_and_changes_nothing(
-    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer
+    store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
     """The claimer's own path: its call ends after another instance reclaimed the row."""
     clock = Clock(100.0)
@@ -411,13 +401,13 @@ async def test_a_claimer_whose_row_was_taken_over_reports_lost_and_changes_nothi
     other = await store.claim_work(200.0, 10.0, 1.0)
     assert other is not None
     assert await tick == "lost"
-    row = await work(store, "race.example")
+    row = await work(db_url, "race.example")
     assert (row["status"], row["category"]) == ("PROCESSING", None)
     assert await store.complete_work(other, "finance", 201.0)
-    assert (await work(store, "race.example"))["category"] == "finance"
+    assert (await work(db_url, "race.example"))["category"] == "finance"
 
 
-async def test_concurrent_claims_never_hand_out_one_row_twice(store: SqlStore) -> None:
+async def test_concurrent_claims_never_hand_out_one_row_twice(store: SqlStore, db_url: str) -> None:
     """What lets several instances share the table: a row goes to exactly one claimer."""
     for i in range(10):
         await register(store, f"site{i}.example", at=float(i))
@@ -425,5 +415,5 @@ async def test_concurrent_claims_never_hand_out_one_row_twice(store: SqlStore) -
         claimed = await asyncio.gather(*(store.claim_work(100.0, 10.0, 30.0) for _ in range(15)))
         got = [row.id for row in claimed if row is not None]
         assert len(got) == len(set(got)), got
-    rows = [await work(store, f"site{i}.example") for i in range(10)]
+    rows = [await work(db_url, f"site{i}.example") for i in range(10)]
     assert all((r["status"], r["attempt_count"]) == ("PROCESSING", 1) for r in rows)

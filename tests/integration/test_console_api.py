@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
-import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from outboxd.config import ClaimerSettings, ClassifierSettings
@@ -23,7 +21,7 @@ from outboxd.daemon.claimer import Claimer
 from outboxd.daemon.console import CONTENT_SECURITY_POLICY, ConsoleRuntime, Throughput
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
-from outboxd.security import KeyRing, generate_token, hash_token
+from outboxd.security import KeyRing
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory
@@ -216,34 +214,10 @@ async def _pace_through_a_pause(
     assert body["readiness"]["status"] == "ok"
 
 
-@pytest_asyncio.fixture
-async def tokens_api(
-    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
-) -> AsyncIterator[tuple[Client, str, str]]:
-    user_token, admin_token = generate_token(), generate_token()
-    settings = make_settings(
-        auth={
-            "tokens": [
-                {"sha256": hash_token(user_token), "user": "bob", "role": "user"},
-                {"sha256": hash_token(admin_token), "user": "root", "role": "admin"},
-            ]
-        }
-    )
-    metrics = Metrics()
-    runtime = ConsoleRuntime(Throughput(metrics))
-    deps = build_api_deps(
-        settings, store, keys, metrics, queues=None, dispatcher=None, runtime=runtime
-    )
-    client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
-    await client.start_server()
-    yield client, user_token, admin_token
-    await client.close()
-
-
 async def test_console_reads_need_the_admin_role(
-    tokens_api: tuple[Client, str, str],
+    two_role_api: tuple[Client, str, str],
 ) -> None:
-    client, user_token, admin_token = tokens_api
+    client, user_token, admin_token = two_role_api
     paths = ["/v1/admin/jobs", "/v1/admin/jobs/x", "/v1/admin/websites", "/v1/admin/runtime"]
     for path in paths:
         await problem_of(await client.get(path), 401, "C02")
@@ -262,9 +236,9 @@ async def test_console_reads_need_the_admin_role(
 
 
 async def test_console_files_are_public_with_strict_headers(
-    tokens_api: tuple[Client, str, str],
+    two_role_api: tuple[Client, str, str],
 ) -> None:
-    client, _user, _admin = tokens_api
+    client, _user, _admin = two_role_api
     expected = {
         "/ui/": "text/html",
         "/ui/jobs": "text/html",

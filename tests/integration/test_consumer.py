@@ -16,10 +16,10 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -51,7 +51,9 @@ from tests.fakes.portal import (
     sample_student,
 )
 from tests.support.moto import MotoServer
+from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 from tests.support.sqs import read_all
+from tests.support.students import it_student
 
 BROKEN_SNO = "20209999"
 BROKEN_PASSWORD = "pw-broken-record"
@@ -60,34 +62,18 @@ BROKEN_PASSWORD = "pw-broken-record"
 def broken_student(sno: str = BROKEN_SNO, password: str = BROKEN_PASSWORD) -> Student:
     """A student whose record the info system serves malformed (an unknown semester
     code): PORTAL_BAD_RESPONSE on every attempt, for this student only."""
-    return Student(
-        sno=sno,
-        password=password,
-        name="박고장",
-        college="IT대학",
-        department="컴퓨터학부",
-        major="컴퓨터SW",
-        status="재학",
-        year=2,
-        semesters=[
-            Semester(
-                year="2021",
-                code="99",
-                credits_attempted=3,
-                credits_earned=3,
-                gpa=4.0,
-                percentile=90,
-                rank="1/2",
-                courses=[Course("X1", "x", 3, "A0", 4.0, "전공선택", "컴퓨터학부")],
-            )
-        ],
-    )
+    bad_semester = Semester("2021", "99", 3, 3, 4.0, 90, "1/2")
+    bad_semester.courses.append(Course("X1", "x", 3, "A0", 4.0, "전공선택", "컴퓨터학부"))
+    return it_student(sno, password, "박고장", 2, [bad_semester])
+
+
+FINAL = ("SUCCEEDED", "FAILED", "DEAD")
 
 
 # ---------------------------------------------------------------- test doubles (real classes)
 
 
-class RecordingPublisher:
+class BodyRecordingPublisher:
     """SqsQueues' send_batch, keeping every body as it was sent (to grep for secrets)."""
 
     def __init__(self, inner: SqsQueues) -> None:
@@ -107,14 +93,8 @@ class RecordingReceiver:
         self.received: list[ReceivedMessage] = []
         self.deleted: list[str] = []
 
-    async def receive(
-        self,
-        kind: QueueKind,
-        max_messages: int,
-        wait_time_s: int | None = None,
-        visibility_timeout_s: int | None = None,
-    ) -> list[ReceivedMessage]:
-        got = await self.inner.receive(kind, max_messages, wait_time_s, visibility_timeout_s)
+    async def receive(self, kind: QueueKind, *args: Any, **kwargs: Any) -> list[ReceivedMessage]:
+        got = await self.inner.receive(kind, *args, **kwargs)
         if kind == "jobs":
             self.received.extend(got)
         return got
@@ -146,7 +126,7 @@ class Rig:
     queues: SqsQueues
     portal: FakePortal
     receiver: RecordingReceiver
-    publisher: RecordingPublisher
+    publisher: BodyRecordingPublisher
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     scrapers: list[SuwonScraper] = field(default_factory=list)
@@ -195,6 +175,11 @@ class Rig:
         relay = Relay(self.store, self.publisher, self.settings.relay, Metrics())
         assert await relay.publish_now(outbox_id)
         return job_id
+
+    async def run_sample_job(self, timeout_s: float = 25) -> tuple[str, JobRecord]:
+        """The sample student's job submitted, then waited for until it ends: id and row."""
+        job_id = await self.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+        return job_id, await self.wait_status(job_id, *FINAL, timeout_s=timeout_s)
 
     async def job(self, job_id: str) -> JobRecord:
         job = await self.store.get_job(job_id)
@@ -291,7 +276,7 @@ async def make_rig(
             queues=queues,
             portal=portal,
             receiver=RecordingReceiver(queues),
-            publisher=RecordingPublisher(queues),
+            publisher=BodyRecordingPublisher(queues),
         )
         rigs.append(rig)
         return rig
@@ -311,24 +296,14 @@ async def test_success_stores_the_record_erases_credentials_and_deletes_the_mess
 ) -> None:
     rig = await make_rig()
     rig.start_consumer()
-    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
-
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job_id, job = await rig.run_sample_job()
 
     assert job.status == "SUCCEEDED", job
     assert job.error_code is None and job.error_message is None
     assert job.attempts == 1 and job.finished_at is not None
     result = job.result
     assert result is not None
-    assert result["student"] == {
-        "studentNumber": SAMPLE_SNO,
-        "name": "김수원",
-        "college": "IT대학",
-        "department": "컴퓨터학부",
-        "major": "컴퓨터SW",
-        "status": "재학",
-        "year": 3,
-    }
+    assert result["student"] == {**SAMPLE_STUDENT_RECORD, "studentNumber": SAMPLE_SNO}
     assert [(s["year"], s["term"]) for s in result["semesters"]] == [
         (2020, "1"),
         (2020, "summer"),
@@ -341,15 +316,7 @@ async def test_success_stores_the_record_erases_credentials_and_deletes_the_mess
     ]
     first = result["semesters"][0]
     assert (first["creditsAttempted"], first["gpa"], first["rank"]) == (18, 4.12, "6/33")
-    assert first["courses"][0] == {
-        "code": "CS101",
-        "title": "자료구조",
-        "credits": 3,
-        "grade": "A+",
-        "gradePoints": 4.5,
-        "category": "전공필수",
-        "department": "컴퓨터학부",
-    }
+    assert first["courses"][0] == CS101_RECORD
     assert result["totals"] == {
         "creditsAttempted": 40,
         "creditsEarned": 40,
@@ -374,7 +341,7 @@ async def test_wrong_password_fails_after_exactly_one_login(make_rig: RigFactory
     wrong = f"pw-{uuid.uuid4()}"
     job_id = await rig.submit(SAMPLE_SNO, wrong)
 
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job = await rig.wait_status(job_id, *FINAL)
 
     assert job.status == "FAILED"
     assert job.error_code == "PORTAL_AUTH_FAILED"
@@ -392,9 +359,7 @@ async def test_two_503s_then_success(make_rig: RigFactory) -> None:
     rig = await make_rig(sqs={"max_receive_count": 3})
     rig.portal.fail_next_n_with_503(2)
     rig.start_consumer()
-    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
-
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job_id, job = await rig.run_sample_job()
 
     assert job.status == "SUCCEEDED", job
     assert job.error_code is None and job.result is not None
@@ -409,9 +374,7 @@ async def test_a_portal_that_always_fails_ends_dead_with_the_message_in_the_dlq(
     rig = await make_rig(sqs={"max_receive_count": 2})
     rig.portal.always_fail_503 = True
     rig.start_consumer()
-    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
-
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job_id, job = await rig.run_sample_job()
 
     assert job.status == "DEAD"
     assert job.error_code == "RETRIES_EXHAUSTED"
@@ -425,7 +388,7 @@ async def test_a_portal_that_always_fails_ends_dead_with_the_message_in_the_dlq(
     # The consumer goes on: the next job, once the portal is back, succeeds.
     rig.portal.always_fail_503 = False
     other = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
-    assert (await rig.wait_status(other, "SUCCEEDED", "FAILED", "DEAD")).status == "SUCCEEDED"
+    assert (await rig.wait_status(other, *FINAL)).status == "SUCCEEDED"
     assert (await rig.job(job_id)).status == "DEAD"
 
 
@@ -435,8 +398,8 @@ async def test_one_job_dying_does_not_affect_the_others(make_rig: RigFactory) ->
     doomed = await rig.submit(BROKEN_SNO, BROKEN_PASSWORD)
     good = [await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD) for _ in range(2)]
 
-    dead = await rig.wait_status(doomed, "SUCCEEDED", "FAILED", "DEAD")
-    done = [await rig.wait_status(j, "SUCCEEDED", "FAILED", "DEAD") for j in good]
+    dead = await rig.wait_status(doomed, *FINAL)
+    done = [await rig.wait_status(j, *FINAL) for j in good]
 
     assert dead.status == "DEAD" and dead.error_code == "RETRIES_EXHAUSTED"
     assert dead.error_message is not None and "PORTAL_BAD_RESPONSE" in dead.error_message
@@ -452,8 +415,7 @@ async def test_a_duplicate_delivery_of_a_finished_job_is_deleted_without_running
 ) -> None:
     rig = await make_rig()
     rig.start_consumer()
-    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
-    finished = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job_id, finished = await rig.run_sample_job()
     assert finished.status == "SUCCEEDED"
     await rig.wait_queue_empty()
     requests_before = len(rig.portal.requests)
@@ -479,9 +441,7 @@ async def test_heartbeat_keeps_a_slow_job_from_being_redelivered(make_rig: RigFa
     rig = await make_rig(sqs={"visibility_timeout_s": 2}, consumer={"heartbeat_s": 0.5})
     rig.portal.delay_s = 0.35
     rig.start_consumer()
-    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
-
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job_id, job = await rig.run_sample_job()
 
     assert job.status == "SUCCEEDED", job
     assert job.finished_at is not None and job.finished_at - job.created_at > 3.0
@@ -511,7 +471,7 @@ async def test_a_job_whose_lease_is_held_elsewhere_is_not_run_until_it_expires(
     await asyncio.sleep(max(0.0, held.lease_until - time.time() - 0.5))
     assert rig.portal.requests == [], "the job ran while another worker held its lease"
 
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job = await rig.wait_status(job_id, *FINAL)
     assert job.status == "SUCCEEDED", job
     assert job.attempts == 2  # the other worker's attempt, then ours
     assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
@@ -536,7 +496,7 @@ async def test_two_consumers_with_a_duplicate_message_run_the_job_once(
     try:
         rig.start_consumer()
         rig.start_consumer(other_store)
-        job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+        job = await rig.wait_status(job_id, *FINAL)
         assert job.status == "SUCCEEDED" and job.attempts == 1
         assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
         assert rig.portal.in_flight_max == 1
@@ -552,23 +512,14 @@ async def test_no_password_in_any_message_or_the_finished_row(make_rig: RigFacto
     """Bodies captured at send time and the queues afterwards hold ids only."""
     rig = await make_rig(sqs={"max_receive_count": 2})
     secret = f"pw-{uuid.uuid4()}"
-    rig.portal.students["20207777"] = Student(
-        sno="20207777",
-        password=secret,
-        name="이비밀",
-        college="IT대학",
-        department="컴퓨터학부",
-        major="컴퓨터SW",
-        status="재학",
-        year=1,
-    )
+    rig.portal.students["20207777"] = it_student("20207777", secret, "이비밀", 1)
     rig.portal.students["20208888"] = broken_student("20208888", secret)
     rig.start_consumer()
     ok = await rig.submit("20207777", secret)
     wrong = await rig.submit(SAMPLE_SNO, secret)
     dead = await rig.submit("20208888", secret)
     for job_id, status in ((ok, "SUCCEEDED"), (wrong, "FAILED"), (dead, "DEAD")):
-        job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+        job = await rig.wait_status(job_id, *FINAL)
         assert job.status == status
         assert secret not in repr(job)
     await rig.wait_queue_empty(dlq=1)
@@ -591,18 +542,11 @@ class FinishFailsOnce(SqlStore):
         super().__init__(inner.db)
         self.failures = 0
 
-    async def finish_job(
-        self,
-        job: JobRecord,
-        status: Literal["SUCCEEDED", "FAILED"],
-        now: float,
-        result: Mapping[str, Any] | None = None,
-        error: tuple[str, str] | None = None,
-    ) -> JobRecord | None:
+    async def finish_job(self, job: JobRecord, status: Any, *rest: Any, **kw: Any) -> Any:
         if status == "SUCCEEDED" and self.failures == 0:
             self.failures += 1
             raise StorageError("injected: the SUCCEEDED commit failed")
-        return await super().finish_job(job, status, now, result, error)
+        return await super().finish_job(job, status, *rest, **kw)
 
 
 async def test_a_failed_succeeded_commit_keeps_the_message_and_redelivery_finishes_the_job(
@@ -613,9 +557,7 @@ async def test_a_failed_succeeded_commit_keeps_the_message_and_redelivery_finish
     rig = await make_rig(sqs={"max_receive_count": 5})
     flaky = FinishFailsOnce(rig.store)
     rig.start_consumer(flaky)
-    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
-
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD", timeout_s=40)
+    job_id, job = await rig.run_sample_job(timeout_s=40)
 
     assert job.status == "SUCCEEDED", job
     assert flaky.failures == 1
@@ -675,7 +617,7 @@ async def test_a_rejection_page_with_an_error_status_fails_after_one_login(
     wrong = f"pw-{uuid.uuid4()}"
     job_id = await rig.submit(SAMPLE_SNO, wrong)
 
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job = await rig.wait_status(job_id, *FINAL)
 
     assert (job.status, job.error_code) == ("FAILED", "PORTAL_AUTH_FAILED"), job
     assert job.sealed is None
@@ -709,7 +651,7 @@ async def test_the_heartbeat_renews_the_job_lease_so_a_duplicate_does_not_run_th
     assert row is not None
     await rig.queues.send_batch("jobs", [OutgoingMessage("dup", message_body(row))])
 
-    job = await rig.wait_status(job_id, "SUCCEEDED", "FAILED", "DEAD")
+    job = await rig.wait_status(job_id, *FINAL)
     assert job.status == "SUCCEEDED" and job.attempts == 1, job
     assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
     await rig.wait_queue_empty()

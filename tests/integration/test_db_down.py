@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
@@ -28,6 +27,7 @@ from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store
+from tests.support.db import raw_count
 from tests.support.tcp_proxy import TcpProxy
 
 URL = "/v1/portal-link-jobs"
@@ -94,17 +94,7 @@ async def outage(
 
     async def count_direct(table: str) -> int:
         """Rows in `table`, read around the outage (not through the proxy or the store)."""
-        if backend == "postgres":
-            conn = await asyncpg.connect(db_url)
-            try:
-                return int(await conn.fetchval(f"SELECT COUNT(*) FROM {table}"))
-            finally:
-                await conn.close()
-        c = sqlite3.connect(sqlite_path(url, tmp_path))
-        try:
-            return int(c.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
-        finally:
-            c.close()
+        return await raw_count(db_url, table)
 
     deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
     client: TestClient[Any, Any] = TestClient(TestServer(create_app(deps), host="127.0.0.1"))

@@ -158,10 +158,7 @@ async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
     store: SqlStore, other: SqlStore, ai: FakeAI
 ) -> None:
     delay = 0.3
-    claimers = [
-        cluster_claimer(store, ai, fixed_delay_s=delay),
-        cluster_claimer(other, ai, fixed_delay_s=delay),
-    ]
+    claimers = [cluster_claimer(db, ai, fixed_delay_s=delay) for db in (store, other)]
     # Idle: nothing to classify for a while. No slot may be taken.
     stop = asyncio.Event()
     idle = [asyncio.create_task(c.run(stop)) for c in claimers]
@@ -191,10 +188,7 @@ async def test_a_429_pauses_both_cluster_claimers(
     store: SqlStore, other: SqlStore, ai: FakeAI
 ) -> None:
     delay = 0.2
-    claimers = [
-        cluster_claimer(store, ai, fixed_delay_s=delay),
-        cluster_claimer(other, ai, fixed_delay_s=delay),
-    ]
+    claimers = [cluster_claimer(db, ai, fixed_delay_s=delay) for db in (store, other)]
     domains = [f"r{i}.example" for i in range(4)]
     for d in domains:
         await register(store, d)

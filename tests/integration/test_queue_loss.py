@@ -10,12 +10,12 @@ from __future__ import annotations
 import uuid
 
 from outboxd.storage.store import SqlStore
-from tests.integration.test_stale_holders import new_job
+from tests.support.ops import insert_portal_job
 
 
 async def sent_job(store: SqlStore, at: float) -> tuple[str, str]:
     """A job whose outbox row was SENT at `at` (the job RUNNING): (job id, outbox id)."""
-    job_id, outbox_id = await new_job(store, now=at - 1)
+    job_id, outbox_id = await insert_portal_job(store, at - 1)
     row = await store.claim_relay_row(outbox_id, at, 10.0)
     assert row is not None
     [sent] = await store.mark_relay_sent([(row, f"m-{outbox_id}")], at)

@@ -15,7 +15,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,12 @@ from outboxd.daemon.relay import Relay
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
-from outboxd.storage.ports import NewPortalJob, RelayRow
+from outboxd.storage.ports import RelayRow
 from outboxd.storage.store import SqlStore, open_store
 from tests.conftest import SettingsFactory
+from tests.support.clock import Clock
 from tests.support.moto import MotoServer
+from tests.support.ops import insert_portal_job
 
 FAIL_REASON = "InternalError: simulated per-entry failure"
 
@@ -38,17 +39,7 @@ FAIL_REASON = "InternalError: simulated per-entry failure"
 # ---------------------------------------------------------------- helpers
 
 
-@dataclass
-class Clock:
-    """A clock the test moves by hand, so backoff windows are exact."""
-
-    now: float = field(default_factory=time.time)
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class RecordingPublisher:
+class PartialFailurePublisher:
     """A real publisher in front of SqsQueues: records every batch it is handed and
     fails (as SQS's `Failed` entries would) the entries `fail` names a reason for."""
 
@@ -77,28 +68,6 @@ class RecordingPublisher:
     @property
     def bodies(self) -> list[str]:
         return [m.body for batch in self.batches for m in batch]
-
-
-async def new_job(store: SqlStore, keys: KeyRing, password: str, now: float) -> tuple[str, str]:
-    """A portal job committed with its outbox row, as the API would: (job id, outbox id)."""
-    job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
-    canonical = {"portal": "suwon", "username": "20201234", "password": password}
-    sealed = keys.seal_json({"username": "20201234", "password": password}, associated_data=job_id)
-    intake = await store.create_portal_job(
-        NewPortalJob(
-            job_id=job_id,
-            outbox_id=outbox_id,
-            user_id="alice",
-            idempotency_key=f"key-{job_id}",
-            fingerprint=keys.fingerprint(canonical),
-            portal="suwon",
-            key_id=sealed.key_id,
-            sealed=sealed.ciphertext,
-        ),
-        now=now,
-    )
-    assert intake.created
-    return job_id, outbox_id
 
 
 async def drain(queues: SqsQueues, kind: QueueKind = "jobs") -> list[tuple[str, str]]:
@@ -167,9 +136,9 @@ async def test_pending_rows_go_out_in_batches_and_are_marked_sent(
 ) -> None:
     password = f"pw-{uuid.uuid4()}"
     clock = Clock()
-    made = [await new_job(store, keys, password, clock.now) for _ in range(23)]
+    made = [await insert_portal_job(store, clock.now, keys, password) for _ in range(23)]
     job_of = {outbox_id: job_id for job_id, outbox_id in made}
-    pub = RecordingPublisher(queues)
+    pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
 
     claimed = [await relay.relay_once() for _ in range(2)]
@@ -207,9 +176,11 @@ async def test_failed_entries_back_off_with_jitter_then_die(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     clock = Clock()
-    made = [await new_job(store, keys, "pw-x", clock.now) for _ in range(10)]
+    made = [await insert_portal_job(store, clock.now, keys, "pw-x") for _ in range(10)]
     failing = {outbox_id for _, outbox_id in made[:6]}
-    pub = RecordingPublisher(queues, fail=lambda m: FAIL_REASON if m.entry_id in failing else None)
+    pub = PartialFailurePublisher(
+        queues, fail=lambda m: FAIL_REASON if m.entry_id in failing else None
+    )
     settings = relay_settings(max_attempts=3, backoff_base_s=10.0, backoff_max_s=1000.0)
     relay = Relay(store, pub, settings, Metrics(), clock=clock)
 
@@ -286,7 +257,7 @@ async def test_sqs_outage_backs_off_and_queues_are_recreated_when_sqs_returns(
     queues = SqsQueues(sqs, moto.endpoint_url)
     await queues.start()
     try:
-        job_id, outbox_id = await new_job(store, keys, "pw-outage", time.time())
+        job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-outage")
         relay = Relay(
             store,
             queues,
@@ -328,8 +299,8 @@ async def test_publish_now_sends_one_request_row_once(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     clock = Clock()
-    job_id, outbox_id = await new_job(store, keys, "pw-now", clock.now)
-    pub = RecordingPublisher(queues)
+    job_id, outbox_id = await insert_portal_job(store, clock.now, keys, "pw-now")
+    pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
 
     assert await relay.publish_now(outbox_id) is True
@@ -344,7 +315,7 @@ async def test_publish_now_sends_one_request_row_once(
 
     # A row another holder has claimed (and never finishes: it died) is left to that
     # holder; the request waits at most one publish timeout (and a second) for it.
-    _, other = await new_job(store, keys, "pw-now", clock.now)
+    _, other = await insert_portal_job(store, clock.now, keys, "pw-now")
     assert await store.claim_relay_row(other, clock.now, 30.0) is not None
     started = time.monotonic()
     quick = Relay(store, pub, relay_settings(publish_timeout_s=0.5), Metrics(), clock=clock)
@@ -354,8 +325,8 @@ async def test_publish_now_sends_one_request_row_once(
     assert held is not None and held.status == "PENDING" and held.queue_message_id is None
 
     # A failed request publish leaves the row for the relay, RETRYABLE_FAILED.
-    _, failing = await new_job(store, keys, "pw-now", clock.now)
-    flaky = RecordingPublisher(queues, fail=lambda m: FAIL_REASON)
+    _, failing = await insert_portal_job(store, clock.now, keys, "pw-now")
+    flaky = PartialFailurePublisher(queues, fail=lambda m: FAIL_REASON)
     assert (
         await Relay(store, flaky, relay_settings(), Metrics(), clock=clock).publish_now(failing)
         is False
@@ -381,11 +352,11 @@ async def test_concurrent_relays_never_claim_the_same_row(
     """Postgres: four relays on four separate SqlStore instances (as four daemons would
     be). SQLite (one instance per file, docs/contract.md#storage): four relays sharing the store."""
     now = time.time()
-    made = [await new_job(store, keys, "pw-many", now) for _ in range(47)]
+    made = [await insert_portal_job(store, now, keys, "pw-many") for _ in range(47)]
     stores: list[SqlStore] = []
     if backend == "postgres":
         stores = [await open_store(db_url, tmp_path, 3, 5.0) for _ in range(4)]
-    publishers = [RecordingPublisher(queues) for _ in range(4)]
+    publishers = [PartialFailurePublisher(queues) for _ in range(4)]
     relays = [
         Relay(
             stores[i] if stores else store,
@@ -422,7 +393,7 @@ async def test_concurrent_relays_never_claim_the_same_row(
     assert per_outbox == {o: 1 for _, o in made}
 
 
-class SlowPublisher(RecordingPublisher):
+class SlowPublisher(PartialFailurePublisher):
     """Signals when a batch arrives, then takes `delay_s` to send it."""
 
     def __init__(self, inner: SqsQueues, delay_s: float) -> None:
@@ -442,10 +413,10 @@ async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     """The relay loop can claim a request's row between the request's commit and its own
     publish. SQS is fine and the row goes out: the request must say so (SENT), not
     answer QUEUED, nor 503 C08 with `api.require_dispatch`."""
-    job_id, outbox_id = await new_job(store, keys, "pw-race", time.time())
+    job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-race")
     loop_publisher = SlowPublisher(queues, delay_s=0.5)
     loop = Relay(store, loop_publisher, relay_settings(), Metrics())
-    request = Relay(store, RecordingPublisher(queues), relay_settings(), Metrics())
+    request = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
 
     loop_pass = asyncio.create_task(loop.relay_once())
     await asyncio.wait_for(loop_publisher.entered.wait(), 10)  # the loop holds the row

@@ -22,21 +22,21 @@ from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, Porta
 from outboxd.storage.store import SqlStore
 from tests.integration.test_relay import (
     FAIL_REASON,
-    Clock,
-    RecordingPublisher,
+    PartialFailurePublisher,
     all_rows,
     assert_no_sent_without_message_id,
     drain,
-    new_job,
     queues,
     relay_settings,
     settings,
 )
+from tests.support.clock import Clock
+from tests.support.ops import insert_portal_job
 
 __all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
 
 
-class GatedPublisher(RecordingPublisher):
+class GatedPublisher(PartialFailurePublisher):
     """Holds every batch until `gate` is set; `entered` is set when the first one arrives."""
 
     def __init__(self, inner: SqsQueues) -> None:
@@ -59,8 +59,8 @@ async def test_concurrent_requests_share_batches_and_each_row_gets_its_message_i
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     clock = Clock()
-    made = [await new_job(store, keys, "pw-coalesce", clock.now) for _ in range(35)]
-    pub = RecordingPublisher(queues)
+    made = [await insert_portal_job(store, clock.now, keys, "pw-coalesce") for _ in range(35)]
+    pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
 
     answers = await asyncio.gather(*(relay.publish_now(o) for _, o in made))
@@ -85,8 +85,8 @@ async def test_a_partial_batch_failure_fails_only_its_own_entries(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     clock = Clock()
-    made = [await new_job(store, keys, "pw-partial", clock.now) for _ in range(20)]
-    pub = RecordingPublisher(queues, fail=_fails_odd)
+    made = [await insert_portal_job(store, clock.now, keys, "pw-partial") for _ in range(20)]
+    pub = PartialFailurePublisher(queues, fail=_fails_odd)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
 
     answers = dict(
@@ -124,7 +124,7 @@ async def test_the_service_answers_each_request_by_its_own_entry(
 ) -> None:
     """Through PortalJobService: without `api.require_dispatch` a failed entry's request
     is accepted QUEUED (202); with it, that request alone fails (503 C08)."""
-    pub = RecordingPublisher(queues, fail=_fails_odd)
+    pub = PartialFailurePublisher(queues, fail=_fails_odd)
     relay = Relay(store, pub, relay_settings(), Metrics())
     lenient = PortalJobService(store, keys, relay)
     strict = PortalJobService(store, keys, relay, require_dispatch=True)
@@ -160,8 +160,8 @@ async def test_the_service_answers_each_request_by_its_own_entry(
 async def test_a_lone_request_goes_out_in_a_batch_of_its_own(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
-    _, outbox_id = await new_job(store, keys, "pw-lone", Clock().now)
-    pub = RecordingPublisher(queues)
+    _, outbox_id = await insert_portal_job(store, Clock().now, keys, "pw-lone")
+    pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics())
 
     assert await relay.publish_now(outbox_id) is True
@@ -178,7 +178,7 @@ async def test_a_shutdown_answers_the_waiting_requests_not_dispatched(
     """One batch is held inside SQS, the other requests wait for a free slot; the stop
     event answers them all at once. Rows not sent stay for the relay loop, which then
     publishes each of them exactly once."""
-    made = [await new_job(store, keys, "pw-stop", Clock().now) for _ in range(15)]
+    made = [await insert_portal_job(store, Clock().now, keys, "pw-stop") for _ in range(15)]
     stop = asyncio.Event()
     pub = GatedPublisher(queues)
     relay = Relay(
@@ -196,7 +196,7 @@ async def test_a_shutdown_answers_the_waiting_requests_not_dispatched(
     await asyncio.wait_for(relay.drain(10.0), 15)
     held = [r for r in await all_rows(store) if r.status == "SENT"]
     assert len(held) == 10 and all(r.queue_message_id for r in held)
-    loop = Relay(store, RecordingPublisher(queues), relay_settings(), Metrics())
+    loop = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
     deadline = asyncio.get_running_loop().time() + 10
     while any(r.status != "SENT" for r in await all_rows(store)):
         assert asyncio.get_running_loop().time() < deadline, "rows were left unsent"
@@ -215,8 +215,8 @@ async def test_chained_rounds_publish_every_row_once(
     the sends before it, and stops after ten rounds so the loop can look at its stop
     event; every row is claimed once and SENT with its MessageId."""
     clock = Clock()
-    made = [await new_job(store, keys, "pw-rounds", clock.now) for _ in range(125)]
-    pub = RecordingPublisher(queues)
+    made = [await insert_portal_job(store, clock.now, keys, "pw-rounds") for _ in range(125)]
+    pub = PartialFailurePublisher(queues)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock, batches_per_round=1)
 
     assert [await relay.relay_once() for _ in range(3)] == [100, 25, 0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -23,6 +22,7 @@ from outboxd.daemon.scheduler import Scheduler
 from outboxd.services.tasks import TaskService
 from outboxd.storage.ports import RelayRow, TaskRun, TaskStore
 from outboxd.storage.store import SqlStore, open_store
+from tests.support.clock import Clock
 
 
 def ts(text: str) -> float:
@@ -30,12 +30,10 @@ def ts(text: str) -> float:
     return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
 
 
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+async def tick_at(s: Scheduler, clock: Clock, when: str) -> int:
+    """Move the clock to `when` (UTC) and run one tick: the runs it enqueued."""
+    clock.now = ts(when)
+    return await s.tick()
 
 
 def every(name: str, seconds: float, task: str = "noop", **payload: Any) -> ScheduleEntry:
@@ -48,6 +46,11 @@ def cron(name: str, expr: str, timezone: str = "UTC", task: str = "noop") -> Sch
 
 def scheduler(store: Any, clock: Clock, *entries: ScheduleEntry) -> Scheduler:
     return Scheduler(SchedulerSettings(jobs=entries), TaskService(store, clock), clock)
+
+
+async def dedup_ids(store: SqlStore) -> list[str]:
+    """The dedup ids of every task run, sorted."""
+    return sorted(r.dedup_id for r in await task_runs(store))
 
 
 async def task_runs(store: SqlStore) -> list[TaskRun]:
@@ -68,8 +71,7 @@ async def test_a_due_fire_time_inserts_one_task_run_with_its_dedup_id(store: Sql
     assert await s.tick() == 0, "nothing is due before the first fire time"
     assert await task_runs(store) == []
 
-    clock.now = ts("2024-03-10T12:00:10.100")
-    assert await s.tick() == 1
+    assert await tick_at(s, clock, "2024-03-10T12:00:10.100") == 1
     runs = await task_runs(store)
     assert [(r.dedup_id, r.type, r.status, dict(r.payload)) for r in runs] == [
         ("heartbeat-2024-03-10T12:00:10Z", "noop", "PENDING", {"note": "x"})
@@ -81,13 +83,11 @@ async def test_a_due_fire_time_inserts_one_task_run_with_its_dedup_id(store: Sql
     ]
 
     # The same fire time is never enqueued twice by the same instance.
-    clock.now = ts("2024-03-10T12:00:15")
-    assert await s.tick() == 0
+    assert await tick_at(s, clock, "2024-03-10T12:00:15") == 0
     assert len(await task_runs(store)) == 1
 
-    clock.now = ts("2024-03-10T12:00:20")
-    assert await s.tick() == 1
-    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+    assert await tick_at(s, clock, "2024-03-10T12:00:20") == 1
+    assert await dedup_ids(store) == [
         "heartbeat-2024-03-10T12:00:10Z",
         "heartbeat-2024-03-10T12:00:20Z",
     ]
@@ -96,9 +96,8 @@ async def test_a_due_fire_time_inserts_one_task_run_with_its_dedup_id(store: Sql
 async def test_fractional_every_s_uses_millisecond_dedup_ids(store: SqlStore) -> None:
     clock = Clock(ts("2024-03-10T12:00:00.100"))
     s = scheduler(store, clock, every("fast", 0.25))
-    clock.now = ts("2024-03-10T12:00:00.260")
-    assert await s.tick() == 1
-    assert [r.dedup_id for r in await task_runs(store)] == ["fast-2024-03-10T12:00:00.250Z"]
+    assert await tick_at(s, clock, "2024-03-10T12:00:00.260") == 1
+    assert await dedup_ids(store) == ["fast-2024-03-10T12:00:00.250Z"]
 
 
 async def test_sub_millisecond_fire_times_keep_distinct_dedup_ids(store: SqlStore) -> None:
@@ -131,8 +130,7 @@ async def test_two_instances_on_one_store_enqueue_a_fire_time_once(
         assert [r.dedup_id for r in runs] == ["job-2024-03-10T12:00:05Z"]
         assert len(await relay_rows(store)) == 1
         # Sequential ticks of the next fire time: the later one is a no-op too.
-        clock.now = ts("2024-03-10T12:00:10.5")
-        assert await b.tick() == 1
+        assert await tick_at(b, clock, "2024-03-10T12:00:10.5") == 1
         assert await a.tick() == 0
         assert len(await task_runs(store)) == 2
         assert len(await relay_rows(store)) == 2
@@ -146,19 +144,8 @@ class SwitchableStore:
     def __init__(self, target: Any) -> None:
         self.target = target
 
-    async def enqueue_task(
-        self,
-        task_id: str,
-        outbox_id: str,
-        type_: str,
-        payload: Mapping[str, Any],
-        dedup_id: str,
-        now: float,
-    ) -> tuple[TaskRun, bool]:
-        result: tuple[TaskRun, bool] = await self.target.enqueue_task(
-            task_id, outbox_id, type_, payload, dedup_id, now
-        )
-        return result
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
 
 
 async def closed_store(db_url: str, tmp_path: Path) -> SqlStore:
@@ -195,11 +182,10 @@ async def test_a_failed_enqueue_is_logged_and_retried_next_tick(
     with capture_logs() as logs:
         assert await s.tick() == 1
     assert not [e for e in logs if e["event"] == "scheduler_enqueue_failed"]
-    assert [r.dedup_id for r in await task_runs(store)] == ["retry-me-2024-03-10T12:00:10Z"]
+    assert await dedup_ids(store) == ["retry-me-2024-03-10T12:00:10Z"]
 
     # And the schedule goes on from there.
-    clock.now = ts("2024-03-10T12:00:20")
-    assert await s.tick() == 1
+    assert await tick_at(s, clock, "2024-03-10T12:00:20") == 1
     assert len(await task_runs(store)) == 2
 
 
@@ -215,18 +201,16 @@ async def test_an_outage_spanning_fire_times_keeps_only_the_latest(
     with capture_logs():
         assert await s.tick() == 0
     proxy.target = store
-    clock.now = ts("2024-03-10T12:00:41")
-    assert await s.tick() == 1
-    assert [r.dedup_id for r in await task_runs(store)] == ["o-2024-03-10T12:00:40Z"]
+    assert await tick_at(s, clock, "2024-03-10T12:00:41") == 1
+    assert await dedup_ids(store) == ["o-2024-03-10T12:00:40Z"]
 
 
 async def test_missed_fire_times_are_not_replayed(store: SqlStore) -> None:
     clock = Clock(ts("2024-03-10T12:00:00.5"))
     s = scheduler(store, clock, every("m", 10))
     # The loop stalled (or the host slept) across five fire times: only the latest fires.
-    clock.now = ts("2024-03-10T12:00:55")
-    assert await s.tick() == 1
-    assert [r.dedup_id for r in await task_runs(store)] == ["m-2024-03-10T12:00:50Z"]
+    assert await tick_at(s, clock, "2024-03-10T12:00:55") == 1
+    assert await dedup_ids(store) == ["m-2024-03-10T12:00:50Z"]
 
     # A restart an hour later: nothing from the downtime is enqueued at start ...
     clock.now = ts("2024-03-10T13:00:03")
@@ -234,9 +218,8 @@ async def test_missed_fire_times_are_not_replayed(store: SqlStore) -> None:
     assert await restarted.tick() == 0
     assert len(await task_runs(store)) == 1
     # ... only fire times that pass while it runs.
-    clock.now = ts("2024-03-10T13:00:10")
-    assert await restarted.tick() == 1
-    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+    assert await tick_at(restarted, clock, "2024-03-10T13:00:10") == 1
+    assert await dedup_ids(store) == [
         "m-2024-03-10T12:00:50Z",
         "m-2024-03-10T13:00:10Z",
     ]
@@ -251,18 +234,14 @@ async def test_cron_schedules_fire_at_their_minutes_with_utc_dedup_ids(store: Sq
         # 09:00 in Seoul (UTC+9, no DST) is 00:00 UTC; the dedup id is in UTC.
         cron("seoul", "0 9 * * *", timezone="Asia/Seoul"),
     )
-    clock.now = ts("2024-03-10T11:59:59.999")
-    assert await s.tick() == 0
-    clock.now = ts("2024-03-10T12:00:00")
-    assert await s.tick() == 1
-    clock.now = ts("2024-03-10T12:04:59")
-    assert await s.tick() == 0
-    clock.now = ts("2024-03-10T12:05:01")
-    assert await s.tick() == 1
+    assert await tick_at(s, clock, "2024-03-10T11:59:59.999") == 0
+    assert await tick_at(s, clock, "2024-03-10T12:00:00") == 1
+    assert await tick_at(s, clock, "2024-03-10T12:04:59") == 0
+    assert await tick_at(s, clock, "2024-03-10T12:05:01") == 1
     clock.now = ts("2024-03-11T00:00:30")
     # Both are due: "five" (latest passed 00:00) and "seoul" (09:00 KST).
     assert await s.tick() == 2
-    assert sorted(r.dedup_id for r in await task_runs(store)) == [
+    assert await dedup_ids(store) == [
         "five-2024-03-10T12:00:00Z",
         "five-2024-03-10T12:05:00Z",
         "five-2024-03-11T00:00:00Z",
@@ -282,7 +261,7 @@ async def test_cron_and_every_instances_agree_on_fire_times(
         early._clock = late_clock  # from now on both see the same time
         late_clock.now = ts("2024-03-10T12:00:03.01")
         assert sorted(await asyncio.gather(early.tick(), late.tick())) == [0, 1]
-        assert [r.dedup_id for r in await task_runs(store)] == ["e-2024-03-10T12:00:03Z"]
+        assert await dedup_ids(store) == ["e-2024-03-10T12:00:03Z"]
     finally:
         await other.close()
 

@@ -24,6 +24,7 @@ from outboxd.security import KeyRing, Sealed
 from outboxd.storage.db import SqliteDatabase
 from outboxd.storage.store import SqlStore
 from tests.support import postgres as pg
+from tests.support.ops import sealing_key_id
 
 URL = "/v1/portal-link-jobs"
 MAX_BODY = 2048
@@ -144,7 +145,7 @@ async def test_password_never_leaks(
     # The job is stored, its credentials sealed under the current key with the job id as AAD.
     job = await store.get_job(job_id)
     assert job is not None and job.sealed is not None
-    assert job.key_id == keys.primary_id
+    assert job.key_id == sealing_key_id(keys)
     opened = keys.open_json(Sealed(job.key_id, job.sealed), associated_data=job_id)
     assert opened == {"username": username, "password": password}
 

@@ -12,31 +12,11 @@ import uuid
 
 import pytest
 
+from outboxd.daemon.relay import publish_failure
 from outboxd.errors import StorageError
-from outboxd.storage.ports import NewPortalJob, RelayFailure
 from outboxd.storage.store import SqlStore
 from tests.integration.test_atomicity import install_fault, remove_fault
-
-
-async def new_job(store: SqlStore, now: float = 50.0) -> tuple[str, str]:
-    """A QUEUED job with sealed credentials and its PENDING outbox row: (job id, outbox id)."""
-    job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
-    intake = await store.create_portal_job(
-        NewPortalJob(
-            job_id=job_id,
-            outbox_id=outbox_id,
-            user_id="alice",
-            idempotency_key=f"k-{job_id}",
-            fingerprint="fp",
-            portal="suwon",
-            key_id="k1",
-            sealed=b"sealed-bytes",
-        ),
-        now=now,
-    )
-    assert intake.created
-    return job_id, outbox_id
-
+from tests.support.ops import insert_portal_job
 
 # ---------------------------------------------------------------- relay rows
 
@@ -44,7 +24,7 @@ async def new_job(store: SqlStore, now: float = 50.0) -> tuple[str, str]:
 async def test_a_stale_relay_holders_late_sent_changes_nothing(store: SqlStore) -> None:
     """Claimed at t=100 (10 s lease), claimed again at t=111, that claim marked DEAD:
     the first holder's late SENT is refused, the row and its job stay DEAD."""
-    job_id, outbox_id = await new_job(store)
+    job_id, outbox_id = await insert_portal_job(store, 50.0)
     first = await store.claim_relay_row(outbox_id, 100.0, 10.0)
     assert first is not None and first.claimed_until == 110.0
     # The lease holds until it expires: no second holder at t=105, neither way.
@@ -54,7 +34,7 @@ async def test_a_stale_relay_holders_late_sent_changes_nothing(store: SqlStore) 
     assert second is not None and second.version != first.version
     assert second.attempt_count == 2
     await store.mark_relay_failed(
-        [RelayFailure(row=second, error="boom", next_attempt_at=111.0, dead=True)], 111.0
+        [publish_failure(row=second, error="boom", next_attempt_at=111.0, dead=True)], 111.0
     )
 
     late = await store.mark_relay_sent([(first, "late-message-id")], 112.0)
@@ -70,7 +50,7 @@ async def test_a_stale_relay_holders_late_sent_changes_nothing(store: SqlStore) 
 async def test_a_stale_relay_holders_late_failure_changes_nothing(store: SqlStore) -> None:
     """The new holder's SENT stands; the first holder's late DEAD is refused, the job
     stays RUNNING."""
-    job_id, outbox_id = await new_job(store)
+    job_id, outbox_id = await insert_portal_job(store, 50.0)
     first = await store.claim_relay_row(outbox_id, 100.0, 10.0)
     assert first is not None
     [second] = await store.claim_relay_due(111.0, 10, 10.0)
@@ -79,7 +59,7 @@ async def test_a_stale_relay_holders_late_failure_changes_nothing(store: SqlStor
     assert sent.status == "SENT"
 
     await store.mark_relay_failed(
-        [RelayFailure(row=first, error="late", next_attempt_at=113.0, dead=True)], 113.0
+        [publish_failure(row=first, error="late", next_attempt_at=113.0, dead=True)], 113.0
     )
 
     row = await store.get_relay_row(outbox_id)
@@ -96,7 +76,7 @@ async def test_a_stale_runs_late_outcome_cannot_overwrite_the_current_runs(
 ) -> None:
     """Run 1 starts at t=100 with a 10 s lease, run 2 takes over at t=111: run 1's late
     outcome, lease extension, progress, retry and release all change nothing."""
-    job_id, _ = await new_job(store)
+    job_id, _ = await insert_portal_job(store, 50.0)
     stale = await store.start_job_run(job_id, 100.0, 10.0)
     assert stale is not None and stale.status == "RUNNING" and stale.attempts == 1
     # A live lease: nobody else starts the job.
@@ -126,7 +106,7 @@ async def test_a_stale_runs_late_outcome_cannot_overwrite_the_current_runs(
 
 async def test_a_second_finish_after_succeeded_changes_nothing(store: SqlStore) -> None:
     """Once SUCCEEDED, neither the run's own record nor the finished one can finish it again."""
-    job_id, _ = await new_job(store)
+    job_id, _ = await insert_portal_job(store, 50.0)
     run = await store.start_job_run(job_id, 100.0, 10.0)
     assert run is not None
     done = await store.finish_job(run, "SUCCEEDED", 101.0, result={"n": 1})
@@ -158,16 +138,16 @@ async def test_a_redrive_whose_outbox_insert_fails_leaves_the_job_dead(
 ) -> None:
     """One transaction: with the outbox insert failing, the job stays DEAD (never QUEUED
     with no outbox row to carry it); once the fault is gone the redrive works."""
-    job_id, outbox_id = await new_job(store)
+    job_id, outbox_id = await insert_portal_job(store, 50.0)
     dead = await store.mark_job_dead(job_id, ("RETRIES_EXHAUSTED", "x"), 60.0)
     assert dead is not None and dead.status == "DEAD"
 
-    await install_fault(store, db_url)
+    await install_fault(db_url)
     try:
         with pytest.raises(StorageError):
             await store.redrive_job(job_id, str(uuid.uuid4()), 70.0)
     finally:
-        await remove_fault(store, db_url)
+        await remove_fault(db_url)
 
     job = await store.get_job(job_id)
     assert job is not None

@@ -30,101 +30,10 @@ from tests.fakes.portal import (
     Student,
     sample_student,
 )
+from tests.support.records import EXPECTED_RECORD
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-EXPECTED_RECORD: dict[str, Any] = {
-    "student": {
-        "studentNumber": "20201234",
-        "name": "김수원",
-        "college": "IT대학",
-        "department": "컴퓨터학부",
-        "major": "컴퓨터SW",
-        "status": "재학",
-        "year": 3,
-    },
-    "semesters": [
-        {
-            "year": 2020,
-            "term": "1",
-            "creditsAttempted": 18,
-            "creditsEarned": 18,
-            "gpa": 4.12,
-            "percentile": 93.5,
-            "rank": "6/33",
-            "courses": [
-                {
-                    "code": "CS101",
-                    "title": "자료구조",
-                    "credits": 3,
-                    "grade": "A+",
-                    "gradePoints": 4.5,
-                    "category": "전공필수",
-                    "department": "컴퓨터학부",
-                },
-                {
-                    "code": "GE110",
-                    "title": "글쓰기와 소통",
-                    "credits": 2,
-                    "grade": "B+",
-                    "gradePoints": 3.5,
-                    "category": "교양필수",
-                    "department": "교양대학",
-                },
-            ],
-        },
-        {
-            "year": 2020,
-            "term": "summer",
-            "creditsAttempted": 3,
-            "creditsEarned": 3,
-            "gpa": 4.0,
-            "percentile": 90,
-            "rank": "1/5",
-            "courses": [
-                {
-                    "code": "GE201",
-                    "title": "창업과 혁신",
-                    "credits": 3,
-                    "grade": "A0",
-                    "gradePoints": 4.0,
-                    "category": "교양선택",
-                    "department": "교양대학",
-                }
-            ],
-        },
-        {
-            "year": 2020,
-            "term": "2",
-            "creditsAttempted": 19,
-            "creditsEarned": 19,
-            "gpa": 3.85,
-            "percentile": 91.2,
-            "rank": "8/33",
-            "courses": [
-                {
-                    "code": "CS201",
-                    "title": "운영체제",
-                    "credits": 3,
-                    "grade": "A0",
-                    "gradePoints": 4.0,
-                    "category": "전공필수",
-                    "department": "컴퓨터학부",
-                },
-                {
-                    "code": "CS230",
-                    "title": "캡스톤 세미나",
-                    "credits": 1,
-                    "grade": "P",
-                    "gradePoints": 0,
-                    "category": "전공선택",
-                    "department": "컴퓨터학부",
-                },
-            ],
-        },
-    ],
-    "totals": {"creditsAttempted": 40, "creditsEarned": 40, "gpa": 3.99, "percentile": 92.1},
-}
 NUMBER_FIELDS = {
     "year",
     "creditsAttempted",
@@ -328,11 +237,23 @@ async def test_session_expiring_again_is_session_expired(
 # --- transport and shape failures ------------------------------------------------------------
 
 
-async def test_503_is_unavailable(portal: FakePortal, make_scraper: ScraperFactory) -> None:
-    """A 503 answer is PORTAL_UNAVAILABLE and retryable."""
-    portal.always_fail_503 = True
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ("always_fail_503", "PORTAL_UNAVAILABLE"),
+        ("garbage", "PORTAL_BAD_RESPONSE"),
+        ("broken_sso_page", "PORTAL_BAD_RESPONSE"),
+    ],
+    ids=["503", "wrong-json-shape", "sso-page-without-redirect"],
+)
+async def test_a_portal_fault_is_retryable_with_its_code(
+    portal: FakePortal, make_scraper: ScraperFactory, fault: str, code: str
+) -> None:
+    """A 503 answer is PORTAL_UNAVAILABLE; info JSON of the wrong shape and an SSO page
+    with no location.href are PORTAL_BAD_RESPONSE. All are retryable."""
+    setattr(portal, fault, True)
     error = await fetch_error(make_scraper())
-    assert (error.code, error.retryable) == ("PORTAL_UNAVAILABLE", True)
+    assert (error.code, error.retryable) == (code, True)
 
 
 async def test_one_503_fails_the_job_without_poisoning_the_next(
@@ -352,24 +273,6 @@ async def test_timeout_is_unavailable(portal: FakePortal, make_scraper: ScraperF
     error = await fetch_error(make_scraper(timeout_s=0.2))
     assert (error.code, error.retryable) == ("PORTAL_UNAVAILABLE", True)
     assert time.monotonic() - started < 0.9
-
-
-async def test_wrong_json_shape_is_bad_response(
-    portal: FakePortal, make_scraper: ScraperFactory
-) -> None:
-    """Info JSON of the wrong shape is PORTAL_BAD_RESPONSE and retryable."""
-    portal.garbage = True
-    error = await fetch_error(make_scraper())
-    assert (error.code, error.retryable) == ("PORTAL_BAD_RESPONSE", True)
-
-
-async def test_sso_page_without_redirect_is_bad_response(
-    portal: FakePortal, make_scraper: ScraperFactory
-) -> None:
-    """An SSO page with no location.href is PORTAL_BAD_RESPONSE."""
-    portal.broken_sso_page = True
-    error = await fetch_error(make_scraper())
-    assert (error.code, error.retryable) == ("PORTAL_BAD_RESPONSE", True)
 
 
 async def test_connection_refused_is_unavailable() -> None:
@@ -423,36 +326,35 @@ async def test_password_never_appears_in_errors_or_logs(breakage: str) -> None:
 # --- politeness ------------------------------------------------------------------------------
 
 
-async def test_max_concurrency_one_serialises_jobs() -> None:
-    """With max_concurrency=1 three concurrent jobs never have two requests in flight."""
-    students = [student(f"2020000{i}", f"학생{i}") for i in range(3)]
+async def scrape_three_at_once(
+    prefix: str, delay_s: float, max_concurrency: int
+) -> tuple[list[Student], list[dict[str, Any]], int]:
+    """Three students scraped concurrently: them, their records, and the fake's peak in flight."""
+    students = [student(f"{prefix}{i}", f"학생{i}") for i in range(3)]
     async with FakePortal(students) as fake:
-        fake.delay_s = 0.01
-        scraper = SuwonScraper(settings_for(fake, max_concurrency=1))
+        fake.delay_s = delay_s
+        scraper = SuwonScraper(settings_for(fake, max_concurrency=max_concurrency))
         try:
             records = await asyncio.gather(
                 *(scraper.fetch_record(s.sno, s.password, Progress()) for s in students)
             )
         finally:
             await scraper.close()
-        assert fake.in_flight_max == 1
+        return students, records, fake.in_flight_max
+
+
+async def test_max_concurrency_one_serialises_jobs() -> None:
+    """With max_concurrency=1 three concurrent jobs never have two requests in flight."""
+    students, records, in_flight_max = await scrape_three_at_once("2020000", 0.01, 1)
+    assert in_flight_max == 1
     assert [r["student"]["studentNumber"] for r in records] == [s.sno for s in students]
     assert [r["student"]["name"] for r in records] == [s.name for s in students]
 
 
 async def test_concurrent_jobs_overlap_when_allowed_and_keep_their_own_sessions() -> None:
     """With max_concurrency=3 jobs do overlap (the fake sees it) yet each gets its own record."""
-    students = [student(f"2021000{i}", f"학생{i}") for i in range(3)]
-    async with FakePortal(students) as fake:
-        fake.delay_s = 0.02
-        scraper = SuwonScraper(settings_for(fake, max_concurrency=3))
-        try:
-            records = await asyncio.gather(
-                *(scraper.fetch_record(s.sno, s.password, Progress()) for s in students)
-            )
-        finally:
-            await scraper.close()
-        assert fake.in_flight_max >= 2
+    students, records, in_flight_max = await scrape_three_at_once("2021000", 0.02, 3)
+    assert in_flight_max >= 2
     assert [r["student"]["name"] for r in records] == [s.name for s in students]
 
 

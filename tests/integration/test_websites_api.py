@@ -12,23 +12,25 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from outboxd.storage.db import Query
 from outboxd.storage.store import SqlStore
+from tests.support.db import raw_scalar
 
 Client = TestClient[Any, Any]
 
 
-async def scalar(store: SqlStore, sql: str) -> Any:
-    async with store.db.reader() as c:
-        row = await c.fetchrow(Query("test", sql, ()), {})
-    assert row is not None
-    return next(iter(row.values()))
-
-
-async def counts(store: SqlStore) -> tuple[int, int]:
-    websites = int(await scalar(store, "SELECT COUNT(*) AS n FROM websites"))
-    work = int(await scalar(store, "SELECT COUNT(*) AS n FROM work_outbox"))
+async def counts(db_url: str) -> tuple[int, int]:
+    websites = int(await raw_scalar(db_url, "SELECT COUNT(*) AS n FROM websites"))
+    work = int(await raw_scalar(db_url, "SELECT COUNT(*) AS n FROM work_outbox"))
     return websites, work
+
+
+async def rejected_fields(api: Client, payload: Any) -> list[str]:
+    """POST `payload`: a 400 C01 problem; the fields it names."""
+    resp = await api.post("/v1/websites", json=payload)
+    assert resp.status == 400
+    body = await resp.json()
+    assert_problem(body, 400, "C01")
+    return [e["field"] for e in body["errors"]]
 
 
 def assert_problem(body: dict[str, Any], status: int, code: str) -> None:
@@ -39,7 +41,7 @@ def assert_problem(body: dict[str, Any], status: int, code: str) -> None:
 
 
 async def test_new_website_is_201_with_a_pending_classification(
-    api: Client, store: SqlStore
+    api: Client, store: SqlStore, db_url: str
 ) -> None:
     resp = await api.post(
         "/v1/websites", json={"domain": "Example.COM", "faviconUrl": "https://example.com/f.ico"}
@@ -52,8 +54,8 @@ async def test_new_website_is_201_with_a_pending_classification(
     assert body["faviconUrl"] == "https://example.com/f.ico"
     assert body["category"] is None
     assert body["classification"] == {"status": "PENDING", "attempts": 0, "lastError": None}
-    assert await counts(store) == (1, 1)
-    status = await scalar(store, "SELECT status FROM work_outbox")
+    assert await counts(db_url) == (1, 1)
+    status = await raw_scalar(db_url, "SELECT status FROM work_outbox")
     assert status == "PENDING"
 
 
@@ -67,7 +69,7 @@ async def test_favicon_may_be_absent_or_null(api: Client) -> None:
 
 @pytest.mark.parametrize("spelling", ["example.com", "EXAMPLE.com", "example.com.", "Example.Com."])
 async def test_same_domain_again_is_200_with_the_same_id(
-    api: Client, store: SqlStore, spelling: str
+    api: Client, store: SqlStore, spelling: str, db_url: str
 ) -> None:
     first = await api.post("/v1/websites", json={"domain": "example.com"})
     assert first.status == 201
@@ -77,17 +79,17 @@ async def test_same_domain_again_is_200_with_the_same_id(
     assert two["id"] == one["id"]
     assert two["domain"] == "example.com"
     assert two["classification"] == {"status": "PENDING", "attempts": 0, "lastError": None}
-    assert await counts(store) == (1, 1)
+    assert await counts(db_url) == (1, 1)
 
 
-async def test_idna_spellings_are_one_website(api: Client, store: SqlStore) -> None:
+async def test_idna_spellings_are_one_website(api: Client, store: SqlStore, db_url: str) -> None:
     first = await api.post("/v1/websites", json={"domain": "Bücher.example"})
     assert first.status == 201
     assert (await first.json())["domain"] == "xn--bcher-kva.example"
     again = await api.post("/v1/websites", json={"domain": "xn--bcher-kva.example."})
     assert again.status == 200
     assert (await again.json())["id"] == (await first.json())["id"]
-    assert await counts(store) == (1, 1)
+    assert await counts(db_url) == (1, 1)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +108,7 @@ async def test_idna_spellings_are_one_website(api: Client, store: SqlStore) -> N
     ],
 )
 async def test_invalid_domain_is_400_c01_naming_domain_and_stores_nothing(
-    api: Client, store: SqlStore, domain: str
+    api: Client, store: SqlStore, domain: str, db_url: str
 ) -> None:
     resp = await api.post("/v1/websites", json={"domain": domain})
     assert resp.status == 400, await resp.text()
@@ -114,7 +116,7 @@ async def test_invalid_domain_is_400_c01_naming_domain_and_stores_nothing(
     body = await resp.json()
     assert_problem(body, 400, "C01")
     assert [e["field"] for e in body["errors"]] == ["domain"]
-    assert await counts(store) == (0, 0)
+    assert await counts(db_url) == (0, 0)
 
 
 @pytest.mark.parametrize(
@@ -123,30 +125,23 @@ async def test_invalid_domain_is_400_c01_naming_domain_and_stores_nothing(
     ids=["missing", "null", "number", "list"],
 )
 async def test_domain_missing_or_not_a_string_is_400(
-    api: Client, store: SqlStore, payload: dict[str, Any]
+    api: Client, store: SqlStore, payload: dict[str, Any], db_url: str
 ) -> None:
-    resp = await api.post("/v1/websites", json=payload)
-    assert resp.status == 400
-    body = await resp.json()
-    assert_problem(body, 400, "C01")
-    assert [e["field"] for e in body["errors"]] == ["domain"]
-    assert await counts(store) == (0, 0)
+    assert await rejected_fields(api, payload) == ["domain"]
+    assert await counts(db_url) == (0, 0)
 
 
-async def test_unknown_fields_are_400(api: Client, store: SqlStore) -> None:
-    resp = await api.post("/v1/websites", json={"domain": "example.com", "category": "news"})
-    assert resp.status == 400
-    body = await resp.json()
-    assert_problem(body, 400, "C01")
-    assert [e["field"] for e in body["errors"]] == ["category"]
-    assert await counts(store) == (0, 0)
+async def test_unknown_fields_are_400(api: Client, store: SqlStore, db_url: str) -> None:
+    payload = {"domain": "example.com", "category": "news"}
+    assert await rejected_fields(api, payload) == ["category"]
+    assert await counts(db_url) == (0, 0)
 
 
-async def test_non_json_body_is_rejected(api: Client, store: SqlStore) -> None:
+async def test_non_json_body_is_rejected(api: Client, store: SqlStore, db_url: str) -> None:
     resp = await api.post("/v1/websites", data="domain=example.com")
     assert resp.status in (400, 415)
     assert (await resp.json())["code"] == "C01"
-    assert await counts(store) == (0, 0)
+    assert await counts(db_url) == (0, 0)
 
 
 async def test_get_returns_the_same_body_in_any_spelling(api: Client) -> None:
@@ -167,7 +162,7 @@ async def test_get_unknown_is_404_c04(api: Client, domain: str) -> None:
 
 
 async def test_twenty_concurrent_registrations_make_one_website_and_one_work_row(
-    api: Client, store: SqlStore
+    api: Client, store: SqlStore, db_url: str
 ) -> None:
     spellings = ["race.example", "RACE.example", "race.example.", "Race.Example."]
 
@@ -179,8 +174,8 @@ async def test_twenty_concurrent_registrations_make_one_website_and_one_work_row
     statuses = sorted(status for status, _ in results)
     assert statuses == [200] * 19 + [201], statuses
     assert len({website_id for _, website_id in results}) == 1
-    assert await counts(store) == (1, 1)
-    ids = await scalar(
-        store, "SELECT COUNT(*) AS n FROM work_outbox o JOIN websites w ON w.id = o.website_id"
+    assert await counts(db_url) == (1, 1)
+    ids = await raw_scalar(
+        db_url, "SELECT COUNT(*) AS n FROM work_outbox o JOIN websites w ON w.id = o.website_id"
     )
     assert ids == 1

@@ -32,6 +32,7 @@ from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.fakes.ai import FakeAI
 from tests.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
+from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
 
@@ -177,14 +178,6 @@ class Fakes:
 
 
 # ------------------------------------------------------------------ daemons
-
-
-def merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        old = out.get(k)
-        out[k] = merge(old, v) if isinstance(v, Mapping) and isinstance(old, Mapping) else v
-    return out
 
 
 def write_keys_file(path: Path) -> Path:

@@ -38,11 +38,11 @@ from outboxd.daemon.app import build_api_deps
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
+from tests.support.db import raw_counts
 
 USER_TOKEN = "tok-user-7f3a"
 ADMIN_TOKEN = "tok-admin-91c2"
 MAX_BODY = 4096
-TABLES = ("jobs", "relay_outbox", "websites", "work_outbox", "task_runs")
 EXAMPLES = int(os.environ.get("OUTBOXD_API_EXAMPLES", "400"))
 
 
@@ -58,6 +58,7 @@ class InProcessApi:
 
     def __init__(self, db_url: str, settings: Settings, tmp_path: Path) -> None:
         self.runner = asyncio.Runner()
+        self.db_url = db_url
         self.store: SqlStore = self.runner.run(open_store(db_url, tmp_path, 5, 2.0))
         self.runner.run(self.store.db.migrate())
         deps = build_api_deps(
@@ -93,17 +94,7 @@ class InProcessApi:
         return RawResponse(status, headers, body)
 
     def counts(self) -> dict[str, int]:
-        async def go() -> dict[str, int]:
-            out = {}
-            async with self.store.db.reader() as c:
-                for t in TABLES:
-                    from outboxd.storage.db import Query
-
-                    rows = await c.fetch(Query("n", f"SELECT COUNT(*) AS n FROM {t}", ()), {})
-                    out[t] = int(rows[0]["n"])
-            return out
-
-        return self.runner.run(go())
+        return self.runner.run(raw_counts(self.db_url))
 
     def close(self) -> None:
         try:

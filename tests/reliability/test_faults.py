@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -599,11 +599,13 @@ async def test_a_storage_error_after_the_commit_still_answers_202(
 @pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_a_connection_killed_in_the_pool_is_storage_unavailable(db_url: str) -> None:
     from outboxd.errors import StorageUnavailable
-    from outboxd.storage.db import PostgresDatabase, Query
+    from outboxd.storage.db import Op, PostgresDatabase, Query, fetch
+
+    def select_one() -> Generator[Op, Any, Any]:
+        return (yield fetch(Query("one", "SELECT 1", ()), {}))
 
     async def one_transaction(db: PostgresDatabase) -> None:
-        async with db.transaction() as conn:
-            await conn.fetch(Query("one", "SELECT 1", ()), {})
+        await db.run(select_one)
 
     outcomes: Counter[str] = Counter()
     killer = await asyncpg.connect(db_url, timeout=5)

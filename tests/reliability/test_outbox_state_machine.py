@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-import asyncpg
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -39,11 +38,12 @@ from hypothesis.stateful import (
     rule,
 )
 
+from outboxd.daemon.relay import publish_failure
 from outboxd.errors import InvalidState
-from outboxd.storage.db import Query
-from outboxd.storage.ports import JobRecord, NewPortalJob, RelayFailure, RelayRow, WorkRow
+from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow, WorkRow
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
+from tests.support.db import RawDb
 
 T = TypeVar("T")
 
@@ -81,9 +81,10 @@ class OutboxMachine(RuleBasedStateMachine):
         if url.startswith("sqlite:///"):
             url = f"sqlite:///{self.base_dir / f'sm-{uuid.uuid4().hex[:10]}.db'}"
         else:
-            self.run(_truncate(url))
+            pg.truncate(url)
         self.store: SqlStore = self.run(open_store(url, self.base_dir, 3, 5.0))
         self.run(self.store.db.migrate())
+        self.raw = self.run(RawDb(url).open())
         # The model: who holds what, and what happened.
         self.job_ids: list[str] = []
         self.keys: dict[str, str] = {}  # idempotency key -> job id
@@ -114,6 +115,7 @@ class OutboxMachine(RuleBasedStateMachine):
         try:
             self.drain()
         finally:
+            self.run(self.raw.close())
             self.run(self.store.close())
             self.loop.close()
 
@@ -264,7 +266,7 @@ class OutboxMachine(RuleBasedStateMachine):
         dead = row.attempt_count >= MAX_ATTEMPTS
         if dead:
             event("relay row dead")
-        failure = RelayFailure(row, "SQS down", self.now + 1.0, dead)
+        failure = publish_failure(row, "SQS down", self.now + 1.0, dead)
         self.run(self.store.mark_relay_failed([failure], self.now))
 
     def relay_dies(self, data: st.DataObject) -> None:
@@ -424,7 +426,7 @@ class OutboxMachine(RuleBasedStateMachine):
         """A 429: the row goes back without spending the attempt."""
         row = self._take_work(data)
         if self.run(self.store.give_back_work(row)):
-            after = self._rows("SELECT * FROM work_outbox WHERE id = :id", id=row.id)[0]
+            after = self._rows("SELECT * FROM work_outbox WHERE id = ?", row.id)[0]
             assert after["status"] == "PENDING"
             assert after["attempt_count"] == row.attempt_count - 1
 
@@ -433,18 +435,8 @@ class OutboxMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ invariants
 
-    def _rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
-        names = tuple(params)
-        if self.store.backend == "postgres":
-            for i, n in enumerate(names, start=1):
-                sql = sql.replace(f":{n}", f"${i}")
-        q = Query("probe", sql, names)
-
-        async def fetch() -> list[dict[str, Any]]:
-            async with self.store.db.reader() as c:
-                return await c.fetch(q, params)
-
-        return self.run(fetch())
+    def _rows(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        return self.run(self.raw.rows(sql, *args))
 
     @invariant()
     def rows_are_sane(self) -> None:
@@ -555,16 +547,6 @@ def _json(text: Any) -> Any:
     import json
 
     return json.loads(text) if text is not None else None
-
-
-async def _truncate(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn, timeout=5)
-    try:
-        exists = await conn.fetchval("SELECT to_regclass('public.jobs') IS NOT NULL")
-        if exists:
-            await conn.execute(f"TRUNCATE {', '.join(pg.TABLES)} CASCADE")
-    finally:
-        await conn.close()
 
 
 def machine_for(db_url: str, base_dir: Path) -> type[RuleBasedStateMachine]:

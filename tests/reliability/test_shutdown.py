@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import pytest
 
 from outboxd.config import SqsSettings
 from outboxd.queue.sqs import QueueDepth, SqsQueues
-from outboxd.storage.db import PostgresDatabase, Query
+from outboxd.storage.db import Op, PostgresDatabase, Query, fetch
 from tests.reliability.harness import (
     Db,
     Fakes,
@@ -282,10 +282,11 @@ async def test_closing_the_postgres_pool_waits_for_nothing(pg_database: str) -> 
     await db.open()
     done = asyncio.Event()
 
+    def body() -> Generator[Op, Any, Any]:
+        return (yield fetch(Query("slow", "SELECT pg_sleep(0.05)", ()), {}))
+
     async def short_transaction() -> None:
-        async with db.transaction() as c:
-            await asyncio.sleep(0.05)
-            await c.fetch(Query("one", "SELECT 1", ()), {})
+        await db.run(body)
         done.set()
 
     task = asyncio.create_task(short_transaction())

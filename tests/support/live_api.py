@@ -23,11 +23,9 @@ from outboxd.daemon.app import ApiServer, build_api_deps
 from outboxd.daemon.http_server import ConnectionLimits
 from outboxd.observability import Metrics, configure_logging
 from outboxd.security import KeyRing
-from outboxd.storage.db import Query
 from outboxd.storage.store import SqlStore, open_store
+from tests.support.db import raw_counts
 from tests.support.loop_thread import LoopThread
-
-TABLES = ("jobs", "relay_outbox", "websites", "work_outbox", "task_runs")
 
 
 @dataclass
@@ -56,6 +54,7 @@ class LiveApi:
         self.logs = io.StringIO()
         configure_logging("info", "json", stream=self.logs)
         self.lt = LoopThread()
+        self.db_url = db_url
         self.store: SqlStore = self.lt.run(open_store(db_url, tmp_path, 5, 2.0))
         self.lt.run(self.store.db.migrate())
         self.metrics = Metrics()
@@ -97,15 +96,7 @@ class LiveApi:
         )
 
     def counts(self) -> dict[str, int]:
-        async def go() -> dict[str, int]:
-            out = {}
-            async with self.store.db.reader() as c:
-                for t in TABLES:
-                    rows = await c.fetch(Query("n", f"SELECT COUNT(*) AS n FROM {t}", ()), {})
-                    out[t] = int(rows[0]["n"])
-            return out
-
-        return self.lt.run(go())
+        return self.lt.run(raw_counts(self.db_url))
 
     def events(self) -> list[dict[str, Any]]:
         out = []

@@ -1,14 +1,13 @@
-"""Helpers for the administration and operations tests: raw database reads and real DEAD rows.
+"""Helpers for the administration and operations tests: real DEAD rows, the CLI, and
+status counts read raw.
 
-Counts are read with a driver of our own (sqlite3 / asyncpg), so assertions about what the
+Counts come from tests/support/db.py (a driver of our own), so assertions about what the
 API, /metrics or the CLI report never trust the code under test.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -16,39 +15,20 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
+from outboxd.daemon.relay import publish_failure
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
-from outboxd.storage.db import sqlite_path
-from outboxd.storage.ports import JobRecord, RelayFailure, RelayRow
+from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore
+from tests.support.db import sql as sql
+from tests.support.db import sql_sync as sql_sync
 
 TABLES = ("jobs", "relay_outbox", "work_outbox", "task_runs")
 
 
-async def sql(db_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Rows of `query` (`?` placeholders on SQLite, `$1` on Postgres) on a connection of its own."""
-    if db_url.startswith("sqlite:///"):
-        path = sqlite_path(db_url, Path.cwd())
-
-        def run() -> list[tuple[Any, ...]]:
-            conn = sqlite3.connect(path, timeout=10)
-            try:
-                return [tuple(r) for r in conn.execute(query, args).fetchall()]
-            finally:
-                conn.close()
-
-        return await asyncio.to_thread(run)
-    conn = await asyncpg.connect(db_url, timeout=5)
-    try:
-        return [tuple(r) for r in await conn.fetch(query, *args)]
-    finally:
-        await conn.close()
-
-
-def sql_sync(db_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
-    return asyncio.run(sql(db_url, query, *args))
+def sealing_key_id(keys: KeyRing) -> str:
+    """The id of the key that seals now (the ring's first), as a sealed value names it."""
+    return keys.seal(b"", b"").key_id
 
 
 async def db_counts(db_url: str) -> dict[str, dict[str, int]]:
@@ -58,6 +38,35 @@ async def db_counts(db_url: str) -> dict[str, dict[str, int]]:
         rows = await sql(db_url, f"SELECT status, COUNT(*) FROM {table} GROUP BY status")
         out[table] = {str(s): int(n) for s, n in rows}
     return out
+
+
+async def insert_portal_job(
+    store: SqlStore, now: float, keys: KeyRing | None = None, password: str = ""
+) -> tuple[str, str]:
+    """A QUEUED portal job committed with its PENDING outbox row, straight through the
+    store: (job id, outbox id). Sealed and fingerprinted with `keys` as the API would;
+    without keys the credentials are placeholder bytes (for tests of the rows alone)."""
+    job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
+    key_id, sealed, fingerprint = "k1", b"sealed-bytes", "fp"
+    if keys is not None:
+        canonical = {"portal": "suwon", "username": "20201234", "password": password}
+        box = keys.seal_json({"username": "20201234", "password": password}, associated_data=job_id)
+        key_id, sealed, fingerprint = box.key_id, box.ciphertext, keys.fingerprint(canonical)
+    intake = await store.create_portal_job(
+        NewPortalJob(
+            job_id=job_id,
+            outbox_id=outbox_id,
+            user_id="alice",
+            idempotency_key=f"key-{job_id}",
+            fingerprint=fingerprint,
+            portal="suwon",
+            key_id=key_id,
+            sealed=sealed,
+        ),
+        now=now,
+    )
+    assert intake.created
+    return job_id, outbox_id
 
 
 async def submit_job(
@@ -78,7 +87,7 @@ async def kill_at_publish(store: SqlStore, job_id: str, error: str = "sqs down")
     now = time.time()
     claimed = await store.claim_relay_row(latest.id, now, 30.0)
     assert claimed is not None
-    await store.mark_relay_failed([RelayFailure(claimed, error, now + 1, dead=True)], now)
+    await store.mark_relay_failed([publish_failure(claimed, error, now + 1, dead=True)], now)
     row = await store.get_relay_row(latest.id)
     assert row is not None and row.status == "DEAD"
     job = await store.get_job(job_id)
@@ -92,7 +101,7 @@ async def kill_task_at_publish(store: SqlStore, task_id: str) -> RelayRow:
     now = time.time()
     claimed = await store.claim_relay_row(row.id, now, 30.0)
     assert claimed is not None
-    await store.mark_relay_failed([RelayFailure(claimed, "sqs down", now + 1, dead=True)], now)
+    await store.mark_relay_failed([publish_failure(claimed, "sqs down", now + 1, dead=True)], now)
     return row
 
 
@@ -144,7 +153,9 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def run_cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, timeout_s: float = 60, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
     """`python -m outboxd ARGS` with no OUTBOXD_* variables inherited."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
     return subprocess.run(
@@ -153,6 +164,6 @@ def run_cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[st
         text=True,
         timeout=timeout_s,
         env=env,
-        cwd=ROOT,
+        cwd=cwd,
         check=False,
     )

@@ -8,6 +8,8 @@ import uuid
 
 import asyncpg
 
+from tests.support.db import raw_db
+
 ADMIN_DSN = os.environ.get("OUTBOXD_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
 TABLES = ("relay_outbox", "work_outbox", "websites", "task_runs", "jobs", "pace", "pace_leases")
 
@@ -34,30 +36,22 @@ def unreachable_reason() -> str | None:
     return asyncio.run(_reachable())
 
 
-async def _create(name: str) -> None:
+async def _admin(statement: str) -> None:
     conn = await asyncpg.connect(ADMIN_DSN, timeout=5)
     try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-
-
-async def _drop(name: str) -> None:
-    conn = await asyncpg.connect(ADMIN_DSN, timeout=5)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(statement)
     finally:
         await conn.close()
 
 
 def create_database() -> tuple[str, str]:
     name = f"outboxd_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_create(name))
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
     return name, dsn_for(name)
 
 
 def drop_database(name: str) -> None:
-    asyncio.run(_drop(name))
+    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 async def _truncate(dsn: str) -> None:
@@ -76,19 +70,15 @@ def truncate(dsn: str) -> None:
 
 async def dump_all(dsn: str) -> str:
     """Every row of every table as text: a pg_dump-style view to grep for secrets."""
-    conn = await asyncpg.connect(dsn, timeout=5)
-    try:
-        out = []
-        tables = await conn.fetch(
+    out = []
+    async with raw_db(dsn) as db:
+        tables = await db.rows(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
         )
         for t in tables:
-            rows = await conn.fetch(f'SELECT * FROM "{t["tablename"]}"')
-            for r in rows:
-                out.append(repr(dict(r)))
+            for r in await db.rows(f'SELECT * FROM "{t["tablename"]}"'):
+                out.append(repr(r))
                 for v in r.values():
                     if isinstance(v, bytes | bytearray | memoryview):
                         out.append(bytes(v).decode("latin-1"))
-        return "\n".join(out)
-    finally:
-        await conn.close()
+    return "\n".join(out)

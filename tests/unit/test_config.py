@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +9,7 @@ import pytest
 
 from outboxd.config import ConfigError, Settings
 from outboxd.storage.db import sqlite_path
+from tests.support.ops import run_cli
 
 
 def load(raw: dict[str, Any], env: dict[str, str] | None = None) -> Settings:
@@ -148,24 +146,11 @@ def test_toml_errors_are_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(invalid.value)
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
-    return subprocess.run(
-        [sys.executable, "-m", "outboxd", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_check_config_exits_2_with_one_line(tmp_path: Path) -> None:
     """`outboxd check-config` on a bad file exits 2 printing one line naming the key; good: 0."""
     bad = tmp_path / "bad.toml"
     bad.write_text("[sqs]\nwait_time_s = 21\n")
-    proc = _cli("check-config", "--config", str(bad), cwd=tmp_path)
+    proc = run_cli("check-config", "--config", str(bad), cwd=tmp_path)
     assert proc.returncode == 2, proc
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1, lines
@@ -175,5 +160,5 @@ def test_check_config_exits_2_with_one_line(tmp_path: Path) -> None:
     good.write_text(
         '[sqs]\nwait_time_s = 5\nregion = "eu-west-1"\n[storage]\nurl = "sqlite:///var/x.db"\n'
     )
-    ok = _cli("check-config", "--config", str(good), cwd=tmp_path)
+    ok = run_cli("check-config", "--config", str(good), cwd=tmp_path)
     assert ok.returncode == 0, ok

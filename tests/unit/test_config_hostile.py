@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import os
 import subprocess
-import sys
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 import pytest
 
 from outboxd.config import ConfigError, Settings
+from tests.support.ops import run_cli
 
 
 def _float_keys(tp: type[Any], where: str = "") -> Iterator[str]:
@@ -92,16 +91,7 @@ def test_distinct_tokens_are_fine() -> None:
 def _check_config(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "c.toml"
     path.write_text(text)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
-    return subprocess.run(
-        [sys.executable, "-m", "outboxd", "check-config", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=60,
-        check=False,
-    )
+    return run_cli("check-config", "--config", str(path), cwd=tmp_path)
 
 
 @pytest.mark.parametrize(

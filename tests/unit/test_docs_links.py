@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("src", "tests", "bench", "systemd", "docs")
+SCANNED = ("src", "tests", "bench", "testkit", "systemd", "docs")
 SUFFIXES = {".py", ".md", ".sql", ".toml", ".txt", ".service", ""}
 _CITATION = re.compile(r"(?<![\w/.-])([\w./-]*\w\.md)\b(?:#([a-z0-9-]+))?")
 _HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$", re.MULTILINE)
@@ -26,7 +26,11 @@ def _sources() -> list[Path]:
     files = [ROOT / "README.md"]
     for top in SCANNED:
         for path in sorted((ROOT / top).rglob("*")):
-            if path.is_file() and path.suffix in SUFFIXES and "__pycache__" not in path.parts:
+            # Not caches or other hidden folders: not our text.
+            parts = path.relative_to(ROOT).parts
+            if any(p == "__pycache__" or p.startswith(".") for p in parts):
+                continue
+            if path.is_file() and path.suffix in SUFFIXES:
                 files.append(path)
     return files
 

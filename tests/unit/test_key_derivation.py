@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from outboxd.security import NONCE_BYTES, KeyRing, Sealed
+from tests.support.ops import sealing_key_id
 
 RAW = bytes(range(32))
 CANON = {"portal": "suwon", "username": "20201234", "password": "pw-derive"}
@@ -34,7 +35,7 @@ def mac(key: bytes) -> str:
 def test_the_fingerprint_is_an_hmac_under_its_own_derived_key() -> None:
     ring = KeyRing([RAW])
     key_id, _, digest = ring.fingerprint(CANON).partition(":")
-    assert key_id == ring.primary_id
+    assert key_id == sealing_key_id(ring)
     assert digest == mac(hkdf(b"outboxd fingerprint v1"))
     # Neither the stored secret nor the credentials subkey signs fingerprints.
     assert digest != mac(RAW)
@@ -51,4 +52,4 @@ def test_credentials_are_sealed_under_their_own_derived_key() -> None:
     # A ciphertext made independently with the derived key opens (an older release's row).
     nonce = bytes(NONCE_BYTES)
     made = AESGCM(hkdf(b"outboxd credentials v1")).encrypt(nonce, b'{"password":"old"}', b"j")
-    assert ring.open_json(Sealed(ring.primary_id, nonce + made), "j") == {"password": "old"}
+    assert ring.open_json(Sealed(sealing_key_id(ring), nonce + made), "j") == {"password": "old"}

@@ -16,7 +16,6 @@ from referencing.jsonschema import DRAFT202012
 
 from outboxd.daemon.api import (
     ApiError,
-    collect_stats,
     dispatch_body,
     job_body,
     problem,
@@ -25,6 +24,7 @@ from outboxd.daemon.api import (
     website_body,
 )
 from outboxd.daemon.openapi import openapi_document
+from outboxd.services.admin import collect_stats
 from outboxd.storage.ports import (
     JobRecord,
     PaceState,
@@ -33,6 +33,7 @@ from outboxd.storage.ports import (
     TaskRun,
     Website,
 )
+from tests.support.records import CS101_RECORD, EXPECTED_RECORD, SAMPLE_STUDENT_RECORD
 
 _BASE = "urn:outboxd:openapi"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -92,34 +93,13 @@ def _walk(node: Any) -> Iterator[Any]:
 
 def _portal_result() -> dict[str, Any]:
     return {
-        "student": {
-            "studentNumber": "20201234",
-            "name": "홍길동",
-            "college": "IT대학",
-            "department": "컴퓨터학부",
-            "major": "컴퓨터SW",
-            "status": "재학",
-            "year": 3,
-        },
+        "student": {**SAMPLE_STUDENT_RECORD, "name": "홍길동"},
         "semesters": [
             {
+                **EXPECTED_RECORD["semesters"][0],
                 "year": 2024,
-                "term": "1",
-                "creditsAttempted": 18,
-                "creditsEarned": 18,
-                "gpa": 4.12,
-                "percentile": 93.5,
-                "rank": "6/33",
                 "courses": [
-                    {
-                        "code": "CS101",
-                        "title": "자료구조",
-                        "credits": 3,
-                        "grade": "A+",
-                        "gradePoints": 4.5,
-                        "category": "전공필수",
-                        "department": "컴퓨터학부",
-                    },
+                    dict(CS101_RECORD),
                     {
                         "code": "GE200",
                         "title": "글쓰기",
@@ -504,7 +484,7 @@ class _Queues:
 
 
 async def test_stats_bodies_validate(doc: dict[str, Any]) -> None:
-    """api.collect_stats with and without queue statistics matches Stats."""
+    """admin.collect_stats with and without queue statistics matches Stats."""
     _assert_valid(doc, "Stats", await collect_stats(_Counts(), None))
     _assert_valid(doc, "Stats", await collect_stats(_Counts(), _Queues()))
     _assert_valid(doc, "Readiness", {"status": "unavailable", "checks": {"sqs": "timeout"}})

@@ -24,6 +24,7 @@ from outboxd.daemon.openapi import openapi_document
 from outboxd.errors import InvalidState, NotFound, StorageError, StorageUnavailable
 from outboxd.observability import Metrics
 from outboxd.security import Principal, TokenVerifier
+from outboxd.services.admin import AdminService
 from outboxd.services.portal_jobs import (
     PORTALS,
     DispatchFailed,
@@ -34,9 +35,12 @@ from outboxd.services.portal_jobs import (
 from outboxd.services.tasks import BUILTIN_TASKS, TaskService
 from outboxd.services.websites import InvalidDomain, WebsiteService, normalize_domain
 from outboxd.storage.ports import (
+    JOB_STATUSES,
+    RELAY_STATUSES,
+    RELAY_UNSENT_STATUSES,
+    WORK_STATUSES,
     JobRecord,
     JobStore,
-    PaceState,
     RelayRow,
     RelayStore,
     StatsStore,
@@ -77,10 +81,6 @@ class Readiness(Protocol):
         ...
 
 
-class QueueStats(Protocol):
-    async def queue_stats(self) -> dict[str, dict[str, int]]: ...
-
-
 class ApiStore(JobStore, RelayStore, TaskStore, StatsStore, Protocol):
     pass
 
@@ -100,10 +100,10 @@ class ApiDeps:
     jobs: PortalJobService
     websites: WebsiteService
     tasks: TaskService
+    admin: AdminService
     tokens: TokenVerifier
     metrics: Metrics
     readiness: Readiness
-    queue_stats: QueueStats | None = None
     runtime: RuntimeView | None = None
 
 
@@ -379,9 +379,7 @@ def relay_item(row: RelayRow) -> dict[str, Any]:
     item.update(
         status=row.status,
         attempts=row.attempt_count,
-        nextAttemptAt=iso(row.next_attempt_at)
-        if row.status in ("PENDING", "RETRYABLE_FAILED")
-        else None,
+        nextAttemptAt=iso(row.next_attempt_at) if row.status in RELAY_UNSENT_STATUSES else None,
         lastError=row.last_error,
         messageId=row.queue_message_id,
         createdAt=iso(row.created_at),
@@ -538,8 +536,8 @@ async def admin_list_outbox(request: web.Request) -> web.Response:
     _only_query(request, {"status", "limit", "cursor"})
     deps = request.app[DEPS]
     status = inputs.query_text(request, "status", 32)
-    if status is not None and status not in ("PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"):
-        _fail("status", "must be PENDING, SENT, RETRYABLE_FAILED or DEAD")
+    if status is not None and status not in RELAY_STATUSES:
+        _fail("status", "must be " + ", ".join(RELAY_STATUSES[:-1]) + " or " + RELAY_STATUSES[-1])
     page = await deps.store.list_relay_rows(status, _limit(request), _cursor(request))
     return web.json_response(
         {"items": [relay_item(r) for r in page.items], "nextCursor": page.next_cursor}
@@ -550,7 +548,7 @@ async def admin_redrive_outbox(request: web.Request) -> web.Response:
     _require_admin(request)
     deps = request.app[DEPS]
     try:
-        row = await deps.store.redrive_relay_row(inputs.path_id(request, "outbox_id"), time.time())
+        row = await deps.admin.redrive_outbox_row(inputs.path_id(request, "outbox_id"))
     except NotFound:
         raise ApiError(404, "C04", "no such outbox row") from None
     except InvalidState as exc:
@@ -563,11 +561,12 @@ async def admin_redrive_job(request: web.Request) -> web.Response:
     _require_admin(request)
     deps = request.app[DEPS]
     try:
-        job = await deps.jobs.redrive(inputs.path_id(request, "job_id"))
+        job = await deps.admin.redrive_job(inputs.path_id(request, "job_id"))
     except NotFound:
         raise ApiError(404, "C04", "no such job") from None
     except InvalidState as exc:
         raise ApiError(409, "C11", str(exc)) from None
+    log.info("job_redriven", job_id=job.id)
     return web.json_response(job_body(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 
@@ -585,7 +584,7 @@ async def admin_list_jobs(request: web.Request) -> web.Response:
     _require_admin(request)
     _only_query(request, {"status", "limit", "cursor"})
     deps = request.app[DEPS]
-    status = _status_filter(request, ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"))
+    status = _status_filter(request, JOB_STATUSES)
     page = await deps.store.list_jobs(status, _limit(request), _cursor(request))
     return web.json_response(
         {"items": [job_body(j) for j in page.items], "nextCursor": page.next_cursor}
@@ -606,7 +605,7 @@ async def admin_list_websites(request: web.Request) -> web.Response:
     _require_admin(request)
     _only_query(request, {"status", "limit", "cursor"})
     deps = request.app[DEPS]
-    status = _status_filter(request, ("PENDING", "PROCESSING", "COMPLETED", "FAILED"))
+    status = _status_filter(request, WORK_STATUSES)
     page = await deps.websites.list(status, _limit(request), _cursor(request))
     return web.json_response(
         {"items": [website_body(w) for w in page.items], "nextCursor": page.next_cursor}
@@ -662,59 +661,7 @@ async def admin_runtime(request: web.Request) -> web.Response:
 async def admin_stats(request: web.Request) -> web.Response:
     _require_admin(request)
     deps = request.app[DEPS]
-    return web.json_response(await collect_stats(deps.store, deps.queue_stats))
-
-
-async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[str, Any]:
-    """The numbers `GET /v1/admin/stats`, `outboxd status` and /metrics share."""
-    now = time.time()
-    tables: dict[str, dict[str, int]] = {
-        "jobs": {},
-        "relay_outbox": {},
-        "work_outbox": {},
-        "task_runs": {},
-    }
-    oldest: dict[str, float | None] = {}
-    pending_states = {
-        "jobs": ("QUEUED",),
-        "relay_outbox": ("PENDING", "RETRYABLE_FAILED"),
-        "work_outbox": ("PENDING",),
-        "task_runs": ("PENDING",),
-    }
-    for sc in await store.status_counts():
-        tables.setdefault(sc.table, {})[sc.status] = sc.count
-        if sc.status in pending_states.get(sc.table, ()) and sc.oldest_created_at is not None:
-            prev = oldest.get(sc.table)
-            oldest[sc.table] = min(prev, sc.oldest_created_at) if prev else sc.oldest_created_at
-    result: dict[str, Any] = {
-        "tables": tables,
-        "oldestPendingAgeSeconds": {
-            t: (round(max(0.0, now - ts), 3) if ts is not None else None)
-            for t in tables
-            for ts in [oldest.get(t)]
-        },
-        "pace": {p.name: pace_item(p) for p in await store.pace_states()},
-        "queues": None,
-    }
-    if queues is not None:
-        try:
-            result["queues"] = await queues.queue_stats()
-        except Exception as exc:
-            result["queues"] = {"error": str(exc)[:200]}
-    return result
-
-
-def pace_item(p: PaceState) -> dict[str, Any]:
-    """One cluster pace row (docs/pacing.md), times on the database's clock."""
-    return {
-        "lastSlotAt": p.last_at,
-        "nextSlotAt": p.next_at if p.last_at is not None else None,
-        "nextSlotInSeconds": round(max(0.0, p.next_at - p.now), 3),
-        "pausedUntil": p.paused_until if p.paused_until > 0 else None,
-        "pausedForSeconds": round(p.paused_for_s, 3),
-        "sessions": p.sessions,
-        "databaseNow": p.now,
-    }
+    return web.json_response(await deps.admin.stats())
 
 
 async def admin_enqueue_task(request: web.Request) -> web.Response:
@@ -790,7 +737,7 @@ async def refresh_gauges(deps: ApiDeps) -> None:
     m = deps.metrics
     for check, verdict in (await deps.readiness.check()).items():
         m.ready.labels(check).set(1 if verdict == "ok" else 0)
-    stats = await collect_stats(deps.store, deps.queue_stats)
+    stats = await deps.admin.stats()
     m.rows.clear()
     for table, counts in stats["tables"].items():
         for status, n in counts.items():

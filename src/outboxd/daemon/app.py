@@ -43,6 +43,7 @@ from outboxd.queue.sqs import KINDS, QueueError, SqsQueues, resolve_region
 from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
+from outboxd.services.admin import AdminService
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
@@ -251,10 +252,10 @@ def build_api_deps(
         jobs=PortalJobService(store, keys, dispatcher, settings.api.require_dispatch),
         websites=WebsiteService(store),
         tasks=TaskService(store),
+        admin=AdminService(store, readiness if queues is not None else None),
         tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),
         metrics=metrics,
         readiness=readiness,
-        queue_stats=readiness if queues is not None else None,
         runtime=runtime,
     )
 

@@ -30,7 +30,8 @@ from outboxd.queue.messages import id_field as _message_id_field  # the one mess
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
 from outboxd.security import KeyRing, Sealed
-from outboxd.storage.ports import JobRecord, JobStore, PruneStore, TaskRun, TaskStore
+from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
+from outboxd.storage.ports import TERMINAL_TASK_STATUSES, JobRecord, JobStore
 
 log = structlog.get_logger(__name__)
 
@@ -60,11 +61,10 @@ class Receiver(Protocol):
     ) -> list[ReceivedMessage]: ...
 
 
-class ConsumerStore(JobStore, TaskStore, PruneStore, Protocol):
+class ConsumerStore(JobStore, TaskControllerStore, Protocol):
     pass
 
 
-TaskController = Callable[[TaskRun], Awaitable[None]]
 # The DLQ sweep only peeks: a short visibility puts every message back at once,
 # so DLQ depth (stats, /metrics, an operator's look) is never under-reported for long.
 DLQ_PEEK_VISIBILITY_S = 2
@@ -90,7 +90,6 @@ class Consumer:
         self._cs = consumer_settings
         self._sqs = sqs_settings
         self._metrics = metrics
-        self._dead_retention_s = dead_retention_s
         self._clock = clock
         # Separate slot pools: a long poll holds its slots while it waits, so a
         # shared pool would let an idle jobs queue starve the tasks queue. Tasks
@@ -99,10 +98,7 @@ class Consumer:
             "jobs": _Slots(consumer_settings.max_concurrency),
             "tasks": _Slots(1),
         }
-        self._controllers: dict[str, TaskController] = {
-            "noop": self._task_noop,
-            "outbox.prune": self._task_prune,
-        }
+        self._task_ctx = TaskContext(store, clock, dead_retention_s)
         # The visibility a heartbeat renews to, and the job lease it keeps:
         # never 0, so a heartbeat always has something to extend.
         self._visibility_s = max(1, sqs_settings.visibility_timeout_s)
@@ -325,10 +321,10 @@ class Consumer:
             return "malformed"
         bind = {"task_id": task_id, "message_id": msg.message_id}
         run = await self._store.get_task(task_id)
-        if run is None or run.status in ("SUCCEEDED", "FAILED", "DEAD"):
+        if run is None or run.status in TERMINAL_TASK_STATUSES:
             await self._queues.delete("tasks", msg.receipt_handle)
             return "skipped"
-        controller = self._controllers.get(run.type)
+        controller = TASK_TYPES.get(run.type)
         if controller is None:
             await self._store.finish_task(
                 task_id, "FAILED", f"unknown task type {run.type}", self._clock()
@@ -336,7 +332,7 @@ class Consumer:
             await self._queues.delete("tasks", msg.receipt_handle)
             return "failed"
         try:
-            await controller(run)
+            await controller(self._task_ctx, run)
         except Exception as exc:
             log.warning("task_failed_attempt", task_type=run.type, error=exc, **bind)
             if msg.receive_count >= self._sqs.max_receive_count:
@@ -350,38 +346,6 @@ class Consumer:
         await self._queues.delete("tasks", msg.receipt_handle)
         log.info("task_succeeded", task_type=run.type, **bind)
         return "succeeded"
-
-    async def _task_noop(self, run: TaskRun) -> None:
-        # The ledger row is the whole effect: recorded once per dedup id,
-        # however often SQS delivers the message.
-        await self._store.finish_task(run.id, "SUCCEEDED", None, self._clock())
-
-    async def _task_prune(self, run: TaskRun) -> None:
-        days = run.payload.get("older_than_days", 7)
-        # NaN passes `days < 0` and turns every "older than" into "everything".
-        if (
-            not isinstance(days, int | float)
-            or isinstance(days, bool)
-            or not math.isfinite(days)
-            or days < 0
-        ):
-            await self._store.finish_task(
-                run.id,
-                "FAILED",
-                "payload.older_than_days must be a finite number >= 0",
-                self._clock(),
-            )
-            return
-        now = self._clock()
-        # Deletes are idempotent, so running them again after a crash before
-        # the ledger write is harmless.
-        counts = await self._store.prune(
-            finished_before=now - float(days) * 86400,
-            dead_before=now - self._dead_retention_s,
-            batch=1000,
-        )
-        log.info("outbox_pruned", task_id=run.id, **counts)
-        await self._store.finish_task(run.id, "SUCCEEDED", None, self._clock())
 
     # ------------------------------------------------------------------ DLQ sweep
 

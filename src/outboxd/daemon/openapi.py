@@ -14,7 +14,14 @@ from functools import cache
 from importlib import metadata
 from typing import Any, Final
 
-from outboxd.storage.ports import CURSOR_PATTERN
+from outboxd.services.tasks import BUILTIN_TASKS as TASK_TYPES
+from outboxd.storage.ports import (
+    CURSOR_PATTERN,
+    JOB_STATUSES,
+    RELAY_STATUSES,
+    TASK_STATUSES,
+    WORK_STATUSES,
+)
 
 Schema = dict[str, Any]
 
@@ -23,11 +30,6 @@ _RESPONSES: Final = "#/components/responses/"
 _PROBLEM_MEDIA: Final = "application/problem+json"
 _JSON_MEDIA: Final = "application/json"
 
-JOB_STATUSES: Final = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD")
-RELAY_STATUSES: Final = ("PENDING", "SENT", "RETRYABLE_FAILED", "DEAD")
-WORK_STATUSES: Final = ("PENDING", "PROCESSING", "COMPLETED", "FAILED")
-TASK_STATUSES: Final = ("PENDING", "SENT", "SUCCEEDED", "FAILED", "DEAD")
-TASK_TYPES: Final = ("outbox.prune", "noop")
 PROBLEM_CODES: Final = (
     "C01",
     "C02",

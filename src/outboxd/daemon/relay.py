@@ -338,19 +338,19 @@ class Relay:
                 continue
             dead = row.attempt_count >= self._settings.max_attempts
             failures.append(
-                RelayFailure(
-                    row=row,
-                    error=reason,
+                publish_failure(
+                    row,
+                    reason,
                     # Jitter: rows that failed together (an SQS outage) must not all
                     # come back in the same second.
-                    next_attempt_at=now
+                    now
                     + backoff(
                         row.attempt_count,
                         self._settings.backoff_base_s,
                         self._settings.backoff_max_s,
                         jitter=True,
                     ),
-                    dead=dead,
+                    dead,
                 )
             )
         # Recording the outcome is shielded: a shutdown must not cut it in half
@@ -399,3 +399,14 @@ def _sent_fields(part: Sequence[RelayRow]) -> dict[str, object]:
 def _discard_outcome(fut: asyncio.Future[list[RelayRow]]) -> None:
     if not fut.cancelled():
         fut.exception()  # retrieved, so asyncio does not log it as never retrieved
+
+
+def publish_failure(row: RelayRow, error: str, next_attempt_at: float, dead: bool) -> RelayFailure:
+    """The failure to record for one row; a dead job row's job ends RETRIES_EXHAUSTED."""
+    job_error = None
+    if dead and row.job_id is not None:
+        job_error = (
+            "RETRIES_EXHAUSTED",
+            f"publishing failed {row.attempt_count} times: {error[:300]}",
+        )
+    return RelayFailure(row, error, next_attempt_at, dead, job_error)

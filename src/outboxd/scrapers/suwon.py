@@ -104,6 +104,13 @@ _MAX_REDIRECTS: Final = 10
 # --- Source names -> result names: the only place that knows the info system's vocabulary --
 
 _Kind = Literal["text", "number", "term"]
+# The credit figures a semester and the totals row both carry, under the same names.
+_CREDIT_FIELDS: Final[tuple[tuple[str, str, _Kind], ...]] = (
+    ("creditsAttempted", "applPoint", "number"),
+    ("creditsEarned", "gainPoint", "number"),
+    ("gpa", "gainAvmk", "number"),
+    ("percentile", "gainTavgPont", "number"),
+)
 _FIELD_MAP: Final[Mapping[str, tuple[tuple[str, str, _Kind], ...]]] = {
     "student": (
         ("studentNumber", "sno", "text"),
@@ -117,10 +124,7 @@ _FIELD_MAP: Final[Mapping[str, tuple[tuple[str, str, _Kind], ...]]] = {
     "semester": (
         ("year", "cretGainYear", "number"),
         ("term", "cretSmrCd", "term"),
-        ("creditsAttempted", "applPoint", "number"),
-        ("creditsEarned", "gainPoint", "number"),
-        ("gpa", "gainAvmk", "number"),
-        ("percentile", "gainTavgPont", "number"),
+        *_CREDIT_FIELDS,
         ("rank", "dpmjOrdp", "text"),
     ),
     "course": (
@@ -132,12 +136,7 @@ _FIELD_MAP: Final[Mapping[str, tuple[tuple[str, str, _Kind], ...]]] = {
         ("category", "facDvnm", "text"),
         ("department", "estbDpmjNm", "text"),
     ),
-    "totals": (
-        ("creditsAttempted", "applPoint", "number"),
-        ("creditsEarned", "gainPoint", "number"),
-        ("gpa", "gainAvmk", "number"),
-        ("percentile", "gainTavgPont", "number"),
-    ),
+    "totals": _CREDIT_FIELDS,
 }
 _TERMS: Final[Mapping[str, str]] = {"10": "1", "15": "summer", "20": "2", "25": "winter"}
 _PROFILE_KEY: Final = "studentInfo"

@@ -12,7 +12,14 @@ import structlog
 
 from outboxd.errors import OutboxdError, StorageError
 from outboxd.security import KeyRing
-from outboxd.storage.ports import JobRecord, JobStore, NewPortalJob, RelayRow, RelayStore
+from outboxd.storage.ports import (
+    RELAY_UNSENT_STATUSES,
+    JobRecord,
+    JobStore,
+    NewPortalJob,
+    RelayRow,
+    RelayStore,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -108,7 +115,7 @@ class PortalJobService:
             job_id=job.id,
             outbox_id=outbox.id if outbox else None,
         )
-        if outbox is not None and outbox.status in ("PENDING", "RETRYABLE_FAILED"):
+        if outbox is not None and outbox.status in RELAY_UNSENT_STATUSES:
             job, outbox = await self._dispatch(job, outbox)
         return Submission(job=job, outbox=outbox, replayed=not intake.created)
 
@@ -138,8 +145,3 @@ class PortalJobService:
         if job is None:
             return None
         return job, await self._store.latest_relay_row_for_job(job_id)
-
-    async def redrive(self, job_id: str) -> JobRecord:
-        job = await self._store.redrive_job(job_id, new_id(), self._clock())
-        log.info("job_redriven", job_id=job_id)
-        return job

@@ -1,19 +1,83 @@
-"""Tasks: the task outbox's transaction boundary (admin API and scheduler both enqueue here)."""
+"""Tasks: the registry of task types, and the task outbox's transaction boundary.
+
+`TASK_TYPES` is the one list of the built-in task types: the consumer runs a task
+through it, the admin API and the OpenAPI document take their enum from it. The
+admin API and the scheduler both enqueue through `TaskService`.
+"""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import structlog
 
-from outboxd.storage.ports import TaskRun, TaskStore
+from outboxd.storage.ports import PruneStore, TaskRun, TaskStore
 
 log = structlog.get_logger(__name__)
 
-BUILTIN_TASKS = ("outbox.prune", "noop")
+
+class TaskControllerStore(TaskStore, PruneStore, Protocol):
+    pass
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a controller may use; the consumer builds it once and injects it."""
+
+    store: TaskControllerStore
+    clock: Callable[[], float]
+    dead_retention_s: float
+
+
+TaskController = Callable[[TaskContext, TaskRun], Awaitable[None]]
+
+
+async def _noop(ctx: TaskContext, run: TaskRun) -> None:
+    # The ledger row is the whole effect: recorded once per dedup id,
+    # however often SQS delivers the message.
+    await ctx.store.finish_task(run.id, "SUCCEEDED", None, ctx.clock())
+
+
+async def _prune_outbox(ctx: TaskContext, run: TaskRun) -> None:
+    days = run.payload.get("older_than_days", 7)
+    # NaN passes `days < 0` and turns every "older than" into "everything".
+    if (
+        not isinstance(days, int | float)
+        or isinstance(days, bool)
+        or not math.isfinite(days)
+        or days < 0
+    ):
+        await ctx.store.finish_task(
+            run.id,
+            "FAILED",
+            "payload.older_than_days must be a finite number >= 0",
+            ctx.clock(),
+        )
+        return
+    now = ctx.clock()
+    # Deletes are idempotent, so running them again after a crash before
+    # the ledger write is harmless.
+    counts = await ctx.store.prune(
+        finished_before=now - float(days) * 86400,
+        dead_before=now - ctx.dead_retention_s,
+        batch=1000,
+    )
+    log.info("outbox_pruned", task_id=run.id, **counts)
+    await ctx.store.finish_task(run.id, "SUCCEEDED", None, ctx.clock())
+
+
+# Each controller finishes its run in the ledger itself; one that raises is retried
+# by the consumer until the message's last allowed receive.
+TASK_TYPES: Mapping[str, TaskController] = {
+    "outbox.prune": _prune_outbox,
+    "noop": _noop,
+}
+BUILTIN_TASKS = tuple(TASK_TYPES)
 
 
 class TaskService:

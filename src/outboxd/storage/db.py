@@ -34,6 +34,8 @@ Params = Mapping[str, Any]
 
 _BLOCK_RE = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 _PARAM_RE = re.compile(r"(?<![:\w]):([a-zA-Z_]\w*)")
+# Written once in common.sql as a comment; Postgres claims run it (see load_queries).
+_SKIP_LOCKED = "/* FOR UPDATE SKIP LOCKED */"
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ def load_queries(backend: Backend) -> dict[str, Query]:
     queries: dict[str, Query] = {}
     for name, sql in blocks.items():
         if backend == "postgres":
+            sql = sql.replace(_SKIP_LOCKED, _SKIP_LOCKED[3:-3])
             order: list[str] = []
 
             def number(m: re.Match[str], order: list[str] = order) -> str:
@@ -90,7 +93,6 @@ def load_migrations(backend: Backend) -> list[tuple[int, str, str]]:
 
 class Connection(Protocol):
     async def fetch(self, q: Query, params: Params) -> list[Row]: ...
-    async def fetchrow(self, q: Query, params: Params) -> Row | None: ...
     async def execute(self, q: Query, params: Params) -> int: ...
 
 
@@ -119,6 +121,19 @@ T = TypeVar("T")
 TxBody = Callable[[], Generator[Op, Any, T]]
 
 
+@dataclass(frozen=True)
+class _Done:
+    value: Any
+
+
+def _step(gen: Generator[Op, Any, Any], result: Any) -> Op | _Done:
+    """Send a body the previous statement's result: its next statement, or its value."""
+    try:
+        return gen.send(result)
+    except StopIteration as stop:
+        return _Done(stop.value)
+
+
 class Database(Protocol):
     backend: Backend
 
@@ -130,8 +145,6 @@ class Database(Protocol):
         """Run `body` outside a write transaction (reads only)."""
         ...
 
-    def transaction(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
-    def reader(self) -> contextlib.AbstractAsyncContextManager[Connection]: ...
     async def migrate(self) -> list[str]: ...
     async def pending_migrations(self) -> list[str]:
         """Names of the migrations not applied yet; reads only (no table is created)."""
@@ -178,14 +191,11 @@ def _sqlite_op(conn: sqlite3.Connection, op: Op) -> Any:
 
 def _drive_sync(conn: sqlite3.Connection, body: TxBody[T]) -> T:
     gen = body()
-    result: Any = None
-    while True:
-        try:
-            op = gen.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
-        result = _sqlite_op(conn, op)
+    step = _step(gen, None)
+    while not isinstance(step, _Done):
+        step = _step(gen, _sqlite_op(conn, step))
+    value: T = step.value
+    return value
 
 
 class _SqliteThread:
@@ -264,25 +274,6 @@ def _write_tx(body: TxBody[T]) -> Callable[[sqlite3.Connection], T]:
     return tx
 
 
-class _SqliteConn:
-    """The statement-at-a-time Connection, for callers that are not a TxBody."""
-
-    def __init__(self, thread: _SqliteThread) -> None:
-        self._thread = thread
-
-    async def fetch(self, q: Query, params: Params) -> list[Row]:
-        rows: list[Row] = await self._thread.call(lambda c: _sqlite_op(c, fetch(q, params)))
-        return rows
-
-    async def fetchrow(self, q: Query, params: Params) -> Row | None:
-        rows = await self.fetch(q, params)
-        return rows[0] if rows else None
-
-    async def execute(self, q: Query, params: Params) -> int:
-        n: int = await self._thread.call(lambda c: _sqlite_op(c, execute(q, params)))
-        return n
-
-
 class SqliteDatabase:
     """One writer connection (SQLite has one writer anyway) and one reader (WAL).
 
@@ -330,24 +321,6 @@ class SqliteDatabase:
         if not self._open:
             raise StorageUnavailable("sqlite: database is closed")
         return await self._reader.call(lambda conn: _drive_sync(conn, body))
-
-    @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
-        async with self._write_turn():
-            await self._writer.call(lambda c: c.execute("BEGIN IMMEDIATE"))
-            try:
-                yield _SqliteConn(self._writer)
-            except BaseException:
-                with contextlib.suppress(StorageError):
-                    await asyncio.shield(self._writer.call(lambda c: c.execute("ROLLBACK")))
-                raise
-            await asyncio.shield(self._writer.call(lambda c: c.execute("COMMIT")))
-
-    @contextlib.asynccontextmanager
-    async def reader(self) -> AsyncIterator[Connection]:
-        if not self._open:
-            raise StorageUnavailable("sqlite: database is closed")
-        yield _SqliteConn(self._reader)
 
     async def migrate(self) -> list[str]:
         def apply(conn: sqlite3.Connection) -> list[str]:
@@ -454,17 +427,12 @@ def _pg_status_count(status: str) -> int:
 
 async def _drive_async(conn: Connection, body: TxBody[T]) -> T:
     gen = body()
-    result: Any = None
-    while True:
-        try:
-            op = gen.send(result)
-        except StopIteration as stop:
-            value: T = stop.value
-            return value
-        if op.mode == "fetch":
-            result = await conn.fetch(op.q, op.params)
-        else:
-            result = await conn.execute(op.q, op.params)
+    step = _step(gen, None)
+    while not isinstance(step, _Done):
+        run = conn.fetch if step.mode == "fetch" else conn.execute
+        step = _step(gen, await run(step.q, step.params))
+    value: T = step.value
+    return value
 
 
 class _PgConn:
@@ -477,10 +445,6 @@ class _PgConn:
         except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
             raise _pg_error(exc) from exc
         return [dict(r) for r in rows]
-
-    async def fetchrow(self, q: Query, params: Params) -> Row | None:
-        rows = await self.fetch(q, params)
-        return rows[0] if rows else None
 
     async def execute(self, q: Query, params: Params) -> int:
         try:
@@ -532,7 +496,7 @@ class PostgresDatabase:
                 await asyncio.shield(pool.release(conn))
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Connection]:
+    async def _transaction(self) -> AsyncIterator[Connection]:
         async with self._acquire() as conn:
             tx = conn.transaction()
             try:
@@ -550,18 +514,13 @@ class PostgresDatabase:
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
 
-    @contextlib.asynccontextmanager
-    async def reader(self) -> AsyncIterator[Connection]:
-        async with self._acquire() as conn:
-            yield _PgConn(conn)
-
     async def run(self, body: TxBody[T]) -> T:
-        async with self.transaction() as conn:
+        async with self._transaction() as conn:
             return await _drive_async(conn, body)
 
     async def read(self, body: TxBody[T]) -> T:
-        async with self.reader() as conn:
-            return await _drive_async(conn, body)
+        async with self._acquire() as conn:
+            return await _drive_async(_PgConn(conn), body)
 
     async def migrate(self) -> list[str]:
         applied: list[str] = []

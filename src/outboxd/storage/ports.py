@@ -10,13 +10,22 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar, get_args
 
 JobStatus = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"]
 RelayStatus = Literal["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"]
 WorkStatus = Literal["PENDING", "PROCESSING", "COMPLETED", "FAILED"]
 TaskStatus = Literal["PENDING", "SENT", "SUCCEEDED", "FAILED", "DEAD"]
-TERMINAL_JOB_STATUSES = ("SUCCEEDED", "FAILED", "DEAD")
+# The one spelling of each status set: the API's filters, the OpenAPI enums and the
+# CLI's choices all read these tuples.
+JOB_STATUSES: Final[tuple[JobStatus, ...]] = get_args(JobStatus)
+RELAY_STATUSES: Final[tuple[RelayStatus, ...]] = get_args(RelayStatus)
+WORK_STATUSES: Final[tuple[WorkStatus, ...]] = get_args(WorkStatus)
+TASK_STATUSES: Final[tuple[TaskStatus, ...]] = get_args(TaskStatus)
+TERMINAL_JOB_STATUSES: Final[tuple[JobStatus, ...]] = ("SUCCEEDED", "FAILED", "DEAD")
+TERMINAL_TASK_STATUSES: Final[tuple[TaskStatus, ...]] = ("SUCCEEDED", "FAILED", "DEAD")
+# Relay rows not on the queue yet: the ones a publish (now or by the relay loop) takes.
+RELAY_UNSENT_STATUSES: Final[tuple[RelayStatus, ...]] = ("PENDING", "RETRYABLE_FAILED")
 T = TypeVar("T")
 
 
@@ -125,10 +134,21 @@ class WorkRow:
 
 @dataclass(frozen=True)
 class RelayFailure:
+    """A failed publish to record: the row backs off, or (`dead`) gives up.
+
+    A dead job row takes its job with it, and `job_error` is what the job records:
+    the relay decides it (see `daemon.relay.publish_failure`), storage only writes it.
+    """
+
     row: RelayRow
     error: str
     next_attempt_at: float
     dead: bool
+    job_error: tuple[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.dead and self.row.job_id is not None and self.job_error is None:
+            raise ValueError("a dead job row needs the error its job records")
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Awaitable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.storage import ports
@@ -35,6 +35,8 @@ from outboxd.storage.ports import (
     decode_cursor,
     encode_cursor,
 )
+
+T = TypeVar("T")
 
 
 def _json_or_none(text: Any) -> dict[str, Any] | None:
@@ -196,12 +198,21 @@ class SqlStore:
         assert row is not None
         return _relay(row)
 
-    async def _job_row(self, name: str, params: Mapping[str, Any]) -> JobRecord | None:
-        def body() -> Generator[Op, Any, JobRecord | None]:
-            row = yield from self._one(name, params)
-            return _job(row) if row else None
+    async def _record(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        record: Callable[[Row], T],
+        write: bool = True,
+    ) -> T | None:
+        """The one row block `name` returns, as a record (None without a row): a write
+        transaction, or a plain read with `write=False`."""
 
-        return await self.db.run(body)
+        def body() -> Generator[Op, Any, T | None]:
+            row = yield from self._one(name, params)
+            return record(row) if row else None
+
+        return await (self.db.run(body) if write else self.db.read(body))
 
     async def _changed(self, name: str, params: Mapping[str, Any]) -> bool:
         def body() -> Generator[Op, Any, bool]:
@@ -245,11 +256,7 @@ class SqlStore:
         return await self.db.run(body)
 
     async def get_job(self, job_id: str) -> JobRecord | None:
-        def body() -> Generator[Op, Any, JobRecord | None]:
-            row = yield from self._one("select_job", {"id": job_id})
-            return _job(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record("select_job", {"id": job_id}, _job, write=False)
 
     async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None:
         return await self.db.read(lambda: self._relay_row(job_id))
@@ -265,8 +272,8 @@ class SqlStore:
         return await self.db.read(body)
 
     async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None:
-        return await self._job_row(
-            "start_job_run", {"id": job_id, "now": now, "lease_until": now + lease_s}
+        return await self._record(
+            "start_job_run", {"id": job_id, "now": now, "lease_until": now + lease_s}, _job
         )
 
     async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool:
@@ -290,7 +297,7 @@ class SqlStore:
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
     ) -> JobRecord | None:
-        return await self._job_row(
+        return await self._record(
             "finish_job",
             {
                 "id": job.id,
@@ -301,12 +308,13 @@ class SqlStore:
                 "error_message": error[1] if error else None,
                 "now": now,
             },
+            _job,
         )
 
     async def job_retry_later(
         self, job: JobRecord, error: tuple[str, str], now: float
     ) -> JobRecord | None:
-        return await self._job_row(
+        return await self._record(
             "job_retry_later",
             {
                 "id": job.id,
@@ -315,6 +323,7 @@ class SqlStore:
                 "error_message": error[1],
                 "now": now,
             },
+            _job,
         )
 
     async def release_job_lease(self, job: JobRecord, now: float) -> bool:
@@ -325,9 +334,10 @@ class SqlStore:
     async def mark_job_dead(
         self, job_id: str, error: tuple[str, str], now: float
     ) -> JobRecord | None:
-        return await self._job_row(
+        return await self._record(
             "job_dead",
             {"id": job_id, "error_code": error[0], "error_message": error[1], "now": now},
+            _job,
         )
 
     async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
@@ -360,13 +370,9 @@ class SqlStore:
         return await self.db.run(body)
 
     async def claim_relay_row(self, outbox_id: str, now: float, lease_s: float) -> RelayRow | None:
-        def body() -> Generator[Op, Any, RelayRow | None]:
-            row = yield from self._one(
-                "claim_relay_one", {"id": outbox_id, "now": now, "claimed_until": now + lease_s}
-            )
-            return _relay(row) if row else None
-
-        return await self.db.run(body)
+        return await self._record(
+            "claim_relay_one", {"id": outbox_id, "now": now, "claimed_until": now + lease_s}, _relay
+        )
 
     async def claim_relay_rows(
         self, outbox_ids: Sequence[str], now: float, lease_s: float
@@ -442,14 +448,14 @@ class SqlStore:
             )
             if updated is None or not f.dead:
                 continue
-            if f.row.job_id is not None:
+            if f.row.job_id is not None and f.job_error is not None:
+                code, message = f.job_error
                 yield execute(
                     self.q["job_dead"],
                     {
                         "id": f.row.job_id,
-                        "error_code": "RETRIES_EXHAUSTED",
-                        "error_message": f"publishing failed {f.row.attempt_count} times: "
-                        + f.error[:300],
+                        "error_code": code,
+                        "error_message": message,
                         "now": now,
                     },
                 )
@@ -460,11 +466,7 @@ class SqlStore:
                 )
 
     async def get_relay_row(self, outbox_id: str) -> RelayRow | None:
-        def body() -> Generator[Op, Any, RelayRow | None]:
-            row = yield from self._one("select_relay_row", {"id": outbox_id})
-            return _relay(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record("select_relay_row", {"id": outbox_id}, _relay, write=False)
 
     async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow:
         def body() -> Generator[Op, Any, RelayRow]:
@@ -492,24 +494,7 @@ class SqlStore:
     async def list_relay_rows(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[RelayRow]:
-        created, row_id = decode_cursor(cursor)
-
-        def body() -> Generator[Op, Any, list[Row]]:
-            rows: list[Row] = yield fetch(
-                self.q["list_relay"],
-                {
-                    "status": status,
-                    "cursor_created": created,
-                    "cursor_id": row_id,
-                    "limit": limit + 1,
-                },
-            )
-            return rows
-
-        rows = await self.db.read(body)
-        items = [_relay(r) for r in rows[:limit]]
-        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
-        return Page(items=items, next_cursor=nxt)
+        return await self._page("list_relay", {"status": status}, limit, cursor, _relay)
 
     async def relay_rows_for_job(self, job_id: str, limit: int) -> list[RelayRow]:
         def body() -> Generator[Op, Any, list[RelayRow]]:
@@ -521,15 +506,19 @@ class SqlStore:
     async def list_jobs(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[JobRecord]:
-        rows = await self._keyset("list_jobs", {"status": status}, limit, cursor)
-        items = [_job(r) for r in rows[:limit]]
-        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
-        return Page(items=items, next_cursor=nxt)
+        return await self._page("list_jobs", {"status": status}, limit, cursor, _job)
 
-    def _keyset(
-        self, name: str, params: Mapping[str, Any], limit: int, cursor: str | None
-    ) -> Awaitable[list[Row]]:
-        """One page (plus one row, to tell whether another follows) of a keyset query."""
+    async def _page(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        limit: int,
+        cursor: str | None,
+        record: Callable[[Row], T],
+        order_column: str = "created_at",
+    ) -> Page[T]:
+        """One page of a keyset query over (`order_column`, id); the query reads one row
+        more than `limit`, which tells whether another page follows."""
         created, row_id = decode_cursor(cursor)
         bound = {**params, "cursor_created": created, "cursor_id": row_id, "limit": limit + 1}
 
@@ -537,7 +526,10 @@ class SqlStore:
             rows: list[Row] = yield fetch(self.q[name], bound)
             return rows
 
-        return self.db.read(body)
+        rows = await self.db.read(body)
+        last = rows[limit - 1] if len(rows) > limit else None
+        nxt = encode_cursor(float(last[order_column]), last["id"]) if last is not None else None
+        return Page(items=[record(r) for r in rows[:limit]], next_cursor=nxt)
 
     # ------------------------------------------------------------ tasks
 
@@ -570,42 +562,19 @@ class SqlStore:
         return await self.db.run(body)
 
     async def get_task(self, task_id: str) -> TaskRun | None:
-        def body() -> Generator[Op, Any, TaskRun | None]:
-            row = yield from self._one("select_task", {"id": task_id})
-            return _task(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record("select_task", {"id": task_id}, _task, write=False)
 
     async def finish_task(
         self, task_id: str, status: Literal["SUCCEEDED", "FAILED"], error: str | None, now: float
     ) -> TaskRun | None:
-        def body() -> Generator[Op, Any, TaskRun | None]:
-            row = yield from self._one(
-                "finish_task", {"id": task_id, "status": status, "error": error, "now": now}
-            )
-            return _task(row) if row else None
-
-        return await self.db.run(body)
+        return await self._record(
+            "finish_task", {"id": task_id, "status": status, "error": error, "now": now}, _task
+        )
 
     async def list_tasks(self, type_: str | None, limit: int, cursor: str | None) -> Page[TaskRun]:
-        created, row_id = decode_cursor(cursor)
-
-        def body() -> Generator[Op, Any, list[Row]]:
-            rows: list[Row] = yield fetch(
-                self.q["list_tasks"],
-                {
-                    "type": type_,
-                    "cursor_created": created,
-                    "cursor_id": row_id,
-                    "limit": limit + 1,
-                },
-            )
-            return rows
-
-        rows = await self.db.read(body)
-        items = [_task(r) for r in rows[:limit]]
-        nxt = encode_cursor(items[-1].enqueued_at, items[-1].id) if len(rows) > limit else None
-        return Page(items=items, next_cursor=nxt)
+        return await self._page(
+            "list_tasks", {"type": type_}, limit, cursor, _task, order_column="enqueued_at"
+        )
 
     # ------------------------------------------------------------ websites
 
@@ -628,18 +597,12 @@ class SqlStore:
         return await self.db.run(body)
 
     async def get_website(self, domain: str) -> Website | None:
-        def body() -> Generator[Op, Any, Website | None]:
-            row = yield from self._one("select_website_by_domain", {"domain": domain})
-            return _website(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record(
+            "select_website_by_domain", {"domain": domain}, _website, write=False
+        )
 
     async def website_by_id(self, website_id: str) -> Website | None:
-        def body() -> Generator[Op, Any, Website | None]:
-            row = yield from self._one("select_website", {"id": website_id})
-            return _website(row) if row else None
-
-        return await self.db.read(body)
+        return await self._record("select_website", {"id": website_id}, _website, write=False)
 
     async def claim_work(
         self, now: float, retry_delay_s: float, processing_timeout_s: float
@@ -694,10 +657,7 @@ class SqlStore:
     async def list_websites(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[Website]:
-        rows = await self._keyset("list_websites", {"status": status}, limit, cursor)
-        items = [_website(r) for r in rows[:limit]]
-        nxt = encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
-        return Page(items=items, next_cursor=nxt)
+        return await self._page("list_websites", {"status": status}, limit, cursor, _website)
 
     async def retry_failed_website(self, domain: str) -> Website:
         def body() -> Generator[Op, Any, Website]:

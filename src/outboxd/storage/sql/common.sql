@@ -1,5 +1,7 @@
 -- Named statements shared by both backends; `<backend>.sql` overrides a block
 -- of the same name. Parameters are `:name`, always bound, never formatted in.
+-- A claim's `/* FOR UPDATE SKIP LOCKED */` is a comment on SQLite (BEGIN IMMEDIATE
+-- already excludes competitors) and the clause itself on Postgres (storage/db.py).
 
 -- ---------------------------------------------------------------- jobs
 
@@ -86,7 +88,8 @@ UPDATE relay_outbox
                WHERE status IN ('PENDING', 'RETRYABLE_FAILED') AND next_attempt_at <= :now
                  AND (claimed_until IS NULL OR claimed_until < :now)
                ORDER BY next_attempt_at
-               LIMIT :limit)
+               LIMIT :limit
+               /* FOR UPDATE SKIP LOCKED */)
 RETURNING *;
 
 -- name: claim_relay_one
@@ -239,7 +242,8 @@ UPDATE work_outbox
        version = version + 1
  WHERE id = (SELECT id FROM work_outbox
               WHERE status = 'PENDING' AND attempted_at IS NULL
-              ORDER BY created_at LIMIT 1)
+              ORDER BY created_at LIMIT 1
+              /* FOR UPDATE SKIP LOCKED */)
 RETURNING *;
 
 -- name: claim_work_retry
@@ -249,7 +253,8 @@ UPDATE work_outbox
  WHERE id = (SELECT id FROM work_outbox
               WHERE status = 'PENDING' AND attempted_at IS NOT NULL
                 AND attempted_at <= :retry_before
-              ORDER BY attempted_at LIMIT 1)
+              ORDER BY attempted_at LIMIT 1
+              /* FOR UPDATE SKIP LOCKED */)
 RETURNING *;
 
 -- name: claim_work_stale
@@ -258,7 +263,8 @@ UPDATE work_outbox
        version = version + 1
  WHERE id = (SELECT id FROM work_outbox
               WHERE status = 'PROCESSING' AND attempted_at <= :stale_before
-              ORDER BY attempted_at LIMIT 1)
+              ORDER BY attempted_at LIMIT 1
+              /* FOR UPDATE SKIP LOCKED */)
 RETURNING *;
 
 -- name: select_website

@@ -1,47 +1,7 @@
--- Postgres overrides: claims skip rows another instance holds, so any number
--- of relays and claimers share one table without waiting on each other.
-
--- name: claim_relay_due
-UPDATE relay_outbox
-   SET attempt_count = attempt_count + 1, claimed_until = :claimed_until, version = version + 1
- WHERE id IN (SELECT id FROM relay_outbox
-               WHERE status IN ('PENDING', 'RETRYABLE_FAILED') AND next_attempt_at <= :now
-                 AND (claimed_until IS NULL OR claimed_until < :now)
-               ORDER BY next_attempt_at
-               LIMIT :limit
-               FOR UPDATE SKIP LOCKED)
-RETURNING *;
-
--- name: claim_work_fresh
-UPDATE work_outbox
-   SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
-       version = version + 1
- WHERE id = (SELECT id FROM work_outbox
-              WHERE status = 'PENDING' AND attempted_at IS NULL
-              ORDER BY created_at LIMIT 1
-              FOR UPDATE SKIP LOCKED)
-RETURNING *;
-
--- name: claim_work_retry
-UPDATE work_outbox
-   SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
-       version = version + 1
- WHERE id = (SELECT id FROM work_outbox
-              WHERE status = 'PENDING' AND attempted_at IS NOT NULL
-                AND attempted_at <= :retry_before
-              ORDER BY attempted_at LIMIT 1
-              FOR UPDATE SKIP LOCKED)
-RETURNING *;
-
--- name: claim_work_stale
-UPDATE work_outbox
-   SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
-       version = version + 1
- WHERE id = (SELECT id FROM work_outbox
-              WHERE status = 'PROCESSING' AND attempted_at <= :stale_before
-              ORDER BY attempted_at LIMIT 1
-              FOR UPDATE SKIP LOCKED)
-RETURNING *;
+-- Postgres overrides, where the dialects differ: JSON arrays as jsonb.
+-- (The claims' `/* FOR UPDATE SKIP LOCKED */` in common.sql is uncommented for
+-- Postgres when the blocks load: any number of relays and claimers share one
+-- table without waiting on each other. SQLite's BEGIN IMMEDIATE needs no lock.)
 
 -- name: claim_relay_many
 -- Rows are locked in id order, so two batches that share a row (concurrent replays of

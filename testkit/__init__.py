@@ -1,0 +1,6 @@
+"""Process launchers shared by the tests and the benchmarks (never shipped: outside src/).
+
+`testkit.moto` starts moto's SQS server on loopback; `testkit.daemon` runs `outboxd serve`
+and the loopback fakes as subprocesses. Both `tests/` and `bench/` import from here, so
+bench/ needs nothing from tests/.
+"""

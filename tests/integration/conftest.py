@@ -1,0 +1,45 @@
+"""Fixtures shared by the in-process API tests of this folder."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+from aiohttp.test_utils import TestClient, TestServer
+
+from outboxd.daemon.api import create_app
+from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.console import ConsoleRuntime, Throughput
+from outboxd.observability import Metrics
+from outboxd.security import KeyRing, generate_token, hash_token
+from outboxd.storage.store import SqlStore
+from tests.conftest import SettingsFactory
+
+Client = TestClient[Any, Any]
+
+
+@pytest_asyncio.fixture
+async def two_role_api(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> AsyncIterator[tuple[Client, str, str]]:
+    """The API (console included) with a user token for bob and an admin token for root:
+    the client, the user token, the admin token."""
+    user_token, admin_token = generate_token(), generate_token()
+    settings = make_settings(
+        auth={
+            "tokens": [
+                {"sha256": hash_token(user_token), "user": "bob", "role": "user"},
+                {"sha256": hash_token(admin_token), "user": "root", "role": "admin"},
+            ]
+        }
+    )
+    metrics = Metrics()
+    runtime = ConsoleRuntime(Throughput(metrics))
+    deps = build_api_deps(
+        settings, store, keys, metrics, queues=None, dispatcher=None, runtime=runtime
+    )
+    client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+    await client.start_server()
+    yield client, user_token, admin_token
+    await client.close()
