@@ -13,6 +13,7 @@ import sys
 
 POINTS = frozenset(
     {
+        "after_group_commit_before_answers",
         "after_commit_before_publish",
         "after_publish_before_sent",
         "during_handler",

@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,13 +21,17 @@ import pytest
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
+from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
 from tests.fakes.portal import FakePortal, Student, sample_student
+from tests.reliability.harness import Db, wait_until
+from tests.support import postgres as pg
 from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
 from tests.support.db import raw_rows
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer
+from tests.support.moto import MotoServer, free_port
 from tests.support.postgres import dump_all
+from tests.support.responses import Response
 
 T = TypeVar("T")
 
@@ -61,10 +64,7 @@ class PortalThread:
 
     @property
     def urls(self) -> dict[str, str]:
-        return {
-            "portal_base_url": self.portal.portal_base_url,
-            "info_base_url": self.portal.info_base_url,
-        }
+        return self.portal.where()
 
     def close(self) -> None:
         try:
@@ -136,6 +136,27 @@ def pipeline_config(
     return factory
 
 
+def offline_config(moto: MotoServer, sqlite_file: str, **sections: Any) -> dict[str, Any]:
+    """A daemon on a SQLite file (relative: beside its config) and queues of its own on the
+    test's moto, its portal a loopback port nobody listens on, so nothing leaves the
+    machine; keyword sections are merged over it."""
+    tag = uuid.uuid4().hex[:10]
+    dead_end = f"http://127.0.0.1:{free_port()}"
+    base = {
+        "server": {"host": "127.0.0.1", "port": 0},
+        "storage": {"url": f"sqlite:///{sqlite_file}"},
+        "sqs": {
+            "endpoint_url": moto.endpoint_url,
+            "jobs_queue": f"q{tag}-jobs",
+            "tasks_queue": f"q{tag}-tasks.fifo",
+            "wait_time_s": 1,
+        },
+        "daemon": {"shutdown_timeout_s": 5},
+        "scrapers": {"suwon": {"portal_base_url": dead_end, "info_base_url": dead_end}},
+    }
+    return merge(base, sections)
+
+
 DaemonFactory = Callable[..., DaemonProcess]
 
 
@@ -155,6 +176,27 @@ def spawn_daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
 
 
 @pytest.fixture
+def pipeline_daemon(pipeline_config: ConfigFactory, spawn_daemon: DaemonFactory) -> DaemonProcess:
+    """A daemon (not started) with every role on pipeline_config() as it is."""
+    return spawn_daemon(pipeline_config())
+
+
+@pytest.fixture
+def fresh_db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database nobody has created (SQLite) or migrated (Postgres) yet: the shared
+    Postgres one already is."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fresh' / 'outboxd.db'}"
+        return
+    request.getfixturevalue("pg_database")  # skips or fails like the others when unreachable
+    name, dsn = pg.create_database()
+    try:
+        yield dsn
+    finally:
+        pg.drop_database(name)
+
+
+@pytest.fixture
 def private_moto(tmp_path: Path) -> Iterator[MotoServer]:
     """A moto server of this test's own, to stop and start (an SQS outage)."""
     server = MotoServer(tmp_path / "private-moto.log")
@@ -166,20 +208,6 @@ def private_moto(tmp_path: Path) -> Iterator[MotoServer]:
 
 
 # ---------------------------------------------------------------- HTTP
-
-
-@dataclass
-class Response:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
 
 
 # What a client sees when the server dies mid-request or is not there.
@@ -215,15 +243,9 @@ def http_request(
 
 
 def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 30.0) -> T:
-    """Polls `check` until it returns something truthy; that value."""
-    deadline = time.monotonic() + timeout_s
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+    """Polls `check` every 0.1 s until it returns something truthy; that value."""
+    value: T = wait_until(what, check, timeout_s, 0.1)
+    return value
 
 
 # ---------------------------------------------------------------- the database, read directly
@@ -241,3 +263,23 @@ def db_bytes(db_url: str) -> bytes:
         path = sqlite_path(db_url, Path.cwd())
         return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
     return asyncio.run(dump_all(db_url)).encode("utf-8", "replace")
+
+
+# ---------------------------------------------------------------- the claimer's rig
+
+
+@pytest.fixture
+def rig(
+    backend: str,
+    db_url: str,
+    tmp_path: Path,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+) -> Iterator[ClaimerRig]:
+    """Daemons and a fake AI process on the test's database and queues (claimer_rig.py)."""
+    env = {KEY_ENV: KEY, "OUTBOXD_SECRET_KEYS": generate_key()}
+    rig = ClaimerRig(backend, db_url, Db(db_url), tmp_path, moto_server, queue_names, env)
+    try:
+        yield rig
+    finally:
+        rig.close()

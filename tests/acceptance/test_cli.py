@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 
 from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
-from tests.support import postgres as pg
 from tests.support.moto import free_port
 from tests.support.ops import (
     db_counts,
@@ -38,20 +36,6 @@ def config_for(tmp_path: Path, db_url: str, **extra: Any) -> str:
         **extra,
     }
     return str(write_config(tmp_path, config))
-
-
-@pytest.fixture
-def fresh_db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A database nobody has migrated yet (the shared Postgres one already is)."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fresh' / 'outboxd.db'}"
-        return
-    request.getfixturevalue("pg_database")  # skips or fails like the others when unreachable
-    name, dsn = pg.create_database()
-    try:
-        yield dsn
-    finally:
-        pg.drop_database(name)
 
 
 def test_migrate_twice(fresh_db_url: str, tmp_path: Path) -> None:

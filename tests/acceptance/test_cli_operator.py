@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from outboxd.cli import _parser
-from tests.support import postgres as pg
 from tests.support.daemon import dump_toml
 from tests.support.ops import ROOT, run_cli, sql
 
@@ -193,20 +192,6 @@ def test_check_config_catches_what_serve_would_refuse(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".toml")) == [
         "bad-keys"
     ]
-
-
-@pytest.fixture
-def fresh_db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    """A database nobody has created (SQLite) or migrated (Postgres) yet."""
-    if backend == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fresh' / 'outboxd.db'}"
-        return
-    request.getfixturevalue("pg_database")  # skips or fails like the others when unreachable
-    name, dsn = pg.create_database()
-    try:
-        yield dsn
-    finally:
-        pg.drop_database(name)
 
 
 async def test_read_only_commands_never_create_or_migrate(

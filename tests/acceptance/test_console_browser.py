@@ -43,11 +43,11 @@ from tests.support.browser import (
 from tests.support.daemon import DaemonProcess, FakeProcess
 from tests.support.loop_thread import LoopThread
 from tests.support.moto import MotoServer
+from tests.support.ops import ROOT
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = generate_token()
 USER_TOKEN = generate_token()
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -17,16 +17,14 @@ import pytest
 
 from tests.acceptance.conftest import (
     CONNECTION_ERRORS,
-    ConfigFactory,
-    DaemonFactory,
     PortalThread,
     Response,
     db_rows,
-    http_request,
     wait_for,
 )
-from tests.acceptance.test_pipeline_e2e import get_job, outbox_rows_of, post_job, wait_terminal
+from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, queue_depth, wait_terminal
 from tests.fakes.portal import SAMPLE_SNO
+from tests.support.daemon import DaemonProcess
 
 pytestmark = pytest.mark.slow
 
@@ -49,22 +47,11 @@ POINTS = {
 LOGINS = {"after_handler_before_commit": 2}
 
 
-def queue_depth(base: str) -> dict[str, int]:
-    resp = http_request("GET", f"{base}/v1/admin/stats")
-    assert resp.status == 200, resp.text
-    depth: dict[str, int] = resp.json()["queues"]["jobs"]
-    return depth
-
-
 @pytest.mark.parametrize("point", list(POINTS))
 def test_a_crash_loses_nothing_and_runs_nothing_twice(
-    point: str,
-    pipeline_config: ConfigFactory,
-    spawn_daemon: DaemonFactory,
-    portal_thread: PortalThread,
-    db_url: str,
+    point: str, pipeline_daemon: DaemonProcess, portal_thread: PortalThread, db_url: str
 ) -> None:
-    daemon = spawn_daemon(pipeline_config())
+    daemon = pipeline_daemon
     base = daemon.start(extra_env={"OUTBOXD_CRASH_AT": point})
     key = f"crash-{point}"
 

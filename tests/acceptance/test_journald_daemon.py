@@ -5,10 +5,8 @@ cannot be reached is logged at priority 4 (warning) or more urgent, so
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from outboxd.security import generate_key
 from tests.support import postgres as pg
 from tests.support.daemon import DaemonProcess, dump_toml
 from tests.support.moto import free_port
+from tests.support.ops import run_cli
 
 LINE = re.compile(r"^<([0-7])>(\{.*\})$")
 JOURNAL = {"JOURNAL_STREAM": "8:424242"}
@@ -34,25 +33,24 @@ def parse(stdout: str) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
+def serve_once(
+    path: Path, timeout_s: float, *, config: dict[str, Any] | None = None, keys: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """`outboxd serve` under journald (with a fresh secret key unless `keys` is False) on
+    the config at `path` (written from `config` if given), run until it exits."""
+    if config is not None:
+        path.write_text(dump_toml(config))
+    env = {**JOURNAL, "OUTBOXD_SECRET_KEYS": generate_key()} if keys else JOURNAL
+    return run_cli("serve", "--config", str(path), timeout_s=timeout_s, env=env)
+
+
 def test_database_unreachable_at_start_logs_an_error(tmp_path: Path) -> None:
     dead = free_port()
     config = {
         "storage": {"url": f"postgresql://outboxd@127.0.0.1:{dead}/outboxd"},
         "sqs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
     }
-    path = tmp_path / "c.toml"
-    path.write_text(dump_toml(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
-    env.update(JOURNAL, OUTBOXD_SECRET_KEYS=generate_key())
-    done = subprocess.run(
-        [sys.executable, "-m", "outboxd", "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    done = serve_once(tmp_path / "c.toml", 90, config=config)
     assert done.returncode == 1, done.stderr
     lines = parse(done.stdout)
     failed = [(p, e) for p, e in lines if e["event"] == "daemon_failed"]
@@ -104,19 +102,7 @@ def test_embedded_sqs_with_postgres_or_a_public_bind_warns(
         "auth": {"tokens": [{"sha256": "ab" * 32, "user": "ops"}]},
         "daemon": {"roles": ["api", "relay"], "shutdown_timeout_s": 5},
     }
-    path = tmp_path / "c.toml"
-    path.write_text(dump_toml(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
-    env.update(JOURNAL, OUTBOXD_SECRET_KEYS=generate_key())
-    done = subprocess.run(
-        [sys.executable, "-m", "outboxd", "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    done = serve_once(tmp_path / "c.toml", 120, config=config)
     assert done.returncode == 1, done.stdout[-3000:]  # the bind failed
     lines = parse(done.stdout)
     warned = {e["reason"] for p, e in lines if e["event"] == "embedded_sqs_not_for_production"}
@@ -132,14 +118,6 @@ def test_embedded_sqs_with_postgres_or_a_public_bind_warns(
 def test_a_refused_config_is_an_error_line_in_the_journal(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text('[sqs]\nendpoint_url = ""\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "outboxd", "serve", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**env, **JOURNAL},
-        check=False,
-    )
+    done = serve_once(path, 60, keys=False)
     assert done.returncode == 2
     assert done.stderr.startswith("<3>config: sqs.endpoint_url:"), done.stderr

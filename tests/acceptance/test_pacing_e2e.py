@@ -18,28 +18,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from outboxd.security import generate_key
+from tests.acceptance.claimer_rig import ClaimerRig, openai_classifier, register
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, http_request
-from tests.acceptance.conftest import wait_for as wait_until
-from tests.acceptance.test_claimer_e2e import (
-    KEY,
-    KEY_ENV,
-    Db,
-    daemon_config,
-    openai_classifier,
-    read_record,
-    register,
-    wait_for,
-)
 from tests.fakes.portal import SAMPLE_PASSWORD, sample_student
+from tests.reliability.harness import wait_until
 from tests.support.daemon import DaemonProcess, FakeProcess
-from tests.support.moto import MotoServer
 from tests.support.ops import run_cli
 
 pytestmark = pytest.mark.slow
@@ -47,60 +35,14 @@ pytestmark = pytest.mark.slow
 DELAY_S = 0.4
 
 
-@pytest.fixture
-def daemons() -> Iterator[list[DaemonProcess]]:
-    made: list[DaemonProcess] = []
-    yield made
-    for d in made:
-        d.kill()
-
-
-@pytest.fixture
-def fakes() -> Iterator[list[FakeProcess]]:
-    made: list[FakeProcess] = []
-    yield made
-    for f in made:
-        f.stop()
-
-
-@pytest.fixture
-def env() -> dict[str, str]:
-    return {KEY_ENV: KEY, "OUTBOXD_SECRET_KEYS": generate_key()}
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Db]:
-    d = Db(db_url)
-    yield d
-    d.close()
-
-
 def instances(backend: str) -> int:
     """Three daemons on Postgres, two processes on one SQLite file."""
     return 3 if backend == "postgres" else 2
 
 
-def start_ai(tmp_path: Path, fakes: list[FakeProcess], *extra: str) -> tuple[FakeProcess, Path]:
-    record = tmp_path / "ai-calls.jsonl"
-    ai = FakeProcess(
-        tmp_path, "tests.fakes.ai", "--api-key", KEY, "--record-file", str(record), *extra
-    )
-    fakes.append(ai)
-    return ai, record
-
-
-def cluster_config(
-    db_url: str,
-    moto: MotoServer,
-    queue_names: dict[str, str],
-    ai: FakeProcess,
-    **claimer: Any,
-) -> dict[str, Any]:
+def cluster_config(rig: ClaimerRig, ai: FakeProcess, **claimer: Any) -> dict[str, Any]:
     classifier = {**openai_classifier(ai), "timeout_s": 1.0}
-    return daemon_config(
-        db_url,
-        moto,
-        queue_names,
+    return rig.config(
         classifier,
         **{
             "fixed_delay_s": DELAY_S,
@@ -111,28 +53,17 @@ def cluster_config(
     )
 
 
-def start_daemons(
-    n: int,
-    tmp_path: Path,
-    config: dict[str, Any],
-    env: dict[str, str],
-    daemons: list[DaemonProcess],
-) -> list[str]:
-    urls = []
-    for i in range(n):
-        d = DaemonProcess(tmp_path / f"d{i}", config, env=env, name=f"d{i}")
-        daemons.append(d)
-        urls.append(d.start())
-    return urls
+def start_daemons(rig: ClaimerRig, config: dict[str, Any]) -> list[DaemonProcess]:
+    """The daemons that do the work, started."""
+    made = [rig.daemon(f"d{i}", config) for i in range(instances(rig.backend))]
+    for d in made:
+        d.start()
+    return made
 
 
-def registered_before_start(
-    tmp_path: Path, config: dict[str, Any], env: dict[str, str], domains: list[str]
-) -> None:
+def registered_before_start(rig: ClaimerRig, config: dict[str, Any], domains: list[str]) -> None:
     """The backlog, registered by an API-only daemon, so the run starts with all of it."""
-    api = DaemonProcess(
-        tmp_path / "api", {**config, "daemon": {"roles": ["api"]}}, env=env, name="api"
-    )
+    api = rig.daemon("api", {**config, "daemon": {"roles": ["api"]}})
     try:
         url = api.start()
         for d in domains:
@@ -141,51 +72,41 @@ def registered_before_start(
         assert api.terminate() == 0
 
 
-def ok_starts(record: Path) -> list[float]:
-    return sorted(c["start"] for c in read_record(record) if c["status"] == 200)
+def ok_starts(rig: ClaimerRig) -> list[float]:
+    return sorted(c["start"] for c in rig.calls() if c["status"] == 200)
 
 
-def all_classified(db: Db, domains: list[str]) -> bool:
-    work = db.work()
+def all_classified(rig: ClaimerRig, domains: list[str]) -> bool:
+    work = rig.work()
     return all(work.get(d, {}).get("category") is not None for d in domains)
 
 
 # --- one pace for all daemons ------------------------------------------------------------------
 
 
-def test_daemons_in_cluster_scope_keep_one_pace_toward_the_provider(
-    backend: str,
-    db_url: str,
-    db: Db,
-    tmp_path: Path,
-    moto_server: MotoServer,
-    queue_names: dict[str, str],
-    env: dict[str, str],
-    daemons: list[DaemonProcess],
-    fakes: list[FakeProcess],
-) -> None:
-    ai, record = start_ai(tmp_path, fakes)
-    config = cluster_config(db_url, moto_server, queue_names, ai)
+def test_daemons_in_cluster_scope_keep_one_pace_toward_the_provider(rig: ClaimerRig) -> None:
+    ai = rig.start_ai()
+    config = cluster_config(rig, ai)
     n_sites = 15
     domains = [f"pace-{i}.example" for i in range(n_sites)]
-    registered_before_start(tmp_path, config, env, domains)
-    start_daemons(instances(backend), tmp_path, config, env, daemons)
+    registered_before_start(rig, config, domains)
+    daemons = start_daemons(rig, config)
 
-    wait_for(lambda: all_classified(db, domains), 90, "every website classified")
-    calls = read_record(record)
+    wait_until("every website classified", lambda: all_classified(rig, domains), 90, 0.05)
+    calls = rig.calls()
     assert sorted(c["domain"] for c in calls) == sorted(domains), "one call per website"
     assert all(c["status"] == 200 for c in calls)
-    starts = ok_starts(record)
+    starts = ok_starts(rig)
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert min(gaps) >= 0.9 * DELAY_S, f"two calls {min(gaps):.3f}s apart: {gaps}"
     # The measured window: first call to last, n - 1 intervals.
     rate = (len(starts) - 1) / (starts[-1] - starts[0])
     print(
-        f"\ncluster pace ({backend}, {instances(backend)} daemons): {rate:.3f} calls/s, "
+        f"\ncluster pace ({rig.backend}, {instances(rig.backend)} daemons): {rate:.3f} calls/s, "
         f"target {1 / DELAY_S:.3f}, gaps {min(gaps):.3f}..{max(gaps):.3f}s"
     )
     assert abs(rate * DELAY_S - 1) <= 0.15, rate
-    work = db.work()
+    work = rig.work()
     assert all(work[d]["attempt_count"] == 1 and work[d]["status"] == "COMPLETED" for d in domains)
     # Several daemons took part: the slot goes to whoever is ready (the last one to start
     # may find the backlog gone on a slow machine).
@@ -195,72 +116,54 @@ def test_daemons_in_cluster_scope_keep_one_pace_toward_the_provider(
         assert d.terminate() == 0
 
 
-def test_a_429_to_one_daemon_pauses_every_daemon(
-    backend: str,
-    db_url: str,
-    db: Db,
-    tmp_path: Path,
-    moto_server: MotoServer,
-    queue_names: dict[str, str],
-    env: dict[str, str],
-    daemons: list[DaemonProcess],
-    fakes: list[FakeProcess],
-) -> None:
-    ai, record = start_ai(tmp_path, fakes, "--rate-limit-call", "3=2")
-    config = cluster_config(db_url, moto_server, queue_names, ai)
+def test_a_429_to_one_daemon_pauses_every_daemon(rig: ClaimerRig) -> None:
+    ai = rig.start_ai("--rate-limit-call", "3=2")
+    config = cluster_config(rig, ai)
     domains = [f"limited-{i}.example" for i in range(7)]
-    registered_before_start(tmp_path, config, env, domains)
-    start_daemons(instances(backend), tmp_path, config, env, daemons)
+    registered_before_start(rig, config, domains)
+    daemons = start_daemons(rig, config)
 
-    wait_for(lambda: all_classified(db, domains), 90, "every website classified")
-    calls = sorted(read_record(record), key=lambda c: c["start"])
+    wait_until("every website classified", lambda: all_classified(rig, domains), 90, 0.05)
+    calls = sorted(rig.calls(), key=lambda c: c["start"])
     limited = [i for i, c in enumerate(calls) if c["status"] == 429]
     assert len(limited) == 1, calls
     i = limited[0]
     quiet = calls[i + 1]["start"] - calls[i]["end"]
-    print(f"\nafter the 429 ({backend}): next call {quiet:.2f}s later")
+    print(f"\nafter the 429 ({rig.backend}): next call {quiet:.2f}s later")
     assert quiet >= 2.0 * 0.9, f"a daemon called {quiet:.2f}s after the 429"
     assert quiet <= 2.0 + DELAY_S + 2.0, quiet  # and the pace went on after the pause
     assert sorted(c["domain"] for c in calls if c["status"] == 200) == sorted(domains)
-    assert all(r["attempt_count"] == 1 for r in db.work().values())  # the 429 spent nothing
+    assert all(r["attempt_count"] == 1 for r in rig.work().values())  # the 429 spent nothing
     for d in daemons:
         assert d.terminate() == 0
 
 
 def test_a_killed_daemon_leaves_at_most_one_slot_plus_the_processing_timeout(
-    backend: str,
-    db_url: str,
-    db: Db,
-    tmp_path: Path,
-    moto_server: MotoServer,
-    queue_names: dict[str, str],
-    env: dict[str, str],
-    daemons: list[DaemonProcess],
-    fakes: list[FakeProcess],
+    rig: ClaimerRig,
 ) -> None:
-    ai, record = start_ai(tmp_path, fakes, "--delay-s", "0.1")
+    ai = rig.start_ai("--delay-s", "0.1")
     timeout_s = 2.0
-    config = cluster_config(db_url, moto_server, queue_names, ai, processing_timeout_s=timeout_s)
+    config = cluster_config(rig, ai, processing_timeout_s=timeout_s)
     domains = [f"kill-{i}.example" for i in range(12)]
-    registered_before_start(tmp_path, config, env, domains)
-    start_daemons(instances(backend), tmp_path, config, env, daemons)
+    registered_before_start(rig, config, domains)
+    daemons = start_daemons(rig, config)
 
-    wait_for(lambda: len(read_record(record)) >= 4, 60, "the run under way")
+    wait_until("the run under way", lambda: len(rig.calls()) >= 4, 60, 0.05)
     victim = daemons[0]
     victim.kill()  # SIGKILL: whatever row and slot it held, it holds no more
 
-    wait_for(lambda: all_classified(db, domains), 90, "the others to finish the work")
-    calls = sorted(read_record(record), key=lambda c: c["start"])
+    wait_until("the others to finish the work", lambda: all_classified(rig, domains), 90, 0.05)
+    calls = sorted(rig.calls(), key=lambda c: c["start"])
     starts = [c["start"] for c in calls]
     gaps = [b - a for a, b in itertools.pairwise(starts)]
-    print(f"\nkilled one daemon ({backend}): longest gap {max(gaps):.2f}s")
+    print(f"\nkilled one daemon ({rig.backend}): longest gap {max(gaps):.2f}s")
     # Generous for a loaded machine, and still far below two timeouts.
     assert max(gaps) <= (DELAY_S + timeout_s) * 1.15 + 0.3, gaps
     assert {c["domain"] for c in calls} == set(domains)
     per_domain = {d: sum(1 for c in calls if c["domain"] == d) for d in domains}
     # At most the killed daemon's one row is called again by its finisher.
     assert sum(n - 1 for n in per_domain.values()) <= 1, per_domain
-    assert all(r["status"] == "COMPLETED" for r in db.work().values())
+    assert all(r["status"] == "COMPLETED" for r in rig.work().values())
     for d in daemons[1:]:
         assert d.terminate() == 0
 

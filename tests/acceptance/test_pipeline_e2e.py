@@ -10,62 +10,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from tests.acceptance.conftest import (
-    ConfigFactory,
-    DaemonFactory,
-    PortalThread,
-    Response,
-    db_rows,
-    http_request,
-    wait_for,
-)
-from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, db_rows
+from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, wait_terminal
+from tests.fakes.portal import SAMPLE_SNO
+from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer
 
 pytestmark = pytest.mark.slow
 
 
-def post_job(base: str, key: str, password: str = SAMPLE_PASSWORD) -> Response:
-    return http_request(
-        "POST",
-        f"{base}/v1/portal-link-jobs",
-        {"portal": "suwon", "username": SAMPLE_SNO, "password": password},
-        headers={"Idempotency-Key": key},
-    )
-
-
-def get_job(base: str, job_id: str) -> dict[str, Any]:
-    resp = http_request("GET", f"{base}/v1/jobs/{job_id}")
-    assert resp.status == 200, resp.text
-    body: dict[str, Any] = resp.json()
-    return body
-
-
-def wait_terminal(base: str, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        job = get_job(base, job_id)
-        return job if job["status"] in ("SUCCEEDED", "FAILED", "DEAD") else None
-
-    return wait_for(f"job {job_id} to finish", done, timeout_s)
-
-
-def outbox_rows_of(base: str, job_id: str) -> list[dict[str, Any]]:
-    resp = http_request("GET", f"{base}/v1/admin/outbox?limit=100")
-    assert resp.status == 200, resp.text
-    return [i for i in resp.json()["items"] if i.get("jobId") == job_id]
-
-
 def test_a_job_reaches_succeeded_through_http(
-    pipeline_config: ConfigFactory,
-    spawn_daemon: DaemonFactory,
-    portal_thread: PortalThread,
-    db_url: str,
+    pipeline_daemon: DaemonProcess, portal_thread: PortalThread, db_url: str
 ) -> None:
-    daemon = spawn_daemon(pipeline_config())
+    daemon = pipeline_daemon
     base = daemon.start()
 
     resp = post_job(base, "e2e-happy")

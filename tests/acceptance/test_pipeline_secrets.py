@@ -26,10 +26,11 @@ from tests.acceptance.conftest import (
     db_bytes,
     http_request,
 )
-from tests.acceptance.test_pipeline_e2e import get_job, wait_terminal
+from tests.acceptance.jobs import get_job, wait_terminal
 from tests.fakes.portal import SAMPLE_SNO, Course, Semester, Student
 from tests.support.moto import MotoServer
 from tests.support.sqs import read_all
+from tests.support.students import it_student
 
 pytestmark = pytest.mark.slow
 
@@ -37,15 +38,11 @@ pytestmark = pytest.mark.slow
 def student(sno: str, password: str, broken: bool = False) -> Student:
     """A student of the fake portal; `broken`: an unknown semester code in the record,
     so every attempt fails with PORTAL_BAD_RESPONSE (retryable) until the job is DEAD."""
-    return Student(
-        sno=sno,
-        password=password,
-        name="정비밀",
-        college="IT대학",
-        department="컴퓨터학부",
-        major="컴퓨터SW",
-        status="재학",
-        year=2,
+    return it_student(
+        sno,
+        password,
+        "정비밀",
+        2,
         semesters=[
             Semester(
                 year=2021,

@@ -1,7 +1,7 @@
 """A DEAD job redriven (once through the admin API, once through the CLI) runs again and
 succeeds, with `error: null` (docs/contract.md#administration, #cli). Both backends.
 
-The daemon runs as a subprocess on moto; the portal is the in-process FakePortal, which
+The daemon runs as a subprocess on moto; the portal is the threaded FakePortal, which
 answers 503 to everything until the test lets it work, so both jobs die the real way:
 their SQS message reaches `sqs.max_receive_count` (2) and the consumer marks them DEAD.
 """
@@ -11,16 +11,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from outboxd.security import generate_key
-from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO, FakePortal
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
+from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread
+from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from tests.support.ops import run_cli
 
 pytestmark = pytest.mark.slow
@@ -47,98 +44,79 @@ async def wait_status(
 
 
 async def test_dead_jobs_redriven_by_api_and_cli_succeed(
-    db_url: str, tmp_path: Path, moto_server: MotoServer, queue_names: dict[str, str]
+    pipeline_config: ConfigFactory, spawn_daemon: DaemonFactory, portal_thread: PortalThread
 ) -> None:
-    keys_file = tmp_path / "keys"
-    keys_file.write_text(generate_key() + "\n")
-    async with FakePortal() as portal:
-        portal.always_fail_503 = True
-        daemon = DaemonProcess(
-            tmp_path / "d",
-            {
-                "server": {"host": "127.0.0.1", "port": 0},
-                "storage": {"url": db_url},
-                "sqs": {
-                    "endpoint_url": moto_server.endpoint_url,
-                    **queue_names,
-                    "max_receive_count": 2,
-                    "wait_time_s": 1,
-                    "visibility_timeout_s": 10,
-                },
-                "relay": {"interval_s": 0.2},
-                "consumer": {"backoff_base_s": 0, "heartbeat_s": 2},
-                "security": {"keys_file": str(keys_file)},
-                "daemon": {
-                    "roles": ["api", "relay", "consumer"],
-                    "shutdown_timeout_s": 5,
-                },
-                "scrapers": {
-                    "suwon": {
-                        "portal_base_url": portal.portal_base_url,
-                        "info_base_url": portal.info_base_url,
-                        "min_interval_s": 0,
-                        "timeout_s": 5,
-                    }
-                },
-            },
-        )
-        base = await asyncio.to_thread(daemon.start)
-        try:
-            async with aiohttp.ClientSession() as http:
-                ids = []
-                for _ in range(2):
-                    async with http.post(
-                        f"{base}/v1/portal-link-jobs",
-                        json={
-                            "portal": "suwon",
-                            "username": SAMPLE_SNO,
-                            "password": SAMPLE_PASSWORD,
-                        },
-                        headers={"Idempotency-Key": uuid.uuid4().hex},
-                    ) as resp:
-                        assert resp.status == 202, await resp.text()
-                        ids.append((await resp.json())["jobId"])
-                by_api, by_cli = ids
-                for job_id in ids:
-                    dead = await wait_status(http, base, job_id, "DEAD")
-                    assert dead["error"]["code"] == "RETRIES_EXHAUSTED"
-                    assert "PORTAL_UNAVAILABLE" in dead["error"]["message"]
-                    assert dead["attempts"] == 2
-                    assert dead["result"] is None
+    portal = portal_thread.portal
 
-                portal.always_fail_503 = False
+    def portal_fails(fails: bool) -> None:
+        portal_thread.run(lambda: setattr(portal, "always_fail_503", fails))
 
-                async with http.post(f"{base}/v1/admin/jobs/{by_api}/redrive") as resp:
+    portal_fails(True)
+    daemon = spawn_daemon(
+        pipeline_config(
+            sqs={"max_receive_count": 2, "visibility_timeout_s": 10},
+            consumer={"heartbeat_s": 2},
+            daemon={"roles": ["api", "relay", "consumer"]},
+        ),
+        name="d",
+    )
+    base = await asyncio.to_thread(daemon.start)
+    try:
+        async with aiohttp.ClientSession() as http:
+            ids = []
+            for _ in range(2):
+                async with http.post(
+                    f"{base}/v1/portal-link-jobs",
+                    json={
+                        "portal": "suwon",
+                        "username": SAMPLE_SNO,
+                        "password": SAMPLE_PASSWORD,
+                    },
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                ) as resp:
                     assert resp.status == 202, await resp.text()
-                    body = await resp.json()
-                    assert body["status"] == "QUEUED" and body["error"] is None
-                done = await asyncio.to_thread(
-                    run_cli, "jobs", "redrive", by_cli, "--config", str(daemon.config_path)
-                )
-                assert done.returncode == 0, done.stderr
-                assert by_cli in done.stdout
+                    ids.append((await resp.json())["jobId"])
+            by_api, by_cli = ids
+            for job_id in ids:
+                dead = await wait_status(http, base, job_id, "DEAD")
+                assert dead["error"]["code"] == "RETRIES_EXHAUSTED"
+                assert "PORTAL_UNAVAILABLE" in dead["error"]["message"]
+                assert dead["attempts"] == 2
+                assert dead["result"] is None
 
-                for job_id in ids:
-                    ok = await wait_status(http, base, job_id, "SUCCEEDED")
-                    assert ok["error"] is None
-                    assert ok["attempts"] == 3
-                    assert ok["finishedAt"] is not None
-                    assert ok["result"]["student"]["studentNumber"] == SAMPLE_SNO
-                    assert len(ok["result"]["semesters"]) == 3
+            portal_fails(False)
 
-                # Each job now has two relay rows: the spent one (SENT) and the redrive's.
-                async with http.get(f"{base}/v1/admin/outbox", params={"limit": "50"}) as resp:
-                    items = (await resp.json())["items"]
-                for job_id in ids:
-                    rows = [i for i in items if i.get("jobId") == job_id]
-                    assert [r["status"] for r in rows] == ["SENT", "SENT"], rows
-                async with http.get(f"{base}/v1/admin/stats") as resp:
-                    stats = await resp.json()
-                assert stats["tables"]["jobs"] == {"SUCCEEDED": 2}
-                # The first messages went to the DLQ, as SQS intends.
-                assert stats["queues"]["jobs"]["dlq"] == 2
-        finally:
-            code = await asyncio.to_thread(daemon.terminate)
+            async with http.post(f"{base}/v1/admin/jobs/{by_api}/redrive") as resp:
+                assert resp.status == 202, await resp.text()
+                body = await resp.json()
+                assert body["status"] == "QUEUED" and body["error"] is None
+            done = await asyncio.to_thread(
+                run_cli, "jobs", "redrive", by_cli, "--config", str(daemon.config_path)
+            )
+            assert done.returncode == 0, done.stderr
+            assert by_cli in done.stdout
+
+            for job_id in ids:
+                ok = await wait_status(http, base, job_id, "SUCCEEDED")
+                assert ok["error"] is None
+                assert ok["attempts"] == 3
+                assert ok["finishedAt"] is not None
+                assert ok["result"]["student"]["studentNumber"] == SAMPLE_SNO
+                assert len(ok["result"]["semesters"]) == 3
+
+            # Each job now has two relay rows: the spent one (SENT) and the redrive's.
+            async with http.get(f"{base}/v1/admin/outbox", params={"limit": "50"}) as resp:
+                items = (await resp.json())["items"]
+            for job_id in ids:
+                rows = [i for i in items if i.get("jobId") == job_id]
+                assert [r["status"] for r in rows] == ["SENT", "SENT"], rows
+            async with http.get(f"{base}/v1/admin/stats") as resp:
+                stats = await resp.json()
+            assert stats["tables"]["jobs"] == {"SUCCEEDED": 2}
+            # The first messages went to the DLQ, as SQS intends.
+            assert stats["queues"]["jobs"]["dlq"] == 2
+    finally:
+        code = await asyncio.to_thread(daemon.terminate)
     assert code == 0, daemon.all_output()[-3000:]
     events = daemon.events()
     dead_events = [e for e in events if e["event"] == "job_dead"]

@@ -22,8 +22,9 @@ from schemathesis.checks import CHECKS, load_all_checks
 
 from outboxd.daemon.openapi import openapi_document
 from outboxd.security import generate_token, hash_token
+from tests.acceptance.conftest import offline_config
 from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer, free_port
+from tests.support.moto import MotoServer
 
 ADMIN_TOKEN = generate_token()
 HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -58,28 +59,15 @@ def live_daemon(
     moto_server: MotoServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DaemonProcess]:
     workdir = tmp_path_factory.mktemp("schemathesis")
-    tag = uuid.uuid4().hex[:10]
-    dead_end = f"http://127.0.0.1:{free_port()}"  # the portal is never reached from here
-    daemon = DaemonProcess(
-        workdir,
-        {
-            "server": {"host": "127.0.0.1", "port": 0},
-            "storage": {"url": "sqlite:///var/outboxd.db"},
-            "sqs": {
-                "endpoint_url": moto_server.endpoint_url,
-                "jobs_queue": f"s{tag}-jobs",
-                "tasks_queue": f"s{tag}-tasks.fifo",
-                "wait_time_s": 1,
-            },
-            # No consumer: jobs stay RUNNING on the queue, nothing leaves loopback.
-            "daemon": {"roles": ["api", "relay", "claimer"], "shutdown_timeout_s": 5},
-            "scrapers": {"suwon": {"portal_base_url": dead_end, "info_base_url": dead_end}},
-            "auth": {
-                "tokens": [{"sha256": hash_token(ADMIN_TOKEN), "user": "fuzz", "role": "admin"}]
-            },
-            "logging": {"level": "warning"},
-        },
+    config = offline_config(
+        moto_server,
+        "var/outboxd.db",
+        # No consumer: jobs stay RUNNING on the queue, nothing leaves loopback.
+        daemon={"roles": ["api", "relay", "claimer"]},
+        auth={"tokens": [{"sha256": hash_token(ADMIN_TOKEN), "user": "fuzz", "role": "admin"}]},
+        logging={"level": "warning"},
     )
+    daemon = DaemonProcess(workdir, config)
     (workdir / "var").mkdir()
     daemon.start()
     yield daemon

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
+from tests.acceptance.conftest import offline_config
 from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer, free_port
+from tests.support.moto import MotoServer
 
 _LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
 
@@ -91,21 +92,12 @@ class NotifyListener:
 
 
 def daemon_config(moto: MotoServer) -> dict[str, Any]:
-    tag = uuid.uuid4().hex[:10]
-    dead_end = f"http://127.0.0.1:{free_port()}"
-    return {
-        "server": {"host": "127.0.0.1", "port": 0},
-        "storage": {"url": "sqlite:///outboxd.db"},
-        "sqs": {
-            "endpoint_url": moto.endpoint_url,
-            "jobs_queue": f"n{tag}-jobs",
-            "tasks_queue": f"n{tag}-tasks.fifo",
-            "wait_time_s": 1,
-        },
-        "daemon": {"shutdown_timeout_s": 5},  # every role (the default)
-        "scheduler": {"jobs": [{"name": "tick", "every_s": 3600, "task": "noop"}]},
-        "scrapers": {"suwon": {"portal_base_url": dead_end, "info_base_url": dead_end}},
-    }
+    """Every role (the default), and a scheduler job."""
+    return offline_config(
+        moto,
+        "outboxd.db",
+        scheduler={"jobs": [{"name": "tick", "every_s": 3600, "task": "noop"}]},
+    )
 
 
 @pytest.fixture

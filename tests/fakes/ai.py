@@ -35,16 +35,16 @@ import email.utils
 import json
 import os
 import re
-import signal
 import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.common import FakeServer, serve_until_signalled
 
 _DOMAIN_LINE = re.compile(r"^\s*Domain:\s*(\S+)\s*$", re.MULTILINE)
 DEFAULT_MALFORMED_BODY = b'{"object": "list", "data": []}'
@@ -58,7 +58,7 @@ class Call:
     status: int
 
 
-class FakeAI:
+class FakeAI(FakeServer):
     def __init__(
         self,
         api_key: str = "test-key",
@@ -126,17 +126,8 @@ class FakeAI:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> FakeAI:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+    def where(self) -> dict[str, str]:
+        return {"base_url": self.base_url}
 
     def _decide(self) -> web.Response | None:
         """The switched-on misbehaviour for this call, or None for a normal answer."""
@@ -278,17 +269,7 @@ async def _serve(args: argparse.Namespace) -> None:
     for item in args.category:
         domain, _, category = item.partition("=")
         ai.categories_by_domain[domain.lower()] = category
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with ai:
-        port_file = Path(args.port_file)
-        tmp = port_file.with_name(port_file.name + ".tmp")
-        tmp.write_text(json.dumps({"base_url": ai.base_url}), encoding="utf-8")
-        # Renamed into place so a poller never reads a half-written file.
-        os.replace(tmp, port_file)
-        await stop.wait()
+    await serve_until_signalled(ai, Path(args.port_file))
 
 
 def main(argv: list[str] | None = None) -> None:

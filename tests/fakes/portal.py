@@ -33,15 +33,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
-import signal
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -49,6 +46,8 @@ from aiohttp import web
 # The sample student has one home, shared with bench/e2e.py.
 from testkit.daemon import SAMPLE_PASSWORD as SAMPLE_PASSWORD
 from testkit.daemon import SAMPLE_SNO as SAMPLE_SNO
+
+from tests.fakes.common import FakeServer, serve_until_signalled
 
 Scalar = str | int | float
 """A value as the info system may send it: the real one mixes numbers and numeric strings."""
@@ -193,7 +192,7 @@ def _redirect(location: str) -> web.Response:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-class FakePortal:
+class FakePortal(FakeServer):
     """The portal and info servers plus switches to make them fail; see the module docstring.
 
     Switches (set any time): `always_fail_503`, `always_expire`, `delay_s`, `garbage`,
@@ -260,17 +259,8 @@ class FakePortal:
         for runner in runners:
             await runner.cleanup()
 
-    async def __aenter__(self) -> FakePortal:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+    def where(self) -> dict[str, str]:
+        return {"portal_base_url": self.portal_base_url, "info_base_url": self.info_base_url}
 
     async def _serve(self, app: web.Application, host: str) -> str:
         # handler_cancellation: a client that timed out must not leave a delayed handler
@@ -543,17 +533,7 @@ async def _serve_forever(port_file: Path, fail_first_n: int, delay_s: float) -> 
     portal = FakePortal()
     portal.fail_next_n_with_503(fail_first_n)
     portal.delay_s = delay_s
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    async with portal:
-        urls = {"portal_base_url": portal.portal_base_url, "info_base_url": portal.info_base_url}
-        # Written then renamed, so a reader polling for the file never sees half of it.
-        tmp = port_file.with_name(port_file.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(urls), encoding="utf-8")
-        tmp.replace(port_file)
-        await stop.wait()
+    await serve_until_signalled(portal, port_file)
 
 
 def main(argv: list[str] | None = None) -> int:

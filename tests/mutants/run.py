@@ -8,7 +8,7 @@ Each `tests/mutants/*.toml` is one mutant of one guard:
     tests  = ["tests/...::name", ...]  the tests that must notice (pytest node ids)
     why    = "..."                     the guard, and what breaking it would let happen
 
-For each mutant: copy the tree (src, tests and the project files, not .venv) to a scratch
+For each mutant: copy the tree (src, tests, testkit and the project files, not .venv) to a scratch
 directory, apply the replacement there, run only the named tests there (with `-x`, the
 scratch `src` first on PYTHONPATH, checked before running), and print
 
@@ -45,7 +45,7 @@ from types import FrameType
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 # What a scratch copy holds: enough to import the package and run the tests.
-COPY_DIRS = ("src", "tests")
+COPY_DIRS = ("src", "tests", "testkit")
 COPY_FILES = ("pyproject.toml", "config.toml")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".mypy_cache")
 # Per mutant: pytest's own per-test timeout (pyproject) stops a hung test first.

@@ -124,6 +124,21 @@ class KindCounts:
     lost: int = 0
     duplicated: int = 0
 
+    def tally(self, status: str | None, outcomes: Mapping[str, str]) -> bool:
+        """One accepted item, counted by its stored status (`outcomes`: status -> the
+        field it counts in); False when the status is none of them: the item is lost."""
+        self.accepted += 1
+        name = outcomes.get(status or "")
+        if name is None:
+            self.lost += 1
+            return False
+        setattr(self, name, getattr(self, name) + 1)
+        return True
+
+
+JOB_OUTCOMES = {"SUCCEEDED": "succeeded", "FAILED": "failed", "DEAD": "dead"}
+SITE_OUTCOMES = {"COMPLETED": "succeeded", "FAILED": "failed"}
+
 
 @dataclass
 class ChaosReport:
@@ -459,23 +474,18 @@ def _count(
             report.rejected.append(f"{item.kind} {item.key}: {item.last}")
         if item.state != "accepted" or item.ref is None:
             continue
-        if item.kind == "job":
-            counts = report.jobs
-            counts.accepted += 1
-            job = jobs.get(item.ref)
-            status = job["status"] if job else None
-            if status == "SUCCEEDED":
-                counts.succeeded += 1
-            elif status == "FAILED":
-                counts.failed += 1
-            elif status == "DEAD":
-                counts.dead += 1
-            else:
-                counts.lost += 1
-                report.problems.append(f"lost job {item.ref} ({item.key}): {status}")
-                continue
+        is_job = item.kind == "job"
+        what = "job" if is_job else "website"
+        counts = report.jobs if is_job else report.sites
+        row = (jobs if is_job else sites).get(item.ref)
+        status = row["status" if is_job else "work_status"] if row else None
+        if not counts.tally(status, JOB_OUTCOMES if is_job else SITE_OUTCOMES):
+            report.problems.append(f"lost {what} {item.ref} ({item.key}): {status}")
+            continue
+        dup: list[str] = []
+        if is_job:
+            job = row
             sno = student_number(item.n)
-            dup = []
             if succeeded_events[item.ref] > 1:
                 dup.append(f"stored {succeeded_events[item.ref]} times")
             finished_at = float(job["finished_at"] or 0.0) if job else 0.0
@@ -486,26 +496,11 @@ def _count(
                 not job or f'"studentNumber":"{sno}"' not in str(job["result"]).replace(" ", "")
             ):
                 dup.append("result is not its student's record")
-            if dup:
-                counts.duplicated += 1
-                report.problems.append(f"job {item.ref}: " + "; ".join(dup))
             if len(fetches.get(sno, [])) > 1:
                 report.refetched += 1
         else:
-            counts = report.sites
-            counts.accepted += 1
-            site = sites.get(item.ref)
-            status = site["work_status"] if site else None
-            if status == "COMPLETED":
-                counts.succeeded += 1
-            elif status == "FAILED":
-                counts.failed += 1
-            else:
-                counts.lost += 1
-                report.problems.append(f"lost website {item.ref}: {status}")
-                continue
+            site = row
             assert site is not None
-            dup = []
             if classified_events[item.ref] > 1:
                 dup.append(f"classified {classified_events[item.ref]} times")
             if int(site["version"]) > 1:
@@ -526,9 +521,9 @@ def _count(
                     f"AI called {late_calls[0]['start'] - float(site['updated_at']):.2f}s "
                     "after the category was stored"
                 )
-            if dup:
-                counts.duplicated += 1
-                report.problems.append(f"website {item.ref}: " + "; ".join(dup))
+        if dup:
+            counts.duplicated += 1
+            report.problems.append(f"{what} {item.ref}: " + "; ".join(dup))
 
     # Not only what a client saw: every row must have come to rest.
     for r in snap["jobs"]:

@@ -1,10 +1,13 @@
-"""Shared pieces of the reliability suite.
+"""Shared pieces of the reliability suite (its fixtures are in conftest.py); the acceptance
+tests use `Db`, `http`, `merge` and `wait_until` too.
 
 - `Fakes`: the strict fake portal (with as many students as needed, each job its own
   student) and the fake AI, both on one background event loop, recording every effect
   with wall-clock times so they can be compared with what the daemons stored;
 - `daemon_config`: a daemon configuration with small timings, so recovery is quick;
-- `http`: a plain synchronous HTTP client for loopback daemons;
+- `http`: a plain synchronous HTTP client for loopback daemons; `raw_post` and
+  `raw_request_settings` for properties over raw requests;
+- `wait_until`: polling with a deadline;
 - `Db`: reads of the daemons' database with a driver of our own (never the store under
   test), from synchronous code;
 - `log_events`: the JSON log lines of daemon processes.
@@ -19,14 +22,15 @@ import json
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Coroutine, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from aiohttp import web
+from hypothesis import HealthCheck, settings
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
@@ -34,7 +38,10 @@ from tests.fakes.ai import FakeAI
 from tests.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
 from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
+from tests.support.db import COUNTED, RawDb, raw_rows
 from tests.support.loop_thread import LoopThread
+from tests.support.responses import Response
+from tests.support.students import it_student
 
 AI_KEY_ENV = "RELIABILITY_AI_KEY"
 AI_KEY = "sk-reliability-5150"
@@ -42,6 +49,7 @@ STUDENT_BASE = 30_000_000
 JOB_TERMINAL = ("SUCCEEDED", "FAILED", "DEAD")
 WORK_TERMINAL = ("COMPLETED", "FAILED")
 RELAY_TERMINAL = ("SENT", "DEAD")
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------ the outside world
@@ -53,15 +61,11 @@ def student_number(i: int) -> str:
 
 def make_student(i: int) -> Student:
     """A small student (one semester, one course): one job, about ten portal requests."""
-    return Student(
-        sno=student_number(i),
-        password=f"pw-{i}",
-        name=f"student-{i}",
-        college="IT대학",
-        department="컴퓨터학부",
-        major="컴퓨터SW",
-        status="재학",
-        year=2,
+    return it_student(
+        student_number(i),
+        f"pw-{i}",
+        f"student-{i}",
+        2,
         semesters=[
             Semester(
                 year=2024,
@@ -144,10 +148,7 @@ class Fakes:
 
     @property
     def portal_urls(self) -> dict[str, str]:
-        return {
-            "portal_base_url": self.portal.portal_base_url,
-            "info_base_url": self.portal.info_base_url,
-        }
+        return self.portal.where()
 
     def set_portal(self, **switches: Any) -> None:
         self.thread.call(lambda: _set_all(self.portal, switches))
@@ -258,18 +259,10 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 
 @dataclass
-class Resp:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
+class Resp(Response):
+    """An answer with how long it took."""
+
     elapsed_s: float
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    @property
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
 
 
 def http(
@@ -299,6 +292,27 @@ def http(
         conn.close()
 
 
+def raw_post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    """A whole POST request as bytes (JSON body, `extra` header lines), closing after."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+        + extra
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+
+
+def raw_request_settings(examples: int) -> settings:
+    """Hypothesis settings for a property over raw requests: no deadline (a loaded machine
+    is slow), no example database, and large or slow-to-make inputs allowed."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
 def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout_s
     last = None
@@ -314,43 +328,35 @@ def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.2) -> 
 
 
 class Db:
-    """Synchronous reads (and the odd write) with a driver of our own. `?` placeholders."""
+    """tests/support/db.py's raw reader from synchronous code, for polling while daemons
+    run: a database not created or migrated yet reads as empty, and a Postgres connection
+    a fault test terminates is opened again. `?` placeholders."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self._runner: asyncio.Runner | None = None
-        self._conn: Any = None
+        self._raw: RawDb | None = None
 
-    def _pg(self) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._runner is None:
             self._runner = asyncio.Runner()
-        if self._conn is None or self._conn.is_closed():
-            self._conn = self._runner.run(asyncpg.connect(self.url, timeout=5))
-        return self._conn
+        return self._runner.run(coro)
 
     def rows(self, query: str, *args: Any) -> list[dict[str, Any]]:
         if self.url.startswith("sqlite:///"):
-            path = sqlite_path(self.url, Path.cwd())
-            if not path.exists():
-                return []
-            conn = sqlite3.connect(path, timeout=10)
-            conn.row_factory = sqlite3.Row
+            if not sqlite_path(self.url, Path.cwd()).exists():
+                return []  # a read must not create the file
             try:
-                return [dict(r) for r in conn.execute(query, args).fetchall()]
+                return self._run(raw_rows(self.url, query, *args))
             except sqlite3.OperationalError as exc:
                 if "no such table" in str(exc):
                     return []
                 raise
-            finally:
-                conn.close()
-        parts = query.split("?")
-        pg_query = parts[0] + "".join(f"${i}{p}" for i, p in enumerate(parts[1:], start=1))
         for attempt in range(5):
-            # Our own connection may be one a fault test terminates: reconnect and retry.
             try:
-                conn = self._pg()
-                assert self._runner is not None
-                return [dict(r) for r in self._runner.run(conn.fetch(pg_query, *args))]
+                if self._raw is None:
+                    self._raw = self._run(RawDb(self.url).open())
+                return self._run(self._raw.rows(query, *args))
             except asyncpg.UndefinedTableError:
                 return []
             except (
@@ -359,7 +365,7 @@ class Db:
                 asyncpg.InterfaceError,
                 asyncpg.AdminShutdownError,
             ):
-                self._conn = None
+                self._raw = None  # terminated under us: a new one next time
                 if attempt == 4:
                     raise
                 time.sleep(0.2)
@@ -370,19 +376,16 @@ class Db:
         return next(iter(rows[0].values())) if rows else None
 
     def counts(self) -> dict[str, int]:
-        return {
-            t: int(self.scalar(f"SELECT COUNT(*) AS n FROM {t}") or 0)
-            for t in ("jobs", "relay_outbox", "websites", "work_outbox", "task_runs")
-        }
+        return {t: int(self.scalar(f"SELECT COUNT(*) AS n FROM {t}") or 0) for t in COUNTED}
 
     def close(self) -> None:
         if self._runner is not None:
-            if self._conn is not None and not self._conn.is_closed():
+            if self._raw is not None:
                 with contextlib.suppress(Exception):
-                    self._runner.run(self._conn.close())
+                    self._runner.run(self._raw.close())
             self._runner.close()
             self._runner = None
-            self._conn = None
+            self._raw = None
 
 
 # ------------------------------------------------------------------ logs

@@ -23,13 +23,12 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from outboxd.config import Settings
@@ -38,19 +37,14 @@ from outboxd.daemon.app import build_api_deps
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
+from tests.reliability.harness import raw_post, raw_request_settings
 from tests.support.db import raw_counts
+from tests.support.live_api import RawResponse, parse_response
 
 USER_TOKEN = "tok-user-7f3a"
 ADMIN_TOKEN = "tok-admin-91c2"
 MAX_BODY = 4096
 EXAMPLES = int(os.environ.get("OUTBOXD_API_EXAMPLES", "400"))
-
-
-@dataclass
-class RawResponse:
-    status: int
-    headers: dict[str, str]
-    body: bytes
 
 
 class InProcessApi:
@@ -83,17 +77,10 @@ class InProcessApi:
             finally:
                 writer.close()
 
-        data = self.runner.run(asyncio.wait_for(go(), 15))
-        head, _, body = data.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ")[1])
-        headers = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            headers[k.strip().lower()] = v.strip()
-        return RawResponse(status, headers, body)
+        return parse_response(self.runner.run(asyncio.wait_for(go(), 15)))
 
     def counts(self) -> dict[str, int]:
+        """Rows per table, read with a driver of our own."""
         return self.runner.run(raw_counts(self.db_url))
 
     def close(self) -> None:
@@ -373,12 +360,7 @@ def _check(api: InProcessApi, raw: bytes, parser_rejections: list[int]) -> None:
 def test_no_input_makes_the_api_fail_or_store_half(live_api: InProcessApi) -> None:
     parser_rejections: list[int] = []
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @raw_request_settings(EXAMPLES)
     @given(req=requests())
     def prop(req: tuple[str, bytes]) -> None:
         _check(live_api, req[1], parser_rejections)
@@ -394,15 +376,6 @@ def test_no_input_makes_the_api_fail_or_store_half(live_api: InProcessApi) -> No
 
 
 # ------------------------------------------------------------------ bugs found
-
-
-def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
-        + extra
-        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-        + body
-    )
 
 
 @pytest.mark.parametrize(
@@ -421,7 +394,7 @@ def test_a_lone_surrogate_escape_is_a_validation_error(
 ) -> None:
     before = live_api.counts()
     resp = live_api.send(
-        _post(
+        raw_post(
             path,
             body,
             b"Authorization: Bearer "
@@ -441,7 +414,7 @@ def test_a_bearer_token_that_is_not_utf8_is_unauthenticated(
 ) -> None:
     body = b'{"portal":"suwon","username":"u","password":"p"}'
     resp = live_api.send(
-        _post(
+        raw_post(
             "/v1/portal-link-jobs",
             body,
             b"Authorization: Bearer " + token + b"\r\nIdempotency-Key: tok-1\r\n",

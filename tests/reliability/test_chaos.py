@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.reliability.chaos import ChaosParams, run_chaos
+from tests.reliability.chaos import ChaosParams, ChaosReport, run_chaos
 from tests.reliability.harness import Fakes
 from tests.support.moto import MotoServer
 
@@ -26,12 +27,50 @@ CYCLES = int(os.environ.get("OUTBOXD_CHAOS_CYCLES", "10"))
 
 
 @pytest.fixture
-def fakes(tmp_path: Path) -> Iterator[Fakes]:
-    f = Fakes(tmp_path / "fakes", n_students=1500)
-    try:
-        yield f
-    finally:
-        f.close()
+def n_students() -> int:
+    return 1500
+
+
+RunChaos = Callable[..., ChaosReport]
+
+
+@pytest.fixture
+def run(
+    backend: str,
+    db_url: str,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    fakes: Fakes,
+    tmp_path: Path,
+) -> RunChaos:
+    """Runs the chaos loop on the test's world (ChaosParams by keyword), prints the table
+    and checks what holds for every profile: the kills happened, nothing lost or doubled."""
+
+    def go(cycles: int, min_jobs: int, min_sites: int, **params: Any) -> ChaosReport:
+        seed = os.environ.get("OUTBOXD_CHAOS_SEED") or random.SystemRandom().randrange(1 << 30)
+        report = run_chaos(
+            ChaosParams(
+                backend=backend,
+                db_url=db_url,
+                sqs_endpoint=moto_server.endpoint_url,
+                queue_names=queue_names,
+                workdir=tmp_path,
+                cycles=cycles,
+                seed=int(seed),
+                **params,
+            ),
+            fakes,
+        )
+        print("\n" + report.table())
+        assert report.kills >= cycles
+        assert report.jobs.accepted >= min_jobs, report.table()
+        assert report.sites.accepted >= min_sites, report.table()
+        assert report.jobs.lost == 0 and report.sites.lost == 0, report.table()
+        assert report.jobs.duplicated == 0 and report.sites.duplicated == 0, report.table()
+        assert report.ok, report.table()
+        return report
+
+    return go
 
 
 @pytest.mark.timeout(240)
@@ -45,32 +84,9 @@ def fakes(tmp_path: Path) -> Iterator[Fakes]:
     ids=["sqlite-1", "postgres-1", "postgres-2"],
 )
 def test_kill_and_restart_under_load_loses_nothing_and_applies_nothing_twice(
-    backend: str,
-    daemons: int,
-    db_url: str,
-    moto_server: MotoServer,
-    queue_names: dict[str, str],
-    fakes: Fakes,
-    tmp_path: Path,
+    backend: str, daemons: int, run: RunChaos
 ) -> None:
-    seed = int(os.environ.get("OUTBOXD_CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
-    params = ChaosParams(
-        backend=backend,
-        db_url=db_url,
-        sqs_endpoint=moto_server.endpoint_url,
-        queue_names=queue_names,
-        workdir=tmp_path,
-        cycles=CYCLES,
-        seed=seed,
-        daemons=daemons,
-    )
-    report = run_chaos(params, fakes)
-    print("\n" + report.table())
-    assert report.kills >= CYCLES
-    assert report.jobs.accepted >= 20 and report.sites.accepted >= 10, report.table()
-    assert report.jobs.lost == 0 and report.sites.lost == 0, report.table()
-    assert report.jobs.duplicated == 0 and report.sites.duplicated == 0, report.table()
-    assert report.ok, report.table()
+    run(CYCLES, 20, 10, daemons=daemons)
 
 
 # Shorter: the pace and the session leases go through the database (docs/pacing.md).
@@ -84,30 +100,6 @@ CLUSTER_CYCLES = max(1, min(CYCLES, 6))
     ids=["sqlite-1", "postgres-2"],
 )
 def test_chaos_in_cluster_pace_scope_loses_nothing_and_applies_nothing_twice(
-    backend: str,
-    daemons: int,
-    db_url: str,
-    moto_server: MotoServer,
-    queue_names: dict[str, str],
-    fakes: Fakes,
-    tmp_path: Path,
+    backend: str, daemons: int, run: RunChaos
 ) -> None:
-    seed = int(os.environ.get("OUTBOXD_CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
-    params = ChaosParams(
-        backend=backend,
-        db_url=db_url,
-        sqs_endpoint=moto_server.endpoint_url,
-        queue_names=queue_names,
-        workdir=tmp_path,
-        cycles=CLUSTER_CYCLES,
-        seed=seed,
-        daemons=daemons,
-        pace_scope="cluster",
-    )
-    report = run_chaos(params, fakes)
-    print("\n" + report.table())
-    assert report.kills >= CLUSTER_CYCLES
-    assert report.jobs.accepted >= 10 and report.sites.accepted >= 5, report.table()
-    assert report.jobs.lost == 0 and report.sites.lost == 0, report.table()
-    assert report.jobs.duplicated == 0 and report.sites.duplicated == 0, report.table()
-    assert report.ok, report.table()
+    run(CLUSTER_CYCLES, 10, 5, daemons=daemons, pace_scope="cluster")

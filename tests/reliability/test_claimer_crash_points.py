@@ -18,23 +18,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.reliability.harness import (
-    Db,
-    Fakes,
-    daemon_config,
-    http,
-    new_daemon,
-    wait_until,
-    write_keys_file,
-)
+from tests.reliability.conftest import MakeDaemon
+from tests.reliability.harness import Db, Fakes, http, wait_until
 from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
 
 pytestmark = pytest.mark.slow
 
@@ -43,45 +33,17 @@ DOMAIN = "crashpoint.example"
 
 
 @pytest.fixture
-def fakes(tmp_path: Path) -> Iterator[Fakes]:
-    f = Fakes(tmp_path / "fakes", n_students=1)
-    try:
-        yield f
-    finally:
-        f.close()
+def n_students() -> int:
+    return 1
 
 
 @pytest.fixture
-def daemon(
-    tmp_path: Path,
-    db_url: str,
-    moto_server: MotoServer,
-    queue_names: dict[str, str],
-    fakes: Fakes,
-) -> Iterator[DaemonProcess]:
-    config = daemon_config(
-        db_url,
-        moto_server.endpoint_url,
-        queue_names,
-        fakes,
-        write_keys_file(tmp_path / "keys"),
+def daemon(make_daemon: MakeDaemon) -> DaemonProcess:
+    return make_daemon(
+        "claimer",
         claimer={"processing_timeout_s": PROCESSING_TIMEOUT_S, "fixed_delay_s": 0.1},
         daemon={"roles": ["api", "claimer"], "shutdown_timeout_s": 3.0},
     )
-    d = new_daemon(tmp_path, config, "claimer")
-    try:
-        yield d
-    finally:
-        d.kill()
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Db]:
-    d = Db(db_url)
-    try:
-        yield d
-    finally:
-        d.close()
 
 
 def work_row(db: Db) -> dict[str, Any]:
@@ -98,13 +60,19 @@ def calls_for(fakes: Fakes) -> list[dict[str, Any]]:
     return sorted((c for c in fakes.ai_calls() if c["domain"] == DOMAIN), key=lambda c: c["start"])
 
 
-def crash_at(point: str, daemon: DaemonProcess) -> str:
+def crash_at(point: str, daemon: DaemonProcess, db: Db, fakes: Fakes) -> dict[str, Any]:
+    """The provider answers "finance"; the daemon armed at `point` registers the website
+    and dies there. The row it leaves: PROCESSING, one attempt, no category."""
+    fakes.set_ai(categories_by_domain={DOMAIN: "finance"})
     base = daemon.start(extra_env={"OUTBOXD_CRASH_AT": point})
     resp = http("POST", base, "/v1/websites", {"domain": DOMAIN})
     assert resp.status == 201, resp.text
     assert daemon.wait_exit(timeout_s=20) == -signal.SIGKILL
     assert f"crash point {point} reached" in daemon.all_output()
-    return base
+    held = work_row(db)
+    assert held["status"] == "PROCESSING" and held["attempt_count"] == 1, held
+    assert held["category"] is None, "the answer of the dead holder must not be stored"
+    return held
 
 
 def finish_after_restart(daemon: DaemonProcess, db: Db) -> tuple[str, dict[str, Any]]:
@@ -132,12 +100,7 @@ def assert_nothing_more_happens(daemon: DaemonProcess, db: Db, fakes: Fakes, cal
 
 @pytest.mark.timeout(90)
 def test_crash_during_claim(daemon: DaemonProcess, db: Db, fakes: Fakes) -> None:
-    fakes.set_ai(categories_by_domain={DOMAIN: "finance"})
-    crash_at("during_claim", daemon)
-
-    held = work_row(db)
-    assert held["status"] == "PROCESSING" and held["attempt_count"] == 1, held
-    assert held["category"] is None
+    held = crash_at("during_claim", daemon, db, fakes)
     assert calls_for(fakes) == []  # it died before calling the provider
 
     base, row = finish_after_restart(daemon, db)
@@ -162,12 +125,7 @@ def test_crash_during_claim(daemon: DaemonProcess, db: Db, fakes: Fakes) -> None
 
 @pytest.mark.timeout(90)
 def test_crash_after_classify_before_complete(daemon: DaemonProcess, db: Db, fakes: Fakes) -> None:
-    fakes.set_ai(categories_by_domain={DOMAIN: "finance"})
-    crash_at("after_classify_before_complete", daemon)
-
-    held = work_row(db)
-    assert held["status"] == "PROCESSING" and held["attempt_count"] == 1, held
-    assert held["category"] is None, "the answer of the dead holder must not be stored"
+    held = crash_at("after_classify_before_complete", daemon, db, fakes)
     first = calls_for(fakes)
     assert [c["status"] for c in first] == [200], first
 

@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,19 +36,17 @@ import pytest
 
 from outboxd.storage.db import sqlite_path
 from tests.reliability.chaos import ChaosParams, ChaosReport, Cluster, Loader, settle_and_count
+from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import (
     CONNECTION_ERRORS,
     Db,
     ErrorWindow,
     Fakes,
     Resp,
-    daemon_config,
     http,
     log_events,
-    new_daemon,
     student_number,
     wait_until,
-    write_keys_file,
 )
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
@@ -68,26 +66,7 @@ class Rig:
     fakes: Fakes
     moto: MotoServer
     queue_names: dict[str, str]
-    made: list[DaemonProcess]
-
-    def daemon(
-        self,
-        name: str = "d",
-        db_url: str | None = None,
-        sqs_endpoint: str | None = None,
-        **sections: Any,
-    ) -> DaemonProcess:
-        config = daemon_config(
-            db_url or self.db_url,
-            sqs_endpoint or self.moto.endpoint_url,
-            self.queue_names,
-            self.fakes,
-            self.tmp_path / "keys",
-            **sections,
-        )
-        d = new_daemon(self.tmp_path, config, name)
-        self.made.append(d)
-        return d
+    daemon: MakeDaemon
 
     def params(self, **kw: Any) -> ChaosParams:
         base: dict[str, Any] = {
@@ -105,18 +84,20 @@ class Rig:
 
 
 @pytest.fixture
+def n_students() -> int:
+    return 600
+
+
+@pytest.fixture
 def rig(
-    tmp_path: Path, db_url: str, moto_server: MotoServer, queue_names: dict[str, str]
-) -> Iterator[Rig]:
-    fakes = Fakes(tmp_path / "fakes", n_students=600)
-    write_keys_file(tmp_path / "keys")
-    r = Rig(tmp_path, db_url, fakes, moto_server, queue_names, [])
-    try:
-        yield r
-    finally:
-        for d in r.made:
-            d.kill()
-        fakes.close()
+    tmp_path: Path,
+    db_url: str,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    fakes: Fakes,
+    make_daemon: MakeDaemon,
+) -> Rig:
+    return Rig(tmp_path, db_url, fakes, moto_server, queue_names, make_daemon)
 
 
 FaultFn = Callable[[Loader], tuple[float, float]]

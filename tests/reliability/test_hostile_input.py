@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from outboxd.config import Settings
+from tests.reliability.harness import raw_request_settings
 from tests.support.live_api import LiveApi
 
 ADMIN_TOKEN = "tok-admin-hostile"
@@ -263,12 +264,7 @@ def _check(live: LiveApi, raw: bytes) -> int:
 def test_hostile_bytes_never_reach_a_5xx(live: LiveApi) -> None:
     statuses: dict[int, int] = {}
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @raw_request_settings(EXAMPLES)
     @given(raw=hostile_request())
     def prop(raw: bytes) -> None:
         status = _check(live, raw)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable, Generator, Iterator
-from pathlib import Path
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -24,65 +23,12 @@ import pytest
 from outboxd.config import SqsSettings
 from outboxd.queue.sqs import QueueDepth, SqsQueues
 from outboxd.storage.db import Op, PostgresDatabase, Query, fetch
-from tests.reliability.harness import (
-    Db,
-    Fakes,
-    daemon_config,
-    http,
-    log_events,
-    new_daemon,
-    student_number,
-    wait_until,
-    write_keys_file,
-)
+from tests.reliability.conftest import MakeDaemon
+from tests.reliability.harness import Db, Fakes, http, log_events, student_number, wait_until
 from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer
 
 pytestmark = pytest.mark.slow
-
-MakeDaemon = Callable[..., DaemonProcess]
-
-
-@pytest.fixture
-def fakes(tmp_path: Path) -> Iterator[Fakes]:
-    f = Fakes(tmp_path / "fakes", n_students=10)
-    try:
-        yield f
-    finally:
-        f.close()
-
-
-@pytest.fixture
-def make_daemon(
-    tmp_path: Path,
-    db_url: str,
-    moto_server: MotoServer,
-    queue_names: dict[str, str],
-    fakes: Fakes,
-) -> Iterator[MakeDaemon]:
-    made: list[DaemonProcess] = []
-    keys = write_keys_file(tmp_path / "keys")
-
-    def factory(name: str = "d", **sections: Any) -> DaemonProcess:
-        config = daemon_config(
-            db_url, moto_server.endpoint_url, queue_names, fakes, keys, **sections
-        )
-        d = new_daemon(tmp_path, config, name)
-        made.append(d)
-        return d
-
-    yield factory
-    for d in made:
-        d.kill()
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Db]:
-    d = Db(db_url)
-    try:
-        yield d
-    finally:
-        d.close()
 
 
 def submit(base: str, n: int) -> str:
@@ -106,6 +52,22 @@ def started(daemon: DaemonProcess, job_id: str) -> list[dict[str, Any]]:
     return [
         e for e in log_events([daemon]) if e["event"] == "job_started" and e["job_id"] == job_id
     ]
+
+
+def work_in_flight(daemon: DaemonProcess, db: Db, jobs: range, domain: str) -> list[str]:
+    """Starts `daemon`, submits the jobs numbered `jobs` and registers `domain`; returns
+    the job ids once every job runs and the website is claimed."""
+    base = daemon.start()
+    job_ids = [submit(base, i) for i in jobs]
+    register(base, domain)
+    wait_until("the jobs running", lambda: all(started(daemon, j) for j in job_ids), 15, 0.05)
+    wait_until(
+        "the website claimed",
+        lambda: db.scalar("SELECT status FROM work_outbox") == "PROCESSING",
+        15,
+        0.05,
+    )
+    return job_ids
 
 
 def queue_depth(moto_server: MotoServer, queue_names: dict[str, str]) -> QueueDepth:
@@ -139,16 +101,7 @@ def test_sigterm_lets_work_in_flight_finish(make_daemon: MakeDaemon, fakes: Fake
         claimer={"processing_timeout_s": 5.0},
         daemon={"shutdown_timeout_s": 6.0},
     )
-    base = daemon.start()
-    jobs = [submit(base, i) for i in range(2)]
-    register(base, "inflight.example")
-    wait_until("both jobs running", lambda: all(started(daemon, j) for j in jobs), 15, 0.05)
-    wait_until(
-        "the website claimed",
-        lambda: db.scalar("SELECT status FROM work_outbox") == "PROCESSING",
-        15,
-        0.05,
-    )
+    work_in_flight(daemon, db, range(2), "inflight.example")
 
     code, took = sigterm_and_time(daemon)
     print(f"\nshutdown with 2 jobs and 1 classification in flight: exit {code} in {took:.2f}s")
@@ -184,16 +137,7 @@ def test_sigterm_releases_what_cannot_finish_and_a_restart_picks_it_up(
         claimer={"processing_timeout_s": processing_timeout_s},
         daemon={"shutdown_timeout_s": 1.5},
     )
-    base = daemon.start()
-    job_id = submit(base, 1)
-    register(base, "slowai.example")
-    wait_until("the job running", lambda: started(daemon, job_id), 15, 0.05)
-    wait_until(
-        "the website claimed",
-        lambda: db.scalar("SELECT status FROM work_outbox") == "PROCESSING",
-        15,
-        0.05,
-    )
+    [job_id] = work_in_flight(daemon, db, range(1, 2), "slowai.example")
 
     code, took = sigterm_and_time(daemon)
     print(f"\nshutdown with unfinishable work: exit {code} in {took:.2f}s")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from outboxd.config import Settings
+from tests.reliability.harness import raw_post
 from tests.support.live_api import LiveApi, parse_response, read_until_closed
 
 READ_TIMEOUT_S = 2.0
@@ -198,15 +199,6 @@ def test_a_client_hanging_up_mid_body_is_not_a_server_error(live: LiveApi) -> No
         assert not sample.labels["status"].startswith("5"), sample
 
 
-def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
-        + extra
-        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-        + body
-    )
-
-
 @pytest.mark.parametrize(
     ("encoding", "body"),
     [
@@ -220,7 +212,7 @@ def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
 def test_a_body_that_is_not_its_content_encoding_is_400(
     live: LiveApi, encoding: bytes, body: bytes
 ) -> None:
-    resp = live.send(_post("/v1/websites", body, b"Content-Encoding: " + encoding + b"\r\n"))
+    resp = live.send(raw_post("/v1/websites", body, b"Content-Encoding: " + encoding + b"\r\n"))
     assert resp.status == 400, resp
     assert resp.headers["content-type"].startswith("application/problem+json")
     assert resp.json()["code"] == "C01"
@@ -231,7 +223,7 @@ def test_a_valid_gzip_body_is_accepted(live: LiveApi) -> None:
     import gzip
 
     body = gzip.compress(b'{"domain": "example.com"}')
-    resp = live.send(_post("/v1/websites", body, b"Content-Encoding: gzip\r\n"))
+    resp = live.send(raw_post("/v1/websites", body, b"Content-Encoding: gzip\r\n"))
     assert resp.status == 201, resp
 
 

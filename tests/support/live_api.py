@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,9 @@ from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
 from tests.support.db import raw_counts
 from tests.support.loop_thread import LoopThread
+from tests.support.responses import Response
 
-
-@dataclass
-class RawResponse:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
+RawResponse = Response  # headers by lower-case name
 
 
 def parse_response(data: bytes) -> RawResponse:

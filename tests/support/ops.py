@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -154,16 +155,19 @@ def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
 
 
 def run_cli(
-    *args: str, timeout_s: float = 60, cwd: Path = ROOT
+    *args: str,
+    timeout_s: float = 60,
+    cwd: Path = ROOT,
+    env: Mapping[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m outboxd ARGS` with no OUTBOXD_* variables inherited."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
+    """`python -m outboxd ARGS` with no OUTBOXD_* variables inherited (`env`: added ones)."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
     return subprocess.run(
         [sys.executable, "-m", "outboxd", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,
-        env=env,
+        env={**inherited, **(env or {})},
         cwd=cwd,
         check=False,
     )

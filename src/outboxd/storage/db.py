@@ -13,7 +13,7 @@ import os
 import re
 import sqlite3
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -122,6 +122,17 @@ TxBody = Callable[[], Generator[Op, Any, T]]
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """One member of a group transaction: its body's value, or what it raised.
+
+    A member that raised was rolled back to its savepoint; the others committed.
+    """
+
+    value: Any = None
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
 class _Done:
     value: Any
 
@@ -143,6 +154,15 @@ class Database(Protocol):
 
     async def read(self, body: TxBody[T]) -> T:
         """Run `body` outside a write transaction (reads only)."""
+        ...
+
+    async def run_group(self, bodies: Sequence[TxBody[Any]]) -> list[Outcome]:
+        """Run `bodies` in one write transaction, a savepoint each, and commit once.
+
+        A member that raises is rolled back to its savepoint and its error returned in
+        its Outcome; the others commit. Raises (nothing committed, as far as the caller
+        can tell) when the group as a whole fails: begin, commit, a lost connection.
+        """
         ...
 
     async def migrate(self) -> list[str]: ...
@@ -274,6 +294,37 @@ def _write_tx(body: TxBody[T]) -> Callable[[sqlite3.Connection], T]:
     return tx
 
 
+def _group_tx(bodies: Sequence[TxBody[Any]]) -> Callable[[sqlite3.Connection], list[Outcome]]:
+    """The whole group in one thread hop: one BEGIN, a savepoint per member, one COMMIT."""
+
+    def tx(conn: sqlite3.Connection) -> list[Outcome]:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            out: list[Outcome] = []
+            for body in bodies:
+                conn.execute("SAVEPOINT member")
+                try:
+                    value = _drive_sync(conn, body)
+                except Exception as exc:
+                    err = _sqlite_error(exc) if isinstance(exc, sqlite3.Error) else exc
+                    if isinstance(err, StorageUnavailable) or not conn.in_transaction:
+                        raise  # the file, not the member: SQLite may have ended the transaction
+                    conn.execute("ROLLBACK TO member")
+                    conn.execute("RELEASE member")
+                    out.append(Outcome(error=err))
+                    continue
+                conn.execute("RELEASE member")
+                out.append(Outcome(value=value))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return out
+
+    return tx
+
+
 class SqliteDatabase:
     """One writer connection (SQLite has one writer anyway) and one reader (WAL).
 
@@ -321,6 +372,10 @@ class SqliteDatabase:
         if not self._open:
             raise StorageUnavailable("sqlite: database is closed")
         return await self._reader.call(lambda conn: _drive_sync(conn, body))
+
+    async def run_group(self, bodies: Sequence[TxBody[Any]]) -> list[Outcome]:
+        async with self._write_turn():
+            return await self._writer.call(_group_tx(bodies))
 
     async def migrate(self) -> list[str]:
         def apply(conn: sqlite3.Connection) -> list[str]:
@@ -521,6 +576,41 @@ class PostgresDatabase:
     async def read(self, body: TxBody[T]) -> T:
         async with self._acquire() as conn:
             return await _drive_async(_PgConn(conn), body)
+
+    async def run_group(self, bodies: Sequence[TxBody[Any]]) -> list[Outcome]:
+        async with self._acquire() as raw:
+            conn = _PgConn(raw)
+            tx = raw.transaction()
+            try:
+                await tx.start()
+                out: list[Outcome] = []
+                for i, body in enumerate(bodies):
+                    # One round trip between members; COMMIT releases the last savepoint.
+                    await raw.execute(
+                        "SAVEPOINT member"
+                        if i == 0
+                        else "RELEASE SAVEPOINT member; SAVEPOINT member"
+                    )
+                    try:
+                        value = await _drive_async(conn, body)
+                    except StorageUnavailable:
+                        raise
+                    except Exception as exc:
+                        await raw.execute("ROLLBACK TO SAVEPOINT member")
+                        out.append(Outcome(error=exc))
+                        continue
+                    out.append(Outcome(value=value))
+            except BaseException as exc:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(tx.rollback())
+                if isinstance(exc, (asyncpg.PostgresError, *_PG_UNAVAILABLE)):
+                    raise _pg_error(exc) from exc
+                raise
+            try:
+                await asyncio.shield(tx.commit())
+            except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
+                raise _pg_error(exc) from exc
+            return out
 
     async def migrate(self) -> list[str]:
         applied: list[str] = []

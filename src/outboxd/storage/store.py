@@ -17,7 +17,17 @@ from typing import Any, Literal, TypeVar
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.storage import ports
-from outboxd.storage.db import Database, Op, Row, execute, fetch, load_queries, open_database
+from outboxd.storage.db import (
+    Database,
+    Op,
+    Row,
+    TxBody,
+    execute,
+    fetch,
+    load_queries,
+    open_database,
+)
+from outboxd.storage.group import GroupCommitter
 from outboxd.storage.ports import (
     JobIntake,
     JobRecord,
@@ -150,15 +160,25 @@ class SqlStore:
     """Every storage port. Each method is one transaction body (see `db.TxBody`),
     so SQLite runs it in one thread hop and Postgres on one connection."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(
+        self, db: Database, group_commit: bool = True, patience_s: float | None = None
+    ) -> None:
         self.db = db
         self.q = load_queries(db.backend)
+        # Intake and registration: concurrent calls share one commit (see storage/group.py).
+        # On Postgres an intake group is first tried as one statement.
+        bulk = self._intake_bulk if db.backend == "postgres" else None
+        self.group = GroupCommitter(db, bulk=bulk, patience_s=patience_s) if group_commit else None
+        self.website_group = GroupCommitter(db, patience_s=patience_s) if group_commit else None
 
     @property
     def backend(self) -> str:
         return self.db.backend
 
     async def close(self) -> None:
+        for group in (self.group, self.website_group):
+            if group is not None:
+                await group.drain()
         await self.db.close()
 
     # ------------------------------------------------------------ shared steps
@@ -253,7 +273,42 @@ class SqlStore:
             latest = yield from self._relay_row(row["id"])
             return JobIntake(job=_job(row), outbox=latest, created=False)
 
-        return await self.db.run(body)
+        if self.group is None:
+            return await self.db.run(body)
+        return await self.group.run(body, (new, now))
+
+    def _intake_bulk(self, items: Sequence[Any]) -> TxBody[list[Any]]:
+        """A group's intakes as one statement: per item its JobIntake, or None when its
+        key was taken (the member then runs alone and replays)."""
+        # In key order: two groups taking the same keys wait for each other, never in a cycle.
+        news: list[tuple[NewPortalJob, float]] = sorted(
+            items, key=lambda item: (item[0].user_id, item[0].idempotency_key)
+        )
+
+        def body() -> Generator[Op, Any, list[Any]]:
+            rows = yield fetch(
+                self.q["insert_jobs_many"],
+                {
+                    "ids": [n.job_id for n, _ in news],
+                    "outbox_ids": [n.outbox_id for n, _ in news],
+                    "portals": [n.portal for n, _ in news],
+                    "user_ids": [n.user_id for n, _ in news],
+                    "keys": [n.idempotency_key for n, _ in news],
+                    "fingerprints": [n.fingerprint for n, _ in news],
+                    "key_ids": [n.key_id for n, _ in news],
+                    "sealed": [n.sealed for n, _ in news],
+                    "nows": [now for _, now in news],
+                },
+            )
+            made: dict[str, JobIntake] = {}
+            for r in rows:
+                relay = {
+                    k.removeprefix("relay_"): v for k, v in r.items() if k.startswith("relay_")
+                }
+                made[r["id"]] = JobIntake(job=_job(r), outbox=_relay(relay), created=True)
+            return [made.get(n.job_id) for n, _ in items]
+
+        return body
 
     async def get_job(self, job_id: str) -> JobRecord | None:
         return await self._record("select_job", {"id": job_id}, _job, write=False)
@@ -594,7 +649,9 @@ class SqlStore:
             assert row is not None
             return _website(row), inserted is not None
 
-        return await self.db.run(body)
+        if self.website_group is None:
+            return await self.db.run(body)
+        return await self.website_group.run(body)
 
     async def get_website(self, domain: str) -> Website | None:
         return await self._record(
@@ -843,4 +900,5 @@ def _check(store: SqlStore) -> None:
 async def open_store(
     url: str, base_dir: Path, pool_size: int, acquire_timeout_s: float
 ) -> SqlStore:
-    return SqlStore(await open_database(url, base_dir, pool_size, acquire_timeout_s))
+    db = await open_database(url, base_dir, pool_size, acquire_timeout_s)
+    return SqlStore(db, patience_s=acquire_timeout_s)

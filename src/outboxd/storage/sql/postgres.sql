@@ -85,3 +85,39 @@ RETURNING pace_leases.slot, pace_leases.expires_at, c.now AS now;
 UPDATE pace_leases
    SET expires_at = CAST(extract(epoch FROM clock_timestamp()) AS double precision) + :lease_s
  WHERE name = :name AND slot = :slot AND holder = :holder;
+
+-- name: insert_jobs_many
+-- Group commit: a group's jobs and their outbox rows in one statement (one round trip).
+-- A key already taken, before or by an earlier member of the group, inserts nothing and
+-- returns no row; that member then runs alone and finds the job.
+WITH j AS (
+    SELECT *
+      FROM unnest(CAST(:ids AS text[]), CAST(:outbox_ids AS text[]), CAST(:portals AS text[]),
+                  CAST(:user_ids AS text[]), CAST(:keys AS text[]),
+                  CAST(:fingerprints AS text[]), CAST(:key_ids AS text[]),
+                  CAST(:sealed AS bytea[]), CAST(:nows AS double precision[]))
+           AS t(id, outbox_id, portal, user_id, idempotency_key, fingerprint, key_id, sealed, ts)
+), job AS (
+    INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
+                      key_id, sealed, created_at, updated_at)
+    SELECT id, 'portal_link', portal, user_id, idempotency_key, fingerprint, 'QUEUED',
+           key_id, sealed, ts, ts
+      FROM j
+    ON CONFLICT (user_id, idempotency_key) DO NOTHING
+    RETURNING *
+), relay AS (
+    INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id,
+                              created_at)
+    SELECT j.outbox_id, 'job', job.id, NULL, 'PENDING', j.ts, job.id, j.ts
+      FROM job JOIN j ON j.id = job.id
+    RETURNING *
+)
+SELECT job.*,
+       relay.id AS relay_id, relay.kind AS relay_kind, relay.job_id AS relay_job_id,
+       relay.task_id AS relay_task_id, relay.status AS relay_status,
+       relay.attempt_count AS relay_attempt_count,
+       relay.next_attempt_at AS relay_next_attempt_at, relay.last_error AS relay_last_error,
+       relay.queue_message_id AS relay_queue_message_id, relay.dedup_id AS relay_dedup_id,
+       relay.created_at AS relay_created_at, relay.sent_at AS relay_sent_at,
+       relay.claimed_until AS relay_claimed_until, relay.version AS relay_version
+  FROM job JOIN relay ON relay.job_id = job.id;

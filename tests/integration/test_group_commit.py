@@ -1,0 +1,299 @@
+"""Group commit of intake (storage/group.py), on real SQLite files and a real Postgres.
+
+Concurrent intakes share one transaction, a savepoint each: a member that fails
+gets its lone answer and the others commit; a group that fails as a whole runs each
+member alone; a crash between the commit and the answers loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestClient
+
+from outboxd.errors import StorageError
+from outboxd.security import KeyRing
+from outboxd.services.portal_jobs import (
+    IdempotencyConflict,
+    PortalJobService,
+    PortalLinkRequest,
+)
+from outboxd.storage.ports import NewPortalJob
+from outboxd.storage.store import SqlStore, open_store
+from tests.support.db import raw_count, raw_db
+from tests.support.group_crash import portal_job
+
+Client = TestClient[Any, Any]
+URL = "/v1/portal-link-jobs"
+ROOT = Path(__file__).resolve().parents[2]
+COMMIT_FAILS = "fails-at-commit"
+
+
+def new_job(tag: str, i: int, *, key: str | None = None, job_id: str | None = None) -> NewPortalJob:
+    return portal_job(tag, i, user="group-user", key=key, job_id=job_id)
+
+
+def stats(store: SqlStore) -> Any:
+    assert store.group is not None, "group commit is on by default"
+    return store.group.stats
+
+
+def direct(store: SqlStore) -> int:
+    """How many calls started together are written at once, before a group forms."""
+    assert store.group is not None
+    return store.group.max_groups
+
+
+# ------------------------------------------------------------------ idempotency races
+
+
+async def test_fifty_concurrent_requests_over_twenty_keys_make_twenty_jobs(
+    api: Client, store: SqlStore, db_url: str
+) -> None:
+    """Over HTTP: every request answers 202 with its key's job; one job and one outbox row
+    per key, one non-replayed answer per key."""
+    bodies = {
+        k: {"portal": "suwon", "username": f"2020{k:04d}", "password": f"pw-{k}"} for k in range(20)
+    }
+    keys = [i % 20 for i in range(50)]
+    responses = await asyncio.gather(
+        *(api.post(URL, json=bodies[k], headers={"Idempotency-Key": f"gk-{k}"}) for k in keys)
+    )
+    assert [r.status for r in responses] == [202] * 50, [await r.text() for r in responses]
+    by_key: dict[int, set[str]] = {}
+    fresh: dict[int, int] = {}
+    for k, r in zip(keys, responses, strict=True):
+        by_key.setdefault(k, set()).add((await r.json())["jobId"])
+        if r.headers.get("Idempotent-Replayed") != "true":
+            fresh[k] = fresh.get(k, 0) + 1
+    assert all(len(ids) == 1 for ids in by_key.values()), by_key
+    assert len({next(iter(ids)) for ids in by_key.values()}) == 20
+    assert fresh == {k: 1 for k in range(20)}
+    assert await raw_count(db_url, "jobs") == 20
+    assert await raw_count(db_url, "relay_outbox") == 20
+    assert stats(store).largest > 1, "the requests were meant to share groups"
+
+
+async def test_one_group_over_twenty_keys_replays_consistently(
+    store: SqlStore, keys: KeyRing, db_url: str
+) -> None:
+    """Fifty calls started together: the first are written at once (one on SQLite, as
+    many as may write side by side on Postgres), the others wait and form one group.
+    Twenty created, thirty replays of them; a different request under a used key is
+    refused as it would be alone."""
+    service = PortalJobService(store, keys, dispatcher=None)
+    reqs = {k: PortalLinkRequest("suwon", f"user-{k}", f"pw-{k}") for k in range(20)}
+    order = [i % 20 for i in range(50)]
+    subs = await asyncio.gather(*(service.submit("u1", f"one-{k}", reqs[k]) for k in order))
+    assert stats(store).groups == 1 and stats(store).largest == 50 - direct(store)
+    ids: dict[int, set[str]] = {}
+    for k, sub in zip(order, subs, strict=True):
+        ids.setdefault(k, set()).add(sub.job.id)
+    assert all(len(v) == 1 for v in ids.values())
+    assert [s.replayed for s in subs[:20]] == [False] * 20
+    assert all(s.replayed for s in subs[20:])
+    assert await raw_count(db_url, "jobs") == 20
+    assert await raw_count(db_url, "relay_outbox") == 20
+    again = await service.submit("u1", "one-4", reqs[4])
+    assert again.replayed and again.job.id in ids[4]
+    with pytest.raises(IdempotencyConflict):
+        await service.submit("u1", "one-3", PortalLinkRequest("suwon", "someone-else", "pw"))
+
+
+async def test_a_lone_request_is_written_at_once_without_a_group(store: SqlStore) -> None:
+    intake = await store.create_portal_job(new_job("lone", 0), time.time())
+    assert intake.created and intake.outbox is not None
+    assert stats(store).groups == 0
+
+
+async def test_concurrent_registrations_share_groups_and_keep_one_website_per_domain(
+    store: SqlStore, db_url: str
+) -> None:
+    """Website registration is grouped too: twenty calls over eight domains make eight
+    websites with one work row each, every call answered with its domain's website."""
+    domains = [f"site{i % 8}.example" for i in range(20)]
+    results = await asyncio.gather(
+        *(
+            store.register_website(f"w-{i}", f"work-{i}", d, None, time.time())
+            for i, d in enumerate(domains)
+        )
+    )
+    assert store.website_group is not None and store.website_group.stats.groups >= 1
+    by_domain: dict[str, set[str]] = {}
+    created: dict[str, int] = {}
+    for d, (website, made) in zip(domains, results, strict=True):
+        assert website.domain == d
+        by_domain.setdefault(d, set()).add(website.id)
+        created[d] = created.get(d, 0) + int(made)
+    assert all(len(ids) == 1 for ids in by_domain.values())
+    assert created == {d: 1 for d in by_domain}
+    assert await raw_count(db_url, "websites") == 8
+    assert await raw_count(db_url, "work_outbox") == 8
+
+
+# ------------------------------------------------------------------ a failing member
+
+
+async def test_a_member_that_violates_a_constraint_fails_alone_and_the_rest_commit(
+    store: SqlStore, db_url: str
+) -> None:
+    """A new key reusing an existing job's id breaks the primary key: only that member
+    fails, with the error it gets alone; the other members of its group commit."""
+    taken = await store.create_portal_job(new_job("pk", 99), time.time())
+    with pytest.raises(StorageError) as alone:
+        await store.create_portal_job(
+            new_job("pk", 98, job_id=taken.job.id, key="pk-alone"), time.time()
+        )
+    members = [new_job("pk", i) for i in range(12)]
+    members[10] = new_job("pk", 10, job_id=taken.job.id)
+    results = await asyncio.gather(
+        *(store.create_portal_job(m, time.time()) for m in members), return_exceptions=True
+    )
+    # The first calls are written at once; the others form a group around member 10.
+    assert stats(store).largest == 12 - direct(store) and stats(store).member_failures == 1
+    assert isinstance(results[10], StorageError)
+    assert type(results[10]) is type(alone.value)
+    assert str(results[10]).replace("pk-10", "KEY") == str(alone.value).replace("pk-alone", "KEY")
+    for i in (*range(10), 11):
+        got = results[i]
+        assert not isinstance(got, BaseException), got
+        assert got.created and got.job.id == f"pk-job-{i}"
+        assert await store.get_job(f"pk-job-{i}") is not None
+        assert await store.latest_relay_row_for_job(f"pk-job-{i}") is not None
+    assert await raw_count(db_url, "jobs") == 12  # the taken one and eleven members
+    assert await raw_count(db_url, "relay_outbox") == 12
+
+
+async def test_a_member_failing_after_its_first_insert_leaves_nothing(
+    store: SqlStore, db_url: str
+) -> None:
+    """A member whose job row went in and whose outbox row then broke a key is rolled back to
+    its savepoint (no job without its outbox row); the others of its group commit."""
+    taken = await store.create_portal_job(new_job("sp", 99), time.time())
+    assert taken.outbox is not None
+    members = [new_job("sp", i) for i in range(12)]
+    bad = members[10]
+    members[10] = replace(bad, outbox_id=taken.outbox.id)
+    results = await asyncio.gather(
+        *(store.create_portal_job(m, time.time()) for m in members), return_exceptions=True
+    )
+    assert stats(store).member_failures == 1 and stats(store).group_failures == 0
+    assert isinstance(results[10], StorageError)
+    assert await store.get_job(bad.job_id) is None
+    for i in (*range(10), 11):
+        got = results[i]
+        assert not isinstance(got, BaseException), got
+        assert got.created and got.outbox is not None
+    assert await raw_count(db_url, "jobs") == 12
+    assert await raw_count(db_url, "relay_outbox") == 12
+
+
+# ------------------------------------------------------------------ a failing group
+
+
+@pytest_asyncio.fixture
+async def fails_at_commit(store: SqlStore, db_url: str) -> AsyncIterator[None]:
+    """A deferred check that fails the COMMIT of any transaction holding the marked key
+    (on the store's migrated database)."""
+    if store.backend == "sqlite":
+        setup = [
+            "CREATE TABLE gc_parent (id TEXT PRIMARY KEY)",
+            "CREATE TABLE gc_child (parent TEXT REFERENCES gc_parent (id)"
+            " DEFERRABLE INITIALLY DEFERRED)",
+            "CREATE TRIGGER gc_fail AFTER INSERT ON jobs"
+            f" WHEN NEW.idempotency_key = '{COMMIT_FAILS}'"
+            " BEGIN INSERT INTO gc_child VALUES ('missing'); END",
+        ]
+        cleanup: list[str] = []  # the SQLite file is the test's own
+    else:
+        setup = [
+            "CREATE OR REPLACE FUNCTION gc_fail() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$",
+            "CREATE CONSTRAINT TRIGGER gc_fail AFTER INSERT ON jobs"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
+            f" WHEN (NEW.idempotency_key = '{COMMIT_FAILS}') EXECUTE FUNCTION gc_fail()",
+        ]
+        cleanup = ["DROP TRIGGER IF EXISTS gc_fail ON jobs", "DROP FUNCTION IF EXISTS gc_fail()"]
+    async with raw_db(db_url) as db:
+        for statement in setup:
+            await db.execute(statement)
+    try:
+        yield
+    finally:
+        async with raw_db(db_url) as db:
+            for statement in cleanup:
+                await db.execute(statement)
+
+
+@pytest.mark.usefixtures("fails_at_commit")
+async def test_a_group_whose_commit_fails_runs_each_member_alone(
+    store: SqlStore, db_url: str
+) -> None:
+    """The group's COMMIT fails for real: nothing of it stays, then each member runs on
+    its own; the marked one fails again, every other one commits."""
+    members = [new_job("cf", i) for i in range(8)]
+    members[6] = new_job("cf", 6, key=COMMIT_FAILS)
+    results = await asyncio.gather(
+        *(store.create_portal_job(m, time.time()) for m in members), return_exceptions=True
+    )
+    assert stats(store).groups == 1 and stats(store).group_failures == 1
+    assert isinstance(results[6], StorageError)
+    for i in (0, 1, 2, 3, 4, 5, 7):
+        got = results[i]
+        assert not isinstance(got, BaseException), got
+        assert got.created, "the rerun alone inserts: the failed group left nothing"
+    assert await raw_count(db_url, "jobs") == 7
+    assert await raw_count(db_url, "relay_outbox") == 7
+    assert await store.get_job("cf-job-6") is None
+
+
+# ------------------------------------------------------------------ a crash after the commit
+
+
+async def test_a_crash_between_the_commit_and_the_answers_loses_nothing(
+    db_url: str, tmp_path: Path
+) -> None:
+    """A process SIGKILLs itself once its group committed, before answering anyone; a
+    replay of each key (same Idempotency-Key) finds the job the dead process wrote."""
+    env = {**os.environ, "OUTBOXD_CRASH_AT": "after_group_commit_before_answers"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.support.group_crash", db_url, str(tmp_path), "gc", "12"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert "crash point after_group_commit_before_answers reached" in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "answered" not in lines, "nobody was answered before the crash"
+    planned: dict[str, str] = json.loads(lines[0])
+    assert len(planned) == 12
+    store = await open_store(db_url, tmp_path, 5, 5.0)
+    try:
+        replays = await asyncio.gather(
+            *(
+                store.create_portal_job(portal_job("replay", i, key=key), time.time())
+                for i, key in enumerate(planned)
+            )
+        )
+        for key, intake in zip(planned, replays, strict=True):
+            assert not intake.created
+            assert intake.job.id == planned[key]
+            assert intake.outbox is not None and intake.outbox.job_id == planned[key]
+        assert await raw_count(db_url, "jobs") == 12
+    finally:
+        await store.close()
