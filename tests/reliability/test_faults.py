@@ -535,7 +535,7 @@ class _StoreFailingAfterTheCommit:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    async def claim_relay_row(self, outbox_id: str, now: float, lease_s: float) -> Any:
+    async def claim_relay_rows(self, outbox_ids: Any, now: float, lease_s: float) -> Any:
         from outboxd.errors import StorageUnavailable
 
         raise StorageUnavailable("postgres: ConnectionDoesNotExistError: connection was closed")

@@ -418,7 +418,7 @@ async def _serve(
         queues=[settings.sqs.jobs_queue, settings.sqs.tasks_queue],
     )
 
-    relay = Relay(store, queues, settings.relay, metrics)
+    relay = Relay(store, queues, settings.relay, metrics, stop=stop)
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
     api_server: ApiServer | None = None
@@ -505,6 +505,7 @@ async def _serve(
 
         tg.create_task(enforce_deadline())
         await stop.wait()
+    await relay.drain(settings.relay.publish_timeout_s + 1.0)
     return 1 if failures else 0
 
 

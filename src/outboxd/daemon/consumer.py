@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -27,6 +26,7 @@ from outboxd.crashpoints import crash_point
 from outboxd.daemon.loops import backoff, sleep_or_stop
 from outboxd.errors import SecurityError, StorageError
 from outboxd.observability import Metrics
+from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
 from outboxd.security import KeyRing, Sealed
@@ -418,15 +418,6 @@ class _Slots:
 @dataclass
 class _RunState:
     job: JobRecord
-
-
-def _message_id_field(body: str, key: str) -> str | None:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    value = data.get(key) if isinstance(data, dict) else None
-    return value if isinstance(value, str) and value else None
 
 
 async def _until_stopped(

@@ -5,12 +5,15 @@ with no transaction open, then marked SENT (only the `Successful` entries, with
 their MessageId) or backed off. A crash between publish and SENT leaves the
 lease to expire and the row to be published again: delivery is at least once,
 and the consumer's effects are idempotent.
+
+Requests do not publish one message each: concurrent `publish_now` calls are
+coalesced into shared SendMessageBatch calls (docs/architecture.md, "Coalesced
+dispatch"), and the loop claims its next round while the current one is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -21,10 +24,29 @@ from outboxd.config import RelaySettings
 from outboxd.crashpoints import crash_point
 from outboxd.daemon.loops import backoff, sleep_or_stop
 from outboxd.observability import Metrics
-from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueError, QueueKind
+from outboxd.queue import messages
+from outboxd.queue.sqs import (
+    MAX_BATCH_ENTRIES,
+    BatchResult,
+    OutgoingMessage,
+    QueueError,
+    QueueKind,
+)
 from outboxd.storage.ports import RelayFailure, RelayRow, RelayStore, TaskStore
 
 log = structlog.get_logger(__name__)
+
+# How long a request waits for others to join its batch while other batches are out:
+# about a millisecond, so requests that arrive close together share one SendMessageBatch.
+# When nothing is out, a request does not wait at all (it leaves at the end of the
+# event loop's turn): a lone request adds no delay.
+DISPATCH_LINGER_S = 0.001
+# Coalesced batches in flight at once. While all are out, new requests queue up and
+# leave together as soon as one returns: the busier the API, the fuller the batches.
+DISPATCH_BATCHES_IN_FLIGHT = 4
+# Rounds one relay pass may chain (each claim overlapping the previous round's sends)
+# before the loop looks at its stop event again.
+ROUNDS_PER_PASS = 10
 
 
 class Publisher(Protocol):
@@ -40,8 +62,13 @@ class RelayStoreWithTasks(RelayStore, TaskStore, Protocol):
 def message_body(row: RelayRow) -> str:
     """Ids only: the consumer reads everything else (credentials included) from the database."""
     if row.kind == "job":
-        return json.dumps({"type": "portal_link", "jobId": row.job_id, "outboxId": row.id})
-    return json.dumps({"type": "task", "taskId": row.task_id, "outboxId": row.id})
+        return messages.encode_job(row.job_id or "", row.id)
+    return messages.encode_task(row.task_id or "", row.id)
+
+
+# A request's outcome: True SENT, False not (the row stays for the loop), None when the
+# row was not ours to publish (SENT already, or another holder's lease).
+_Waiter = tuple[str, "asyncio.Future[bool | None]"]
 
 
 class Relay:
@@ -53,6 +80,9 @@ class Relay:
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
         batches_per_round: int = 10,
+        stop: asyncio.Event | None = None,
+        dispatch_linger_s: float = DISPATCH_LINGER_S,
+        dispatch_batches_in_flight: int = DISPATCH_BATCHES_IN_FLIGHT,
     ) -> None:
         self._store = store
         self._round_size = settings.batch_size * batches_per_round
@@ -68,17 +98,129 @@ class Relay:
         # copy of the message (the consumer drops it); the version guard refuses
         # the stale holder's SENT.
         self._lease_s = max(2.0, settings.publish_timeout_s * 5)
+        # Coalesced dispatch: requests waiting for a batch, and the batches out.
+        self._stop = stop
+        self._dispatch_size = min(settings.batch_size, MAX_BATCH_ENTRIES)
+        self._linger_s = dispatch_linger_s
+        self._max_in_flight = max(1, dispatch_batches_in_flight)
+        self._waiting: list[_Waiter] = []
+        self._open: set[asyncio.Future[bool | None]] = set()
+        self._in_flight = 0
+        self._linger: asyncio.Handle | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
+        self._stop_watch: asyncio.Future[None] | None = None
+
+    # ------------------------------------------------------------ publish_now
 
     async def publish_now(self, outbox_id: str) -> bool:
-        """Publish one row for the request that created it; True when it is SENT."""
+        """Publish one row for the request that created it; True when it is SENT.
+
+        The row joins the next coalesced batch. True only once SQS acknowledged this
+        row's own entry and the row is marked SENT; False when that entry failed, or
+        the daemon is stopping (the row then stays for the relay loop).
+        """
         crash_point("after_commit_before_publish")
-        row = await self._store.claim_relay_row(outbox_id, self._clock(), self._lease_s)
-        if row is None:
+        if self._stopping():
+            return False
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool | None] = loop.create_future()
+        self._waiting.append((outbox_id, fut))
+        self._open.add(fut)
+        fut.add_done_callback(self._open.discard)
+        self._watch_stop()
+        self._schedule(loop)
+        try:
+            outcome = await fut
+        except asyncio.CancelledError:
+            self._forget(fut)
+            raise
+        if outcome is None:
             # SENT already, or another holder has it: most often the relay loop, which
             # can claim the row between the request's commit and this call.
             return await self._outcome_of_other_holder(outbox_id)
-        sent = await self._publish([row])
-        return sent == 1
+        return outcome
+
+    async def drain(self, timeout_s: float) -> None:
+        """At shutdown, before the store closes: wait (at most `timeout_s`) for coalesced
+        batches still at SQS to record their outcome, so a message that went out is not
+        left looking unsent for a lease and published again after a restart."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def _watch_stop(self) -> None:
+        """Once per relay: when the stop event is set, every request still waiting is
+        answered "not dispatched" at once, whatever its batch is doing."""
+        if self._stop is not None and self._stop_watch is None:
+            self._stop_watch = asyncio.ensure_future(self._release_on_stop(self._stop))
+
+    async def _release_on_stop(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        self._waiting.clear()
+        for fut in list(self._open):
+            if not fut.done():
+                fut.set_result(False)
+
+    def _forget(self, fut: asyncio.Future[bool | None]) -> None:
+        self._waiting = [w for w in self._waiting if w[1] is not fut]
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._in_flight >= self._max_in_flight:
+            return  # the next batch to return takes the waiting requests along
+        if len(self._waiting) >= self._dispatch_size:
+            self._flush()
+        elif self._linger is None and self._in_flight == 0:
+            # Nothing is out: no one is about to return with company for this request.
+            # It leaves at the end of this turn of the loop, with the requests that
+            # became ready in the same turn.
+            self._linger = loop.call_soon(self._linger_over)
+        elif self._linger is None:
+            self._linger = loop.call_later(self._linger_s, self._linger_over)
+
+    def _linger_over(self) -> None:
+        self._linger = None
+        self._flush()
+
+    def _flush(self) -> None:
+        """Start batches from the waiting requests while fewer than the bound are out."""
+        while self._waiting and self._in_flight < self._max_in_flight:
+            batch = self._waiting[: self._dispatch_size]
+            del self._waiting[: self._dispatch_size]
+            self._in_flight += 1
+            task = asyncio.ensure_future(self._dispatch(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if not self._waiting and self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+
+    async def _dispatch(self, batch: list[_Waiter]) -> None:
+        """One coalesced batch: claim its rows in one transaction, send them in one
+        SendMessageBatch, record the outcome in one, and answer each request with its
+        own entry's outcome."""
+        try:
+            rows = await self._store.claim_relay_rows(
+                [oid for oid, _ in batch], self._clock(), self._lease_s
+            )
+            claimed = {r.id for r in rows}
+            sent = {r.id for r in await self._publish(rows)} if rows else set()
+            for oid, fut in batch:
+                if not fut.done():
+                    fut.set_result(oid in sent if oid in claimed else None)
+        except Exception as exc:  # a database failure: each request sees it
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+        finally:
+            for _, fut in batch:
+                if not fut.done():  # the batch was cancelled: nobody may hang on it
+                    fut.set_result(False)
+            self._in_flight -= 1
+            if self._waiting:
+                # They have waited for a free slot already: no linger for them.
+                self._flush()
 
     async def _outcome_of_other_holder(self, outbox_id: str) -> bool:
         """True once the row is SENT. Waits for a holder that is publishing it now (at
@@ -91,9 +233,11 @@ class Relay:
             if row is None or row.status == "SENT":
                 return row is not None
             in_flight = row.claimed_until is not None and row.claimed_until > self._clock()
-            if not in_flight or time.monotonic() >= deadline:
+            if not in_flight or time.monotonic() >= deadline or self._stopping():
                 return False
             await asyncio.sleep(0.05)
+
+    # ------------------------------------------------------------ the loop
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("relay_started", interval_s=self._settings.interval_s)
@@ -109,28 +253,57 @@ class Relay:
         log.info("relay_stopped")
 
     async def relay_once(self) -> int:
-        """Claim and publish one round of due rows; returns how many were claimed.
+        """Claim and publish due rows, a round at a time; returns how many were claimed.
 
         A round is up to `batches_per_round` SendMessageBatch calls made at once:
         one claim and one outcome transaction serve them all, so the database's
-        commit cost is shared by up to a hundred messages instead of ten.
+        commit cost is shared by up to a hundred messages instead of ten. While a
+        full round is being sent, the next round is claimed (up to ROUNDS_PER_PASS
+        rounds), so the database and SQS work side by side. Every row this pass
+        claimed is published and recorded before it returns.
         """
-        rows = await self._store.claim_relay_due(self._clock(), self._round_size, self._lease_s)
-        if rows:
-            await self._publish(rows)
-        return len(rows)
+        rows = await self._claim_due()
+        total = 0
+        rounds = 0
+        while rows:
+            total += len(rows)
+            rounds += 1
+            more = (
+                len(rows) >= self._round_size
+                and rounds < ROUNDS_PER_PASS
+                and not self._stopping()
+            )
+            next_claim = asyncio.ensure_future(self._claim_due()) if more else None
+            try:
+                await self._publish(rows)
+            except BaseException:
+                if next_claim is not None:
+                    # Rows it claims wait out their lease, then go out again.
+                    next_claim.add_done_callback(_discard_outcome)
+                raise
+            rows = await next_claim if next_claim is not None else []
+        return total
 
-    async def _publish(self, rows: Sequence[RelayRow]) -> int:
+    async def _claim_due(self) -> list[RelayRow]:
+        return await self._store.claim_relay_due(self._clock(), self._round_size, self._lease_s)
+
+    async def _publish(self, rows: Sequence[RelayRow]) -> list[RelayRow]:
+        """Send `rows` in batches at once and record the outcome; the rows now SENT."""
         size = self._settings.batch_size
         chunks: list[tuple[QueueKind, Sequence[RelayRow]]] = []
-        for kind in ("jobs", "tasks"):
-            group = [r for r in rows if (r.kind == "job") == (kind == "jobs")]
+        groups: tuple[tuple[QueueKind, list[RelayRow]], ...] = (
+            ("jobs", [r for r in rows if r.kind == "job"]),
+            ("tasks", [r for r in rows if r.kind != "job"]),
+        )
+        for kind, group in groups:
             chunks.extend((kind, group[i : i + size]) for i in range(0, len(group), size))
-        results = await asyncio.gather(*(self._send(kind, chunk) for kind, chunk in chunks))
-        result = BatchResult(successful={}, failed={})
-        for part in results:
-            result.successful.update(part.successful)
-            result.failed.update(part.failed)
+        if len(chunks) == 1:
+            result = await self._send(*chunks[0])
+        else:
+            result = BatchResult(successful={}, failed={})
+            for part in await asyncio.gather(*(self._send(k, c) for k, c in chunks)):
+                result.successful.update(part.successful)
+                result.failed.update(part.failed)
         return await self._record(rows, result)
 
     async def _send(self, kind: QueueKind, rows: Sequence[RelayRow]) -> BatchResult:
@@ -152,15 +325,12 @@ class Relay:
             reason = str(exc) if isinstance(exc, QueueError) else "publish timed out"
             return BatchResult(successful={}, failed={r.id: reason for r in rows})
 
-    async def _record(self, rows: Sequence[RelayRow], result: BatchResult) -> int:
-        """Mark the `Successful` entries SENT and back off the rest, in two transactions."""
+    async def _record(self, rows: Sequence[RelayRow], result: BatchResult) -> list[RelayRow]:
+        """Mark the `Successful` entries SENT and back off the rest, in one transaction."""
         crash_point("after_publish_before_sent")
         now = self._clock()
         by_id = {r.id: r for r in rows}
         ok = [(by_id[i], mid) for i, mid in result.successful.items() if i in by_id]
-        # Recording the outcome is shielded: a shutdown must not cut it in half
-        # and leave a published row looking unpublished for a whole lease.
-        marked = await asyncio.shield(self._store.mark_relay_sent(ok, now))
         failures = []
         for entry_id, reason in result.failed.items():
             row = by_id.get(entry_id)
@@ -183,15 +353,12 @@ class Relay:
                     dead,
                 )
             )
-        await asyncio.shield(self._store.mark_relay_failed(failures, now))
-        for m in marked:
-            log.info(
-                "outbox_sent",
-                outbox_id=m.id,
-                job_id=m.job_id,
-                task_id=m.task_id,
-                message_id=m.queue_message_id,
-            )
+        # Recording the outcome is shielded: a shutdown must not cut it in half
+        # and leave a published row looking unpublished for a whole lease.
+        marked = await asyncio.shield(self._store.record_relay_outcome(ok, failures, now))
+        size = self._settings.batch_size
+        for i in range(0, len(marked), size):
+            log.info("outbox_sent", **_sent_fields(marked[i : i + size]))
         for f in failures:
             log.warning(
                 "outbox_dead" if f.dead else "outbox_publish_failed",
@@ -202,9 +369,36 @@ class Relay:
                 error=f.error[:300],
             )
         self._metrics.publishes.labels("sent").inc(len(marked))
-        self._metrics.publishes.labels("failed").inc(sum(not f.dead for f in failures))
-        self._metrics.publishes.labels("dead").inc(sum(f.dead for f in failures))
-        return len(marked)
+        if failures:
+            self._metrics.publishes.labels("failed").inc(sum(not f.dead for f in failures))
+            self._metrics.publishes.labels("dead").inc(sum(f.dead for f in failures))
+        return marked
+
+
+def _sent_fields(part: Sequence[RelayRow]) -> dict[str, object]:
+    """The fields of one `outbox_sent` line: one line per SendMessageBatch's worth of rows,
+    not one per message. The ids are listed, so `grep <job_id>` still finds the line; a
+    batch of a single row (a lone request) keeps the per-row fields it always had."""
+    if len(part) == 1:
+        m = part[0]
+        return {
+            "outbox_id": m.id,
+            "job_id": m.job_id,
+            "task_id": m.task_id,
+            "message_id": m.queue_message_id,
+        }
+    return {
+        "count": len(part),
+        "outbox_ids": [m.id for m in part],
+        "job_ids": [m.job_id for m in part if m.job_id is not None],
+        "task_ids": [m.task_id for m in part if m.task_id is not None],
+        "message_ids": [m.queue_message_id for m in part],
+    }
+
+
+def _discard_outcome(fut: asyncio.Future[list[RelayRow]]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
 def publish_failure(row: RelayRow, error: str, next_attempt_at: float, dead: bool) -> RelayFailure:

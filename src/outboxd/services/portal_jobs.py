@@ -127,8 +127,8 @@ class PortalJobService:
         try:
             ok = await self._dispatcher.publish_now(outbox.id)
             # Re-read: the answer shows what is durable, not what we hoped.
-            fresh_job = await self._store.get_job(job.id) or job
-            fresh_outbox = await self._store.get_relay_row(outbox.id) or outbox
+            read_job, read_outbox = await self._store.get_job_and_relay_row(job.id, outbox.id)
+            fresh_job, fresh_outbox = read_job or job, read_outbox or outbox
         except StorageError as exc:
             # The job and its outbox row are committed: the relay delivers it. A 503
             # now would tell the client nothing was accepted.

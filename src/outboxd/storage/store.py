@@ -316,6 +316,16 @@ class SqlStore:
     async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None:
         return await self.db.read(lambda: self._relay_row(job_id))
 
+    async def get_job_and_relay_row(
+        self, job_id: str, outbox_id: str
+    ) -> tuple[JobRecord | None, RelayRow | None]:
+        def body() -> Generator[Op, Any, tuple[JobRecord | None, RelayRow | None]]:
+            job = yield from self._one("select_job", {"id": job_id})
+            relay = yield from self._one("select_relay_row", {"id": outbox_id})
+            return (_job(job) if job else None), (_relay(relay) if relay else None)
+
+        return await self.db.read(body)
+
     async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None:
         return await self._record(
             "start_job_run", {"id": job_id, "now": now, "lease_until": now + lease_s}, _job
@@ -419,67 +429,96 @@ class SqlStore:
             "claim_relay_one", {"id": outbox_id, "now": now, "claimed_until": now + lease_s}, _relay
         )
 
+    async def claim_relay_rows(
+        self, outbox_ids: Sequence[str], now: float, lease_s: float
+    ) -> list[RelayRow]:
+        if not outbox_ids:
+            return []
+        ids = json.dumps(sorted(set(outbox_ids)))
+
+        def body() -> Generator[Op, Any, list[RelayRow]]:
+            rows = yield fetch(
+                self.q["claim_relay_many"], {"ids": ids, "now": now, "claimed_until": now + lease_s}
+            )
+            return [_relay(r) for r in rows]
+
+        return await self.db.run(body)
+
     async def mark_relay_sent(
         self, sent: Sequence[tuple[RelayRow, str]], now: float
     ) -> list[RelayRow]:
         if not sent:
             return []
+        return await self.db.run(lambda: self._relay_sent(sent, now))
 
-        payload = json.dumps([{"id": r.id, "v": r.version, "m": m} for r, m in sent])
+    async def mark_relay_failed(self, failures: Sequence[RelayFailure], now: float) -> None:
+        if failures:
+            await self.db.run(lambda: self._relay_failed(failures, now))
+
+    async def record_relay_outcome(
+        self, sent: Sequence[tuple[RelayRow, str]], failures: Sequence[RelayFailure], now: float
+    ) -> list[RelayRow]:
+        if not sent and not failures:
+            return []
 
         def body() -> Generator[Op, Any, list[RelayRow]]:
-            # Rows a newer holder (or a redrive) owns now fail the version match
-            # and are left alone.
-            rows = yield fetch(self.q["relay_sent_many"], {"rows": payload, "now": now})
-            done = [_relay(r) for r in rows]
-            job_ids = [r.job_id for r in done if r.job_id is not None]
-            task_ids = [r.task_id for r in done if r.task_id is not None]
-            if job_ids:
-                yield execute(
-                    self.q["jobs_running_if_queued"], {"ids": json.dumps(job_ids), "now": now}
-                )
-            if task_ids:
-                yield execute(self.q["tasks_sent"], {"ids": json.dumps(task_ids)})
+            done = (yield from self._relay_sent(sent, now)) if sent else []
+            if failures:
+                yield from self._relay_failed(failures, now)
             return done
 
         return await self.db.run(body)
 
-    async def mark_relay_failed(self, failures: Sequence[RelayFailure], now: float) -> None:
-        if not failures:
-            return
+    def _relay_sent(
+        self, sent: Sequence[tuple[RelayRow, str]], now: float
+    ) -> Generator[Op, Any, list[RelayRow]]:
+        payload = json.dumps([{"id": r.id, "v": r.version, "m": m} for r, m in sent])
+        # Rows a newer holder (or a redrive) owns now fail the version match
+        # and are left alone.
+        rows = yield fetch(self.q["relay_sent_many"], {"rows": payload, "now": now})
+        done = [_relay(r) for r in rows]
+        job_ids = [r.job_id for r in done if r.job_id is not None]
+        task_ids = [r.task_id for r in done if r.task_id is not None]
+        if job_ids:
+            yield execute(
+                self.q["jobs_running_if_queued"], {"ids": json.dumps(job_ids), "now": now}
+            )
+        if task_ids:
+            yield execute(self.q["tasks_sent"], {"ids": json.dumps(task_ids)})
+        return done
 
-        def body() -> Generator[Op, Any, None]:
-            for f in failures:
-                updated = yield from self._one(
-                    "relay_failed",
+    def _relay_failed(
+        self, failures: Sequence[RelayFailure], now: float
+    ) -> Generator[Op, Any, None]:
+        for f in failures:
+            updated = yield from self._one(
+                "relay_failed",
+                {
+                    "id": f.row.id,
+                    "version": f.row.version,
+                    "status": "DEAD" if f.dead else "RETRYABLE_FAILED",
+                    "next_attempt_at": f.next_attempt_at,
+                    "last_error": f.error[:1000],
+                },
+            )
+            if updated is None or not f.dead:
+                continue
+            if f.row.job_id is not None and f.job_error is not None:
+                code, message = f.job_error
+                yield execute(
+                    self.q["job_dead"],
                     {
-                        "id": f.row.id,
-                        "version": f.row.version,
-                        "status": "DEAD" if f.dead else "RETRYABLE_FAILED",
-                        "next_attempt_at": f.next_attempt_at,
-                        "last_error": f.error[:1000],
+                        "id": f.row.job_id,
+                        "error_code": code,
+                        "error_message": message,
+                        "now": now,
                     },
                 )
-                if updated is None or not f.dead:
-                    continue
-                if f.row.job_id is not None and f.job_error is not None:
-                    code, message = f.job_error
-                    yield execute(
-                        self.q["job_dead"],
-                        {
-                            "id": f.row.job_id,
-                            "error_code": code,
-                            "error_message": message,
-                            "now": now,
-                        },
-                    )
-                elif f.row.task_id is not None:
-                    yield execute(
-                        self.q["task_dead"],
-                        {"id": f.row.task_id, "error": f.error[:1000], "now": now},
-                    )
-
-        await self.db.run(body)
+            elif f.row.task_id is not None:
+                yield execute(
+                    self.q["task_dead"],
+                    {"id": f.row.task_id, "error": f.error[:1000], "now": now},
+                )
 
     async def get_relay_row(self, outbox_id: str) -> RelayRow | None:
         return await self._record("select_relay_row", {"id": outbox_id}, _relay, write=False)

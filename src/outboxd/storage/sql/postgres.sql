@@ -3,6 +3,19 @@
 -- Postgres when the blocks load: any number of relays and claimers share one
 -- table without waiting on each other. SQLite's BEGIN IMMEDIATE needs no lock.)
 
+-- name: claim_relay_many
+-- Rows are locked in id order, so two batches that share a row (concurrent replays of
+-- one request) cannot deadlock; the one that waits then finds the row leased.
+UPDATE relay_outbox
+   SET attempt_count = attempt_count + 1, claimed_until = :claimed_until, version = version + 1
+ WHERE id IN (SELECT id FROM relay_outbox
+               WHERE id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+               ORDER BY id
+               FOR UPDATE)
+   AND status IN ('PENDING', 'RETRYABLE_FAILED')
+   AND (claimed_until IS NULL OR claimed_until < :now)
+RETURNING *;
+
 -- name: relay_sent_many
 UPDATE relay_outbox
    SET status = 'SENT', queue_message_id = j.m, sent_at = :now, claimed_until = NULL,

@@ -1,0 +1,229 @@
+"""Coalesced synchronous dispatch (issue 13, item 1), on both backends, against moto.
+
+Concurrent `publish_now` calls share SendMessageBatch calls; each request is answered
+with its own entry's outcome (True only once SQS acknowledged it and its row is SENT
+with that MessageId); a partial batch failure fails only the failed entries, which stay
+for the relay loop; a lone request goes out on its own; a shutdown answers the waiting
+requests "not dispatched" instead of leaving them hanging. The relay loop's chained
+rounds (the next claim overlapping the current sends) publish every row exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+from outboxd.daemon.relay import Relay
+from outboxd.observability import Metrics
+from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
+from outboxd.security import KeyRing
+from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, PortalLinkRequest
+from outboxd.storage.store import SqlStore
+from tests.integration.test_relay import (
+    FAIL_REASON,
+    PartialFailurePublisher,
+    all_rows,
+    assert_no_sent_without_message_id,
+    drain,
+    queues,
+    relay_settings,
+    settings,
+)
+from tests.support.clock import Clock
+from tests.support.ops import insert_portal_job
+
+__all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
+
+
+class GatedPublisher(PartialFailurePublisher):
+    """Holds every batch until `gate` is set; `entered` is set when the first one arrives."""
+
+    def __init__(self, inner: SqsQueues) -> None:
+        super().__init__(inner)
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        self.entered.set()
+        await self.gate.wait()
+        return await super().send_batch(kind, messages)
+
+
+def _fails_odd(m: OutgoingMessage) -> str | None:
+    """SQS-style per-entry failure for about half the entries, chosen by the entry id."""
+    return FAIL_REASON if int(m.entry_id[-1], 16) % 2 else None
+
+
+async def test_concurrent_requests_share_batches_and_each_row_gets_its_message_id(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    clock = Clock()
+    made = [await insert_portal_job(store, clock.now, keys, "pw-coalesce") for _ in range(35)]
+    pub = PartialFailurePublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+
+    answers = await asyncio.gather(*(relay.publish_now(o) for _, o in made))
+
+    assert answers == [True] * len(made)
+    assert len(pub.batches) < len(made), "the requests did not share SendMessageBatch calls"
+    assert all(1 <= len(b) <= 10 for b in pub.batches)
+    assert sorted(m.entry_id for b in pub.batches for m in b) == sorted(o for _, o in made)
+    rows = {r.id: r for r in await all_rows(store)}
+    assert all(rows[o].status == "SENT" for _, o in made)
+    assert_no_sent_without_message_id(list(rows.values()))
+    for job_id, _ in made:
+        job = await store.get_job(job_id)
+        assert job is not None and job.status == "RUNNING"
+    received = await drain(queues)
+    assert sorted((json.loads(b)["outboxId"], mid) for mid, b in received) == sorted(
+        (o, rows[o].queue_message_id) for _, o in made
+    )
+
+
+async def test_a_partial_batch_failure_fails_only_its_own_entries(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    clock = Clock()
+    made = [await insert_portal_job(store, clock.now, keys, "pw-partial") for _ in range(20)]
+    pub = PartialFailurePublisher(queues, fail=_fails_odd)
+    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+
+    answers = dict(
+        zip(
+            (o for _, o in made),
+            await asyncio.gather(*(relay.publish_now(o) for _, o in made)),
+            strict=True,
+        )
+    )
+
+    expected = {o: _fails_odd(OutgoingMessage(o, "")) is None for _, o in made}
+    assert answers == expected
+    mixed = [b for b in pub.batches if len({_fails_odd(m) is None for m in b}) == 2]
+    assert mixed, "no batch held both a failing and a passing entry"
+    for job_id, outbox_id in made:
+        row = await store.get_relay_row(outbox_id)
+        job = await store.get_job(job_id)
+        assert row is not None and job is not None
+        if expected[outbox_id]:
+            assert row.status == "SENT" and row.queue_message_id
+            assert job.status == "RUNNING"
+        else:
+            # Left for the relay loop, backed off, with SQS's reason.
+            assert row.status == "RETRYABLE_FAILED" and row.queue_message_id is None
+            assert row.last_error == FAIL_REASON and row.next_attempt_at > clock.now
+            assert job.status == "QUEUED"
+    received = await drain(queues)
+    assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(
+        o for o, ok in expected.items() if ok
+    )
+
+
+async def test_the_service_answers_each_request_by_its_own_entry(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """Through PortalJobService: without `api.require_dispatch` a failed entry's request
+    is accepted QUEUED (202); with it, that request alone fails (503 C08)."""
+    pub = PartialFailurePublisher(queues, fail=_fails_odd)
+    relay = Relay(store, pub, relay_settings(), Metrics())
+    lenient = PortalJobService(store, keys, relay)
+    strict = PortalJobService(store, keys, relay, require_dispatch=True)
+    req = PortalLinkRequest(portal="suwon", username="20201234", password="pw-service")
+
+    async def submit(service: PortalJobService, key: str) -> tuple[str, str, str] | str:
+        try:
+            sub = await service.submit("alice", key, req)
+        except DispatchFailed as exc:
+            assert exc.outbox is not None and exc.outbox.status == "RETRYABLE_FAILED"
+            return exc.outbox.id
+        assert sub.outbox is not None
+        return sub.outbox.id, sub.outbox.status, sub.job.status
+
+    answers = await asyncio.gather(
+        *(submit(lenient, f"lenient-{i}") for i in range(12)),
+        *(submit(strict, f"strict-{i}") for i in range(12)),
+    )
+
+    assert len(pub.batches) < len(answers)
+    for i, answer in enumerate(answers):
+        if isinstance(answer, str):  # DispatchFailed: only strict requests, only failed entries
+            assert i >= 12 and _fails_odd(OutgoingMessage(answer, "")) is not None
+            continue
+        outbox_id, outbox_status, job_status = answer
+        if _fails_odd(OutgoingMessage(outbox_id, "")) is None:
+            assert (outbox_status, job_status) == ("SENT", "RUNNING")
+        else:
+            assert i < 12 and (outbox_status, job_status) == ("RETRYABLE_FAILED", "QUEUED")
+    await drain(queues)
+
+
+async def test_a_lone_request_goes_out_in_a_batch_of_its_own(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    _, outbox_id = await insert_portal_job(store, Clock().now, keys, "pw-lone")
+    pub = PartialFailurePublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics())
+
+    assert await relay.publish_now(outbox_id) is True
+
+    assert [[m.entry_id for m in b] for b in pub.batches] == [[outbox_id]]
+    row = await store.get_relay_row(outbox_id)
+    assert row is not None and row.status == "SENT" and row.queue_message_id
+    assert [mid for mid, _ in await drain(queues)] == [row.queue_message_id]
+
+
+async def test_a_shutdown_answers_the_waiting_requests_not_dispatched(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """One batch is held inside SQS, the other requests wait for a free slot; the stop
+    event answers them all at once. Rows not sent stay for the relay loop, which then
+    publishes each of them exactly once."""
+    made = [await insert_portal_job(store, Clock().now, keys, "pw-stop") for _ in range(15)]
+    stop = asyncio.Event()
+    pub = GatedPublisher(queues)
+    relay = Relay(
+        store, pub, relay_settings(), Metrics(), stop=stop, dispatch_batches_in_flight=1
+    )
+
+    requests = [asyncio.ensure_future(relay.publish_now(o)) for _, o in made]
+    await asyncio.wait_for(pub.entered.wait(), 10)
+    stop.set()
+    answers = await asyncio.wait_for(asyncio.gather(*requests), 10)
+    assert answers == [False] * len(made)
+    assert await relay.publish_now(made[0][1]) is False  # after the stop: not even tried
+
+    pub.gate.set()  # the held batch goes out and is recorded before drain() returns
+    await asyncio.wait_for(relay.drain(10.0), 15)
+    held = [r for r in await all_rows(store) if r.status == "SENT"]
+    assert len(held) == 10 and all(r.queue_message_id for r in held)
+    loop = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
+    deadline = asyncio.get_running_loop().time() + 10
+    while any(r.status != "SENT" for r in await all_rows(store)):
+        assert asyncio.get_running_loop().time() < deadline, "rows were left unsent"
+        await loop.relay_once()
+        await asyncio.sleep(0.05)
+    rows = await all_rows(store)
+    assert_no_sent_without_message_id(rows)
+    received = await drain(queues)
+    assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(o for _, o in made)
+
+
+async def test_chained_rounds_publish_every_row_once(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """Rounds of 10 (one batch each): the pass chains its rounds, each claim overlapping
+    the sends before it, and stops after ten rounds so the loop can look at its stop
+    event; every row is claimed once and SENT with its MessageId."""
+    clock = Clock()
+    made = [await insert_portal_job(store, clock.now, keys, "pw-rounds") for _ in range(125)]
+    pub = PartialFailurePublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock, batches_per_round=1)
+
+    assert [await relay.relay_once() for _ in range(3)] == [100, 25, 0]
+
+    rows = await all_rows(store)
+    assert all(r.status == "SENT" and r.attempt_count == 1 for r in rows)
+    assert_no_sent_without_message_id(rows)
+    assert sorted(m.entry_id for b in pub.batches for m in b) == sorted(o for _, o in made)
+    received = await drain(queues)
+    assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(o for _, o in made)
