@@ -192,8 +192,8 @@ class FakeProcess:
         terminate(self.proc)
 
 
-# The fake Suwon portal (tests/fakes/portal.py) and the student it knows: the end-to-end
+# The fake Suwon portal (testkit/fakes/portal.py) and the student it knows: the end-to-end
 # benchmark starts it as a process, as the acceptance tests do.
-PORTAL_MODULE = "tests.fakes.portal"
+PORTAL_MODULE = "testkit.fakes.portal"
 SAMPLE_SNO = "20201234"
 SAMPLE_PASSWORD = "correct-horse"

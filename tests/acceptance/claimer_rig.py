@@ -114,7 +114,7 @@ class ClaimerRig:
     def start_ai(self, *args: str) -> FakeProcess:
         ai = FakeProcess(
             self.tmp_path,
-            "tests.fakes.ai",
+            "testkit.fakes.ai",
             "--api-key",
             KEY,
             "--record-file",

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from testkit.fakes.portal import FakePortal, Student, sample_student
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
-from tests.fakes.portal import FakePortal, Student, sample_student
 from tests.reliability.harness import Db, wait_until
 from tests.support import postgres as pg
 from tests.support.config import merge

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+
 from tests.acceptance.conftest import Response, http_request, wait_for
-from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 
 def post_job(base: str, key: str, password: str = SAMPLE_PASSWORD) -> Response:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from outboxd.security import generate_token, hash_token
 from tests.acceptance.conftest import (
@@ -32,7 +33,6 @@ from tests.acceptance.conftest import (
     merge,
     wait_for,
 )
-from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from tests.support.browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -172,7 +172,7 @@ def fake_ai(tmp_path: Path) -> Iterator[FakeProcess]:
     """The fake AI, answering a category with markup for EVIL_DOMAIN (an untrusted error)."""
     ai = FakeProcess(
         tmp_path,
-        "tests.fakes.ai",
+        "testkit.fakes.ai",
         "--api-key",
         AI_KEY,
         "--category",

@@ -14,6 +14,7 @@ import signal
 from typing import Any
 
 import pytest
+from testkit.fakes.portal import SAMPLE_SNO
 
 from tests.acceptance.conftest import (
     CONNECTION_ERRORS,
@@ -23,7 +24,6 @@ from tests.acceptance.conftest import (
     wait_for,
 )
 from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, queue_depth, wait_terminal
-from tests.fakes.portal import SAMPLE_SNO
 from tests.support.daemon import DaemonProcess
 
 pytestmark = pytest.mark.slow

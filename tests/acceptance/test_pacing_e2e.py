@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.fakes.portal import SAMPLE_PASSWORD, sample_student
 
 from tests.acceptance.claimer_rig import ClaimerRig, openai_classifier, register
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, http_request
-from tests.fakes.portal import SAMPLE_PASSWORD, sample_student
 from tests.reliability.harness import wait_until
 from tests.support.daemon import DaemonProcess, FakeProcess
 from tests.support.ops import run_cli

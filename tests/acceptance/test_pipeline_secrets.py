@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 import pytest
+from testkit.fakes.portal import SAMPLE_SNO, Course, Semester, Student
 
 from outboxd.config import SqsSettings
 from outboxd.queue.sqs import SqsQueues
@@ -27,7 +28,6 @@ from tests.acceptance.conftest import (
     http_request,
 )
 from tests.acceptance.jobs import get_job, wait_terminal
-from tests.fakes.portal import SAMPLE_SNO, Course, Semester, Student
 from tests.support.moto import MotoServer
 from tests.support.sqs import read_all
 from tests.support.students import it_student

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from outboxd.security import generate_key, generate_token, hash_token
 from tests.acceptance.conftest import PortalThread, http_request, wait_for
-from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from tests.support import postgres as pg
 from tests.support.moto import MotoServer
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread
-from tests.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from tests.support.ops import run_cli
 
 pytestmark = pytest.mark.slow

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, ClassifierSettings
 from outboxd.daemon.claimer import Claimer
@@ -23,7 +24,6 @@ from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore
-from tests.fakes.ai import FakeAI
 from tests.support.clock import Clock
 from tests.support.db import raw_execute, raw_rows
 

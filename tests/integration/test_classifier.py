@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClassifierRule, ClassifierSettings
 from outboxd.scrapers.classifier import (
@@ -25,7 +26,6 @@ from outboxd.scrapers.classifier import (
     build_classifier,
     parse_retry_after,
 )
-from tests.fakes.ai import FakeAI
 
 KEY_ENV = "OUTBOXD_TEST_AI_KEY"
 # Distinctive so a leak is unmistakable in any message.
@@ -388,7 +388,7 @@ async def test_fake_standalone_serves_and_records(
         [
             sys.executable,
             "-m",
-            "tests.fakes.ai",
+            "testkit.fakes.ai",
             "--port-file",
             str(port_file),
             "--record-file",

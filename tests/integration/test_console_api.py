@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
+from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, ClassifierSettings
 from outboxd.daemon.api import create_app
@@ -25,7 +26,6 @@ from outboxd.security import KeyRing
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory
-from tests.fakes.ai import FakeAI
 from tests.integration.test_admin_api import problem_of, walk
 from tests.support.ops import kill_at_publish, kill_in_processing, submit_job, succeed
 

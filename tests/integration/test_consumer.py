@@ -23,6 +23,15 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from testkit.fakes.portal import (
+    SAMPLE_PASSWORD,
+    SAMPLE_SNO,
+    Course,
+    FakePortal,
+    Semester,
+    Student,
+    sample_student,
+)
 
 from outboxd.config import Settings
 from outboxd.daemon.consumer import Consumer
@@ -41,15 +50,6 @@ from outboxd.security import KeyRing
 from outboxd.storage.ports import JobRecord, NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
 from tests.conftest import SettingsFactory
-from tests.fakes.portal import (
-    SAMPLE_PASSWORD,
-    SAMPLE_SNO,
-    Course,
-    FakePortal,
-    Semester,
-    Student,
-    sample_student,
-)
 from tests.support.moto import MotoServer
 from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 from tests.support.sqs import read_all

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest_asyncio
+from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, ClassifierSettings, SuwonScraperSettings
 from outboxd.daemon.claimer import AI_PACE, Claimer
@@ -24,7 +25,6 @@ from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore, open_store
-from tests.fakes.ai import FakeAI
 
 KEY_ENV = "PACING_TEST_AI_KEY"
 KEY = "sk-pacing-test-90aa"

@@ -18,11 +18,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from structlog.testing import capture_logs
-from yarl import URL
-
-from outboxd.config import SuwonScraperSettings
-from outboxd.scrapers.suwon import PortalError, SuwonScraper
-from tests.fakes.portal import (
+from testkit.fakes.portal import (
     SAMPLE_PASSWORD,
     SAMPLE_SNO,
     SESSION_EXPIRED_JSON,
@@ -30,6 +26,10 @@ from tests.fakes.portal import (
     Student,
     sample_student,
 )
+from yarl import URL
+
+from outboxd.config import SuwonScraperSettings
+from outboxd.scrapers.suwon import PortalError, SuwonScraper
 from tests.support.records import EXPECTED_RECORD
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -509,12 +509,12 @@ async def test_fake_sso_without_login_redirects_to_login_without_ticket(
 
 
 async def test_fake_runs_standalone_and_stops_on_sigterm(tmp_path: Path) -> None:
-    """`python -m tests.fakes.portal` writes its URLs, honours --fail-first-n, exits on SIGTERM."""
+    """`python -m testkit.fakes.portal` writes its URLs, honors --fail-first-n; exits on SIGTERM."""
     port_file = tmp_path / "portal.json"
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "tests.fakes.portal",
+        "testkit.fakes.portal",
         "--port-file",
         str(port_file),
         "--fail-first-n",

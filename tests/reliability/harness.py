@@ -31,11 +31,11 @@ from typing import Any, TypeVar
 import asyncpg
 from aiohttp import web
 from hypothesis import HealthCheck, settings
+from testkit.fakes.ai import FakeAI
+from testkit.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
-from tests.fakes.ai import FakeAI
-from tests.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
 from tests.support.config import merge
 from tests.support.daemon import DaemonProcess
 from tests.support.db import COUNTED, RawDb, raw_rows

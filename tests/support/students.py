@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.fakes.portal import Scalar, Semester, Student, Totals
+from testkit.fakes.portal import Scalar, Semester, Student, Totals
 
 
 def it_student(

@@ -143,7 +143,7 @@ def _one_line(value: str) -> str:
 class OpenAIClassifier:
     """Asks an OpenAI-compatible `/chat/completions` endpoint for one category word.
 
-    The user message carries `Domain: <domain>` on its own line (tests/fakes/ai.py
+    The user message carries `Domain: <domain>` on its own line (testkit/fakes/ai.py
     relies on that convention) and, when known, `Favicon: <url>`.
     """
 

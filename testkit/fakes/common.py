@@ -1,5 +1,5 @@
 """What the fake servers share: `async with` around start/stop, and serving standalone
-(`python -m tests.fakes.<name> --port-file PATH`) until SIGTERM/SIGINT."""
+(`python -m testkit.fakes.<name> --port-file PATH`) until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 

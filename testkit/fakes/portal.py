@@ -22,7 +22,7 @@ Use in tests::
 
 Standalone (for tests that run the daemon as a subprocess)::
 
-    python -m tests.fakes.portal --port-file PATH [--fail-first-n N] [--delay-s X]
+    python -m testkit.fakes.portal --port-file PATH [--fail-first-n N] [--delay-s X]
 
 writes `{"portal_base_url": ..., "info_base_url": ...}` to PATH once both servers listen,
 and serves until SIGTERM or SIGINT.
@@ -46,8 +46,7 @@ from aiohttp import web
 # The sample student has one home, shared with bench/e2e.py.
 from testkit.daemon import SAMPLE_PASSWORD as SAMPLE_PASSWORD
 from testkit.daemon import SAMPLE_SNO as SAMPLE_SNO
-
-from tests.fakes.common import FakeServer, serve_until_signalled
+from testkit.fakes.common import FakeServer, serve_until_signalled
 
 Scalar = str | int | float
 """A value as the info system may send it: the real one mixes numbers and numeric strings."""

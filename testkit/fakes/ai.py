@@ -15,7 +15,7 @@ partly do, so tests can prove the classifier keeps keys out of its error message
 
 Standalone, for acceptance tests that run the daemon as a subprocess:
 
-    python -m tests.fakes.ai --port-file PATH [--api-key K] [--delay-s X]
+    python -m testkit.fakes.ai --port-file PATH [--api-key K] [--delay-s X]
         [--record-file PATH] [--default-category C] [--category DOMAIN=CATEGORY ...]
         [--rate-limit-call N=RETRY_AFTER_S ...]
 
@@ -44,7 +44,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fakes.common import FakeServer, serve_until_signalled
+from testkit.fakes.common import FakeServer, serve_until_signalled
 
 _DOMAIN_LINE = re.compile(r"^\s*Domain:\s*(\S+)\s*$", re.MULTILINE)
 DEFAULT_MALFORMED_BODY = b'{"object": "list", "data": []}'
@@ -273,7 +273,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.fakes.ai", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m testkit.fakes.ai", description=__doc__)
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--api-key", default="test-key")
