@@ -91,7 +91,7 @@ class _Body(Struct, rename="camel", forbid_unknown_fields=True):
 class PortalLinkRequest(_Body):
     """Link a student's portal account; unknown fields are rejected."""
 
-    portal: Annotated[PortalName, Meta(description="The portal.")]
+    portal: Annotated[PortalName, Meta(description="The portal.", extra={"max_length": 32})]
     username: Annotated[
         str,
         Meta(
@@ -162,7 +162,9 @@ class TaskRequest(_Body):
 
     # The registry's order, not msgspec's sorted one: the enum lists the task types as
     # services/tasks.py does.
-    type: Annotated[TaskType, Meta(extra_json_schema={"enum": list(BUILTIN_TASKS)})]
+    type: Annotated[
+        TaskType, Meta(extra_json_schema={"enum": list(BUILTIN_TASKS)}, extra={"max_length": 100})
+    ]
     payload: TaskPayload = msgspec.field(default_factory=TaskPayload)
     dedup_id: (
         Annotated[
@@ -526,12 +528,16 @@ class _TextField:
         self.optional = not field.required
         if isinstance(t, msgspec.inspect.UnionType):
             t = next(x for x in t.types if not isinstance(x, msgspec.inspect.NoneType))
+        extra: dict[str, Any] = {}
         if isinstance(t, msgspec.inspect.Metadata):
+            extra = t.extra or {}
             t = t.type
         self.choices: tuple[str, ...] | None = None
         self.max_length: int | None = None
         if isinstance(t, msgspec.inspect.LiteralType):
             self.choices = tuple(str(v) for v in t.values)
+            # A long unknown value is refused for its length first, as for any text field.
+            self.max_length = extra.get("max_length")
         else:
             assert isinstance(t, msgspec.inspect.StrType), (self.name, t)
             self.max_length = t.max_length
