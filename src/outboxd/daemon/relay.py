@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import structlog
 
@@ -66,9 +66,10 @@ def message_body(row: RelayRow) -> str:
     return messages.encode_task(row.task_id or "", row.id)
 
 
-# A request's outcome: True SENT, False not (the row stays for the loop), None when the
-# row was not ours to publish (SENT already, or another holder's lease).
-_Waiter = tuple[str, "asyncio.Future[bool | None]"]
+# A request's outcome: its row as marked SENT, False when not (the row stays for the
+# loop), None when the row was not ours to publish (SENT already, or another holder's lease).
+_Outcome = RelayRow | Literal[False] | None
+_Waiter = tuple[str, "asyncio.Future[_Outcome]"]
 
 
 class Relay:
@@ -104,7 +105,7 @@ class Relay:
         self._linger_s = dispatch_linger_s
         self._max_in_flight = max(1, dispatch_batches_in_flight)
         self._waiting: list[_Waiter] = []
-        self._open: set[asyncio.Future[bool | None]] = set()
+        self._open: set[asyncio.Future[_Outcome]] = set()
         self._in_flight = 0
         self._linger: asyncio.Handle | None = None
         self._tasks: set[asyncio.Future[None]] = set()
@@ -119,11 +120,16 @@ class Relay:
         row's own entry and the row is marked SENT; False when that entry failed, or
         the daemon is stopping (the row then stays for the relay loop).
         """
+        return await self.dispatch(outbox_id) is not None
+
+    async def dispatch(self, outbox_id: str) -> RelayRow | None:
+        """`publish_now` with the row as it was committed SENT (None when it is not SENT),
+        so the request can answer from what its batch wrote instead of reading it back."""
         crash_point("after_commit_before_publish")
         if self._stopping():
-            return False
+            return None
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bool | None] = loop.create_future()
+        fut: asyncio.Future[_Outcome] = loop.create_future()
         self._waiting.append((outbox_id, fut))
         self._open.add(fut)
         fut.add_done_callback(self._open.discard)
@@ -138,7 +144,7 @@ class Relay:
             # SENT already, or another holder has it: most often the relay loop, which
             # can claim the row between the request's commit and this call.
             return await self._outcome_of_other_holder(outbox_id)
-        return outcome
+        return outcome or None
 
     async def drain(self, timeout_s: float) -> None:
         """At shutdown, before the store closes: wait (at most `timeout_s`) for coalesced
@@ -163,7 +169,7 @@ class Relay:
             if not fut.done():
                 fut.set_result(False)
 
-    def _forget(self, fut: asyncio.Future[bool | None]) -> None:
+    def _forget(self, fut: asyncio.Future[_Outcome]) -> None:
         self._waiting = [w for w in self._waiting if w[1] is not fut]
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -205,10 +211,10 @@ class Relay:
                 [oid for oid, _ in batch], self._clock(), self._lease_s
             )
             claimed = {r.id for r in rows}
-            sent = {r.id for r in await self._publish(rows)} if rows else set()
+            sent = {r.id: r for r in await self._publish(rows)} if rows else {}
             for oid, fut in batch:
                 if not fut.done():
-                    fut.set_result(oid in sent if oid in claimed else None)
+                    fut.set_result(sent.get(oid, False) if oid in claimed else None)
         except Exception as exc:  # a database failure: each request sees it
             for _, fut in batch:
                 if not fut.done():
@@ -222,8 +228,8 @@ class Relay:
                 # They have waited for a free slot already: no linger for them.
                 self._flush()
 
-    async def _outcome_of_other_holder(self, outbox_id: str) -> bool:
-        """True once the row is SENT. Waits for a holder that is publishing it now (at
+    async def _outcome_of_other_holder(self, outbox_id: str) -> RelayRow | None:
+        """The row once it is SENT. Waits for a holder that is publishing it now (at
         most one publish timeout, plus a second for the holder to record the outcome),
         so the request's answer, and `api.require_dispatch`, reflect that publish
         rather than a moment in the middle of it."""
@@ -231,10 +237,10 @@ class Relay:
         while True:
             row = await self._store.get_relay_row(outbox_id)
             if row is None or row.status == "SENT":
-                return row is not None
+                return row
             in_flight = row.claimed_until is not None and row.claimed_until > self._clock()
             if not in_flight or time.monotonic() >= deadline or self._stopping():
-                return False
+                return None
             await asyncio.sleep(0.05)
 
     # ------------------------------------------------------------ the loop

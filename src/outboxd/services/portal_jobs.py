@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import structlog
@@ -40,8 +40,9 @@ class DispatchFailed(OutboxdError):
 
 
 class Dispatcher(Protocol):
-    async def publish_now(self, outbox_id: str) -> bool:
-        """Publish one outbox row now; True when it is SENT. Never raises for SQS failures."""
+    async def dispatch(self, outbox_id: str) -> RelayRow | None:
+        """Publish one outbox row now; the row as committed SENT, or None when it is not
+        SENT. Never raises for SQS failures."""
         ...
 
 
@@ -125,10 +126,11 @@ class PortalJobService:
                 raise DispatchFailed(job, outbox)
             return job, outbox
         try:
-            ok = await self._dispatcher.publish_now(outbox.id)
-            # Re-read: the answer shows what is durable, not what we hoped.
-            read_job, read_outbox = await self._store.get_job_and_relay_row(job.id, outbox.id)
-            fresh_job, fresh_outbox = read_job or job, read_outbox or outbox
+            sent = await self._dispatcher.dispatch(outbox.id)
+            if sent is None:
+                # Not published (rare): read back what is durable, e.g. a backed-off row.
+                read_job, read_outbox = await self._store.get_job_and_relay_row(job.id, outbox.id)
+                job, outbox = read_job or job, read_outbox or outbox
         except StorageError as exc:
             # The job and its outbox row are committed: the relay delivers it. A 503
             # now would tell the client nothing was accepted.
@@ -136,9 +138,17 @@ class PortalJobService:
             if self._require_dispatch:
                 raise DispatchFailed(job, outbox) from None
             return job, outbox
-        if not ok and self._require_dispatch and fresh_outbox.status != "SENT":
-            raise DispatchFailed(fresh_job, fresh_outbox)
-        return fresh_job, fresh_outbox
+        if sent is None:
+            # Not published: the row stays for the relay loop.
+            if self._require_dispatch and outbox.status != "SENT":
+                raise DispatchFailed(job, outbox)
+            return job, outbox
+        # The answer is what the batch committed (no read-back): the row SENT, and the
+        # job, QUEUED at intake, RUNNING in the same transaction (the consumer may have
+        # moved it further since; GET /v1/jobs/{id} shows that).
+        if job.status == "QUEUED":
+            job = replace(job, status="RUNNING", updated_at=sent.sent_at or job.updated_at)
+        return job, sent
 
     async def get(self, job_id: str) -> tuple[JobRecord, RelayRow | None] | None:
         job = await self._store.get_job(job_id)
