@@ -69,7 +69,8 @@ def message_body(row: RelayRow) -> str:
 # A request's outcome: its row as marked SENT, False when not (the row stays for the
 # loop), None when the row was not ours to publish (SENT already, or another holder's lease).
 _Outcome = RelayRow | Literal[False] | None
-_Waiter = tuple[str, "asyncio.Future[_Outcome]"]
+# The request's outbox id, its row when the intake inserted it claimed, and its future.
+_Waiter = tuple[str, RelayRow | None, "asyncio.Future[_Outcome]"]
 
 
 class Relay:
@@ -122,15 +123,24 @@ class Relay:
         """
         return await self.dispatch(outbox_id) is not None
 
-    async def dispatch(self, outbox_id: str) -> RelayRow | None:
+    def intake_claim_until(self, now: float) -> float | None:
+        """The lease a request's intake gives its new outbox row, so that `dispatch` needs
+        no claim transaction; None while stopping (the row is then left to the loop)."""
+        return None if self._stopping() else now + self._lease_s
+
+    async def dispatch(self, outbox_id: str, claimed: RelayRow | None = None) -> RelayRow | None:
         """`publish_now` with the row as it was committed SENT (None when it is not SENT),
-        so the request can answer from what its batch wrote instead of reading it back."""
+        so the request can answer from what its batch wrote instead of reading it back.
+
+        `claimed`: the row as the request's own intake inserted it, claimed with
+        `intake_claim_until`; it is published without claiming it again.
+        """
         crash_point("after_commit_before_publish")
         if self._stopping():
             return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[_Outcome] = loop.create_future()
-        self._waiting.append((outbox_id, fut))
+        self._waiting.append((outbox_id, claimed, fut))
         self._open.add(fut)
         fut.add_done_callback(self._open.discard)
         self._watch_stop()
@@ -170,7 +180,7 @@ class Relay:
                 fut.set_result(False)
 
     def _forget(self, fut: asyncio.Future[_Outcome]) -> None:
-        self._waiting = [w for w in self._waiting if w[1] is not fut]
+        self._waiting = [w for w in self._waiting if w[2] is not fut]
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._in_flight >= self._max_in_flight:
@@ -203,24 +213,29 @@ class Relay:
             self._linger = None
 
     async def _dispatch(self, batch: list[_Waiter]) -> None:
-        """One coalesced batch: claim its rows in one transaction, send them in one
-        SendMessageBatch, record the outcome in one, and answer each request with its
-        own entry's outcome."""
+        """One coalesced batch: claim the rows its intakes did not claim already in one
+        transaction, send them in one SendMessageBatch, record the outcome in one, and
+        answer each request with its own entry's outcome."""
         try:
-            rows = await self._store.claim_relay_rows(
-                [oid for oid, _ in batch], self._clock(), self._lease_s
-            )
+            # A lease taken at intake that is still good (it runs for seconds, a request
+            # gets here within milliseconds) is ours; otherwise the row is claimed now.
+            now = self._clock()
+            rows = [c for _, c, _ in batch if c is not None and (c.claimed_until or 0) > now]
+            held = {r.id for r in rows}
+            unclaimed = [oid for oid, _, _ in batch if oid not in held]
+            if unclaimed:
+                rows += await self._store.claim_relay_rows(unclaimed, now, self._lease_s)
             claimed = {r.id for r in rows}
             sent = {r.id: r for r in await self._publish(rows)} if rows else {}
-            for oid, fut in batch:
+            for oid, _, fut in batch:
                 if not fut.done():
                     fut.set_result(sent.get(oid, False) if oid in claimed else None)
         except Exception as exc:  # a database failure: each request sees it
-            for _, fut in batch:
+            for _, _, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc)
         finally:
-            for _, fut in batch:
+            for _, _, fut in batch:
                 if not fut.done():  # the batch was cancelled: nobody may hang on it
                     fut.set_result(False)
             self._in_flight -= 1

@@ -40,9 +40,14 @@ class DispatchFailed(OutboxdError):
 
 
 class Dispatcher(Protocol):
-    async def dispatch(self, outbox_id: str) -> RelayRow | None:
-        """Publish one outbox row now; the row as committed SENT, or None when it is not
-        SENT. Never raises for SQS failures."""
+    def intake_claim_until(self, now: float) -> float | None:
+        """The lease the intake transaction puts on the new outbox row, or None."""
+        ...
+
+    async def dispatch(self, outbox_id: str, claimed: RelayRow | None = None) -> RelayRow | None:
+        """Publish one outbox row now (`claimed`: as inserted with `intake_claim_until`);
+        the row as committed SENT, or None when it is not SENT. Never raises for SQS
+        failures."""
         ...
 
 
@@ -93,6 +98,7 @@ class PortalJobService:
         sealed = self._keys.seal_json(
             {"username": req.username, "password": req.password}, associated_data=job_id
         )
+        now = self._clock()
         intake = await self._store.create_portal_job(
             NewPortalJob(
                 job_id=job_id,
@@ -103,8 +109,13 @@ class PortalJobService:
                 portal=req.portal,
                 key_id=sealed.key_id,
                 sealed=sealed.ciphertext,
+                # The row is claimed in the intake transaction: the publish right after
+                # the commit needs no claim transaction of its own.
+                claimed_until=(
+                    self._dispatcher.intake_claim_until(now) if self._dispatcher else None
+                ),
             ),
-            now=self._clock(),
+            now=now,
         )
         job, outbox = intake.job, intake.outbox
         if not intake.created and not self._keys.fingerprint_matches(
@@ -117,16 +128,19 @@ class PortalJobService:
             outbox_id=outbox.id if outbox else None,
         )
         if outbox is not None and outbox.status in RELAY_UNSENT_STATUSES:
-            job, outbox = await self._dispatch(job, outbox)
+            own = outbox if intake.created and outbox.claimed_until is not None else None
+            job, outbox = await self._dispatch(job, outbox, own)
         return Submission(job=job, outbox=outbox, replayed=not intake.created)
 
-    async def _dispatch(self, job: JobRecord, outbox: RelayRow) -> tuple[JobRecord, RelayRow]:
+    async def _dispatch(
+        self, job: JobRecord, outbox: RelayRow, claimed: RelayRow | None
+    ) -> tuple[JobRecord, RelayRow]:
         if self._dispatcher is None:
             if self._require_dispatch:
                 raise DispatchFailed(job, outbox)
             return job, outbox
         try:
-            sent = await self._dispatcher.dispatch(outbox.id)
+            sent = await self._dispatcher.dispatch(outbox.id, claimed)
             if sent is None:
                 # Not published (rare): read back what is durable, e.g. a backed-off row.
                 read_job, read_outbox = await self._store.get_job_and_relay_row(job.id, outbox.id)

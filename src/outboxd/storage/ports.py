@@ -84,6 +84,11 @@ class NewPortalJob:
     portal: str
     key_id: str
     sealed: bytes
+    # Set when the request publishes the row itself right after the commit: the row is
+    # inserted already claimed (its first attempt, leased until then), so the publish
+    # needs no claim transaction. A crash before the publish leaves the lease to expire
+    # and the row to the relay loop.
+    claimed_until: float | None = None
 
 
 @dataclass(frozen=True)

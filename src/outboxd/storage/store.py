@@ -203,6 +203,7 @@ class SqlStore:
         task_id: str | None,
         dedup_id: str,
         now: float,
+        claimed_until: float | None = None,
     ) -> Generator[Op, Any, RelayRow]:
         row = yield from self._one(
             "insert_relay_row",
@@ -213,6 +214,8 @@ class SqlStore:
                 "task_id": task_id,
                 "dedup_id": dedup_id,
                 "now": now,
+                "claimed_until": claimed_until,
+                "attempt_count": 0 if claimed_until is None else 1,
             },
         )
         assert row is not None
@@ -261,7 +264,7 @@ class SqlStore:
             )
             if inserted is not None:
                 outbox = yield from self._insert_relay(
-                    new.outbox_id, "job", new.job_id, None, new.job_id, now
+                    new.outbox_id, "job", new.job_id, None, new.job_id, now, new.claimed_until
                 )
                 return JobIntake(job=_job(inserted), outbox=outbox, created=True)
             row = yield from self._one(
@@ -298,6 +301,7 @@ class SqlStore:
                     "key_ids": [n.key_id for n, _ in news],
                     "sealed": [n.sealed for n, _ in news],
                     "nows": [now for _, now in news],
+                    "claimed_untils": [n.claimed_until for n, _ in news],
                 },
             )
             made: dict[str, JobIntake] = {}

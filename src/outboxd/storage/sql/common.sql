@@ -14,8 +14,12 @@ ON CONFLICT (user_id, idempotency_key) DO NOTHING
 RETURNING *;
 
 -- name: insert_relay_row
-INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id, created_at)
-VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :now, :dedup_id, :now)
+-- :claimed_until set: the row is inserted claimed (attempt 1, leased) by the request that
+-- publishes it right after the commit.
+INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id, created_at,
+                          claimed_until, attempt_count)
+VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :now, :dedup_id, :now,
+        :claimed_until, :attempt_count)
 RETURNING *;
 
 -- name: select_job

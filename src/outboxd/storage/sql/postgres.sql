@@ -95,8 +95,10 @@ WITH j AS (
       FROM unnest(CAST(:ids AS text[]), CAST(:outbox_ids AS text[]), CAST(:portals AS text[]),
                   CAST(:user_ids AS text[]), CAST(:keys AS text[]),
                   CAST(:fingerprints AS text[]), CAST(:key_ids AS text[]),
-                  CAST(:sealed AS bytea[]), CAST(:nows AS double precision[]))
-           AS t(id, outbox_id, portal, user_id, idempotency_key, fingerprint, key_id, sealed, ts)
+                  CAST(:sealed AS bytea[]), CAST(:nows AS double precision[]),
+                  CAST(:claimed_untils AS double precision[]))
+           AS t(id, outbox_id, portal, user_id, idempotency_key, fingerprint, key_id, sealed, ts,
+                claimed_until)
 ), job AS (
     INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
                       key_id, sealed, created_at, updated_at)
@@ -107,8 +109,9 @@ WITH j AS (
     RETURNING *
 ), relay AS (
     INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id,
-                              created_at)
-    SELECT j.outbox_id, 'job', job.id, NULL, 'PENDING', j.ts, job.id, j.ts
+                              created_at, claimed_until, attempt_count)
+    SELECT j.outbox_id, 'job', job.id, NULL, 'PENDING', j.ts, job.id, j.ts,
+           j.claimed_until, CASE WHEN j.claimed_until IS NULL THEN 0 ELSE 1 END
       FROM job JOIN j ON j.id = job.id
     RETURNING *
 )
