@@ -19,6 +19,7 @@ from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, PortalLinkRequest
+from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore
 from tests.integration.test_relay import (
     FAIL_REASON,
@@ -155,6 +156,63 @@ async def test_the_service_answers_each_request_by_its_own_entry(
         else:
             assert i < 12 and (outbox_status, job_status) == ("RETRYABLE_FAILED", "QUEUED")
     await drain(queues)
+
+
+async def test_a_request_publishes_the_row_its_intake_claimed_and_answers_what_was_committed(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """Concurrent requests (a group commit on both backends): each new outbox row is
+    inserted claimed, so its publish is its first and only attempt (no second claim),
+    and each answer is exactly the row and job status the database now holds."""
+    pub = PartialFailurePublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics())
+    service = PortalJobService(store, keys, relay)
+    req = PortalLinkRequest(portal="suwon", username="20201234", password="pw-claimed")
+
+    subs = await asyncio.gather(*(service.submit("alice", f"claimed-{i}", req) for i in range(16)))
+
+    for sub in subs:
+        assert sub.outbox is not None and sub.outbox.status == "SENT"
+        assert sub.outbox.attempt_count == 1 and sub.outbox.queue_message_id
+        assert await store.get_relay_row(sub.outbox.id) == sub.outbox
+        job = await store.get_job(sub.job.id)
+        assert job is not None and sub.job.status == job.status == "RUNNING"
+    await drain(queues)
+
+
+async def test_a_row_claimed_at_intake_but_never_published_goes_out_after_its_lease(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """A crash between the intake's commit and the publish: the relay loop leaves the row
+    alone while the intake's lease holds, and sends it once the lease has run out."""
+    clock = Clock()
+    pub = PartialFailurePublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+    claimed_until = relay.intake_claim_until(clock.now)
+    assert claimed_until is not None and claimed_until > clock.now
+    intake = await store.create_portal_job(
+        NewPortalJob(
+            job_id="job-crashed",
+            outbox_id="outbox-crashed",
+            user_id="alice",
+            idempotency_key="crashed",
+            fingerprint="fp",
+            portal="suwon",
+            key_id="k1",
+            sealed=b"sealed-bytes",
+            claimed_until=claimed_until,
+        ),
+        now=clock.now,
+    )
+    assert intake.outbox is not None and intake.outbox.claimed_until == claimed_until
+
+    assert await relay.relay_once() == 0  # the (dead) request's lease holds
+    clock.now = claimed_until + 0.001
+    assert await relay.relay_once() == 1
+
+    row = await store.get_relay_row("outbox-crashed")
+    assert row is not None and row.status == "SENT" and row.attempt_count == 2
+    assert [mid for mid, _ in await drain(queues)] == [row.queue_message_id]
 
 
 async def test_a_lone_request_goes_out_in_a_batch_of_its_own(
