@@ -77,7 +77,8 @@ def job_rows(prefix: str) -> Rows:
         job["user_id"] = "bench"
         job.update(idempotency_key=f"{prefix}-{n}", fingerprint=FINGERPRINT, key_id="k1")
         job.update(sealed=SEALED, now=now)
-        relay = {"id": str(uuid.uuid4()), "kind": "job", "job_id": job_id, "task_id": None}
+        relay: dict[str, Any] = {"id": str(uuid.uuid4()), "kind": "job", "job_id": job_id}
+        relay["task_id"] = None
         # Unclaimed, as an intake with dispatch off inserts it.
         relay.update(dedup_id=job_id, now=now, claimed_until=None, attempt_count=0)
         yield job, relay
