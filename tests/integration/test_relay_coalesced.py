@@ -19,7 +19,6 @@ from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, PortalLinkRequest
-from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore
 from tests.integration.test_relay import (
     FAIL_REASON,
@@ -190,27 +189,15 @@ async def test_a_row_claimed_at_intake_but_never_published_goes_out_after_its_le
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
     claimed_until = relay.intake_claim_until(clock.now)
     assert claimed_until is not None and claimed_until > clock.now
-    intake = await store.create_portal_job(
-        NewPortalJob(
-            job_id="job-crashed",
-            outbox_id="outbox-crashed",
-            user_id="alice",
-            idempotency_key="crashed",
-            fingerprint="fp",
-            portal="suwon",
-            key_id="k1",
-            sealed=b"sealed-bytes",
-            claimed_until=claimed_until,
-        ),
-        now=clock.now,
-    )
-    assert intake.outbox is not None and intake.outbox.claimed_until == claimed_until
+    _, outbox_id = await insert_portal_job(store, clock.now, claimed_until=claimed_until)
+    row = await store.get_relay_row(outbox_id)
+    assert row is not None and row.claimed_until == claimed_until
 
     assert await relay.relay_once() == 0  # the (dead) request's lease holds
     clock.now = claimed_until + 0.001
     assert await relay.relay_once() == 1
 
-    row = await store.get_relay_row("outbox-crashed")
+    row = await store.get_relay_row(outbox_id)
     assert row is not None and row.status == "SENT" and row.attempt_count == 2
     assert [mid for mid, _ in await drain(queues)] == [row.queue_message_id]
 

@@ -42,7 +42,11 @@ async def db_counts(db_url: str) -> dict[str, dict[str, int]]:
 
 
 async def insert_portal_job(
-    store: SqlStore, now: float, keys: KeyRing | None = None, password: str = ""
+    store: SqlStore,
+    now: float,
+    keys: KeyRing | None = None,
+    password: str = "",
+    claimed_until: float | None = None,
 ) -> tuple[str, str]:
     """A QUEUED portal job committed with its PENDING outbox row, straight through the
     store: (job id, outbox id). Sealed and fingerprinted with `keys` as the API would;
@@ -63,6 +67,7 @@ async def insert_portal_job(
             portal="suwon",
             key_id=key_id,
             sealed=sealed,
+            claimed_until=claimed_until,
         ),
         now=now,
     )
