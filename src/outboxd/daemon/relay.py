@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -107,7 +107,7 @@ class Relay:
         self._open: set[asyncio.Future[bool | None]] = set()
         self._in_flight = 0
         self._linger: asyncio.Handle | None = None
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._stop_watch: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------ publish_now
@@ -265,30 +265,55 @@ class Relay:
         rows = await self._claim_due()
         total = 0
         rounds = 0
-        while rows:
-            total += len(rows)
-            rounds += 1
-            more = (
-                len(rows) >= self._round_size
-                and rounds < ROUNDS_PER_PASS
-                and not self._stopping()
-            )
-            next_claim = asyncio.ensure_future(self._claim_due()) if more else None
-            try:
-                await self._publish(rows)
-            except BaseException:
-                if next_claim is not None:
-                    # Rows it claims wait out their lease, then go out again.
-                    next_claim.add_done_callback(_discard_outcome)
-                raise
-            rows = await next_claim if next_claim is not None else []
+        recording: asyncio.Future[list[RelayRow]] | None = None
+        try:
+            while rows:
+                total += len(rows)
+                rounds += 1
+                more = (
+                    len(rows) >= self._round_size
+                    and rounds < ROUNDS_PER_PASS
+                    and not self._stopping()
+                )
+                next_claim = asyncio.ensure_future(self._claim_due()) if more else None
+                try:
+                    result = await self._send_all(rows)
+                    if recording is not None:
+                        # One round's outcome at a time: the previous round's record
+                        # ran while this round was at SQS.
+                        await asyncio.shield(recording)
+                except BaseException:
+                    if next_claim is not None:
+                        # Rows it claims wait out their lease, then go out again.
+                        next_claim.add_done_callback(_discard_outcome)
+                    raise
+                recording = self._record_in_background(rows, result)
+                rows = await next_claim if next_claim is not None else []
+        finally:
+            if recording is not None:
+                # Every round this pass sent is recorded before it returns (or raises).
+                await asyncio.shield(recording)
         return total
+
+    def _record_in_background(
+        self, rows: Sequence[RelayRow], result: BatchResult
+    ) -> asyncio.Future[list[RelayRow]]:
+        """Record a round's outcome while the next round is sent: the database thread
+        commits it while the event loop is busy with SQS. `drain` waits for it too."""
+        task = asyncio.ensure_future(self._record(rows, result))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _claim_due(self) -> list[RelayRow]:
         return await self._store.claim_relay_due(self._clock(), self._round_size, self._lease_s)
 
     async def _publish(self, rows: Sequence[RelayRow]) -> list[RelayRow]:
         """Send `rows` in batches at once and record the outcome; the rows now SENT."""
+        return await self._record(rows, await self._send_all(rows))
+
+    async def _send_all(self, rows: Sequence[RelayRow]) -> BatchResult:
+        """Send `rows` in batches of `relay.batch_size`, all at once; every row's outcome."""
         size = self._settings.batch_size
         chunks: list[tuple[QueueKind, Sequence[RelayRow]]] = []
         groups: tuple[tuple[QueueKind, list[RelayRow]], ...] = (
@@ -304,7 +329,7 @@ class Relay:
             for part in await asyncio.gather(*(self._send(k, c) for k, c in chunks)):
                 result.successful.update(part.successful)
                 result.failed.update(part.failed)
-        return await self._record(rows, result)
+        return result
 
     async def _send(self, kind: QueueKind, rows: Sequence[RelayRow]) -> BatchResult:
         messages = []
