@@ -347,9 +347,9 @@ class Relay:
                 dedup_id = r.dedup_id
             messages.append(OutgoingMessage(r.id, message_body(r), group_id, dedup_id))
         try:
-            return await asyncio.wait_for(
-                self._publisher.send_batch(kind, messages), self._settings.publish_timeout_s
-            )
+            # asyncio.timeout, not wait_for: no extra task per SendMessageBatch.
+            async with asyncio.timeout(self._settings.publish_timeout_s):
+                return await self._publisher.send_batch(kind, messages)
         except (QueueError, TimeoutError) as exc:
             reason = str(exc) if isinstance(exc, QueueError) else "publish timed out"
             return BatchResult(successful={}, failed={r.id: reason for r in rows})
