@@ -463,13 +463,15 @@ class SqlStore:
         if not sent and not failures:
             return []
 
-        def body() -> Generator[Op, Any, list[RelayRow]]:
-            done = (yield from self._relay_sent(sent, now)) if sent else []
-            if failures:
-                yield from self._relay_failed(failures, now)
-            return done
+        return await self.db.run(lambda: self._relay_outcome(sent, failures, now))
 
-        return await self.db.run(body)
+    def _relay_outcome(
+        self, sent: Sequence[tuple[RelayRow, str]], failures: Sequence[RelayFailure], now: float
+    ) -> Generator[Op, Any, list[RelayRow]]:
+        done = (yield from self._relay_sent(sent, now)) if sent else []
+        if failures:
+            yield from self._relay_failed(failures, now)
+        return done
 
     async def record_relay_outcome_and_claim_due(
         self,
@@ -480,9 +482,7 @@ class SqlStore:
         lease_s: float,
     ) -> tuple[list[RelayRow], list[RelayRow]]:
         def body() -> Generator[Op, Any, tuple[list[RelayRow], list[RelayRow]]]:
-            done = (yield from self._relay_sent(sent, now)) if sent else []
-            if failures:
-                yield from self._relay_failed(failures, now)
+            done = yield from self._relay_outcome(sent, failures, now)
             claimed = (yield from self._claim_relay_due(now, limit, lease_s)) if limit > 0 else []
             return done, claimed
 
