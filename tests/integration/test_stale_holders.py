@@ -47,6 +47,35 @@ async def test_a_stale_relay_holders_late_sent_changes_nothing(store: SqlStore) 
     assert job is not None and job.status == "DEAD" and job.error_code == "RETRIES_EXHAUSTED"
 
 
+async def test_one_transaction_records_a_round_and_claims_the_next(store: SqlStore) -> None:
+    """The relay loop's transaction per round: the sent row is SENT (its job RUNNING), the
+    failed one backs off, the next due row is claimed, and neither of the rows it just
+    recorded is claimed again. A stale holder's outcome in it changes nothing."""
+    ids = [await insert_portal_job(store, t) for t in (50.0, 51.0, 52.0)]
+    (a_job, a), (_, b), (_, c) = ids
+    ra, rb = await store.claim_relay_due(100.0, 2, 10.0)
+    assert (ra.id, rb.id) == (a, b)
+    failure = publish_failure(row=rb, error="boom", next_attempt_at=200.0, dead=False)
+
+    marked, claimed = await store.record_relay_outcome_and_claim_due(
+        [(ra, "mid-a")], [failure], 101.0, 10, 10.0
+    )
+
+    assert [m.id for m in marked] == [a] and marked[0].queue_message_id == "mid-a"
+    assert [r.id for r in claimed] == [c] and claimed[0].claimed_until == 111.0
+    row_b = await store.get_relay_row(b)
+    assert row_b is not None
+    assert (row_b.status, row_b.next_attempt_at) == ("RETRYABLE_FAILED", 200.0)
+    job = await store.get_job(a_job)
+    assert job is not None and job.status == "RUNNING"
+    # A late copy of the same outcome (the rows' versions moved on) and no claim: nothing.
+    assert await store.record_relay_outcome_and_claim_due(
+        [(ra, "mid-late")], [], 102.0, 0, 10.0
+    ) == ([], [])
+    row_a = await store.get_relay_row(a)
+    assert row_a is not None and row_a.queue_message_id == "mid-a"
+
+
 async def test_a_stale_relay_holders_late_failure_changes_nothing(store: SqlStore) -> None:
     """The new holder's SENT stands; the first holder's late DEAD is refused, the job
     stays RUNNING."""

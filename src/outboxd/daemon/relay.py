@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
-from typing import Literal, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal, Protocol
 
 import structlog
 
@@ -71,6 +71,8 @@ def message_body(row: RelayRow) -> str:
 _Outcome = RelayRow | Literal[False] | None
 # The request's outbox id, its row when the intake inserted it claimed, and its future.
 _Waiter = tuple[str, RelayRow | None, "asyncio.Future[_Outcome]"]
+# A round the loop sent: its rows and what SQS answered for each.
+_Round = tuple[Sequence[RelayRow], BatchResult]
 
 
 class Relay:
@@ -109,7 +111,7 @@ class Relay:
         self._open: set[asyncio.Future[_Outcome]] = set()
         self._in_flight = 0
         self._linger: asyncio.Handle | None = None
-        self._tasks: set[asyncio.Future[None]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
         self._stop_watch: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------ publish_now
@@ -276,40 +278,67 @@ class Relay:
     async def relay_once(self) -> int:
         """Claim and publish due rows, a round at a time; returns how many were claimed.
 
-        A round is up to `batches_per_round` SendMessageBatch calls made at once:
-        one claim and one outcome transaction serve them all, so the database's
-        commit cost is shared by up to a hundred messages instead of ten. While a
-        full round is being sent, the next round is claimed (up to ROUNDS_PER_PASS
-        rounds), so the database and SQS work side by side. Every row this pass
-        claimed is published and recorded before it returns.
+        A round is up to `batches_per_round` SendMessageBatch calls made at once, so
+        one transaction serves up to a hundred messages instead of ten. While a round
+        is at SQS, one transaction on the database thread records the previous round's
+        outcome and claims the next round (up to ROUNDS_PER_PASS rounds): the commit
+        leaves the send path, and a pass of n full rounds commits n + 2 times, not
+        2n. Every row this pass claimed is published and recorded before it returns.
         """
         rows = await self._claim_due()
         total = 0
         rounds = 0
-        while rows:
-            total += len(rows)
-            rounds += 1
-            more = (
-                len(rows) >= self._round_size
-                and rounds < ROUNDS_PER_PASS
-                and not self._stopping()
-            )
-            next_claim = asyncio.ensure_future(self._claim_due()) if more else None
-            try:
-                await self._publish(rows)
-            except BaseException:
-                if next_claim is not None:
-                    # Rows it claims wait out their lease, then go out again.
-                    next_claim.add_done_callback(_discard_outcome)
-                raise
-            rows = await next_claim if next_claim is not None else []
+        unrecorded: _Round | None = None  # the round sent last, its outcome not yet stored
+        db: asyncio.Future[list[RelayRow]] | None = None
+        try:
+            while rows:
+                total += len(rows)
+                rounds += 1
+                more = (
+                    len(rows) >= self._round_size
+                    and rounds < ROUNDS_PER_PASS
+                    and not self._stopping()
+                )
+                db = self._in_background(self._record_then_claim(unrecorded, more))
+                unrecorded = None
+                result = await self._send_all(rows)
+                unrecorded = (rows, result)
+                rows = await asyncio.shield(db)
+                db = None
+        finally:
+            # Sending failed or was cancelled: the rows the transaction claims wait out
+            # their lease, but the outcome it records, and this round's, still count.
+            if db is not None:
+                await asyncio.shield(db)
+            if unrecorded is not None:
+                await asyncio.shield(self._in_background(self._record_then_claim(unrecorded)))
         return total
+
+    def _in_background(self, work: Awaitable[list[RelayRow]]) -> asyncio.Future[list[RelayRow]]:
+        """A task of its own, so a cancelled pass cannot cut it in half; `drain` waits for it."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _record_then_claim(self, sent: _Round | None, claim: bool = False) -> list[RelayRow]:
+        """Store a sent round's outcome and claim the next round, in one transaction."""
+        ok, failures = self._outcome(*sent) if sent is not None else ([], [])
+        marked, claimed = await self._store.record_relay_outcome_and_claim_due(
+            ok, failures, self._clock(), self._round_size if claim else 0, self._lease_s
+        )
+        self._report(marked, failures)
+        return claimed
 
     async def _claim_due(self) -> list[RelayRow]:
         return await self._store.claim_relay_due(self._clock(), self._round_size, self._lease_s)
 
     async def _publish(self, rows: Sequence[RelayRow]) -> list[RelayRow]:
         """Send `rows` in batches at once and record the outcome; the rows now SENT."""
+        return await self._record(rows, await self._send_all(rows))
+
+    async def _send_all(self, rows: Sequence[RelayRow]) -> BatchResult:
+        """Send `rows` in batches of `relay.batch_size`, all at once; every row's outcome."""
         size = self._settings.batch_size
         chunks: list[tuple[QueueKind, Sequence[RelayRow]]] = []
         groups: tuple[tuple[QueueKind, list[RelayRow]], ...] = (
@@ -325,7 +354,7 @@ class Relay:
             for part in await asyncio.gather(*(self._send(k, c) for k, c in chunks)):
                 result.successful.update(part.successful)
                 result.failed.update(part.failed)
-        return await self._record(rows, result)
+        return result
 
     async def _send(self, kind: QueueKind, rows: Sequence[RelayRow]) -> BatchResult:
         messages = []
@@ -339,15 +368,28 @@ class Relay:
                 dedup_id = r.dedup_id
             messages.append(OutgoingMessage(r.id, message_body(r), group_id, dedup_id))
         try:
-            return await asyncio.wait_for(
-                self._publisher.send_batch(kind, messages), self._settings.publish_timeout_s
-            )
+            # asyncio.timeout, not wait_for: no extra task per SendMessageBatch.
+            async with asyncio.timeout(self._settings.publish_timeout_s):
+                return await self._publisher.send_batch(kind, messages)
         except (QueueError, TimeoutError) as exc:
             reason = str(exc) if isinstance(exc, QueueError) else "publish timed out"
             return BatchResult(successful={}, failed={r.id: reason for r in rows})
 
     async def _record(self, rows: Sequence[RelayRow], result: BatchResult) -> list[RelayRow]:
         """Mark the `Successful` entries SENT and back off the rest, in one transaction."""
+        ok, failures = self._outcome(rows, result)
+        # Recording the outcome is shielded: a shutdown must not cut it in half
+        # and leave a published row looking unpublished for a whole lease.
+        marked = await asyncio.shield(
+            self._store.record_relay_outcome(ok, failures, self._clock())
+        )
+        self._report(marked, failures)
+        return marked
+
+    def _outcome(
+        self, rows: Sequence[RelayRow], result: BatchResult
+    ) -> tuple[list[tuple[RelayRow, str]], list[RelayFailure]]:
+        """The rows to mark SENT (with their MessageId) and the failures to back off."""
         crash_point("after_publish_before_sent")
         now = self._clock()
         by_id = {r.id: r for r in rows}
@@ -374,9 +416,10 @@ class Relay:
                     dead,
                 )
             )
-        # Recording the outcome is shielded: a shutdown must not cut it in half
-        # and leave a published row looking unpublished for a whole lease.
-        marked = await asyncio.shield(self._store.record_relay_outcome(ok, failures, now))
+        return ok, failures
+
+    def _report(self, marked: Sequence[RelayRow], failures: Sequence[RelayFailure]) -> None:
+        """The log lines and metrics of a recorded outcome."""
         size = self._settings.batch_size
         for i in range(0, len(marked), size):
             log.info("outbox_sent", **_sent_fields(marked[i : i + size]))
@@ -393,7 +436,6 @@ class Relay:
         if failures:
             self._metrics.publishes.labels("failed").inc(sum(not f.dead for f in failures))
             self._metrics.publishes.labels("dead").inc(sum(f.dead for f in failures))
-        return marked
 
 
 def _sent_fields(part: Sequence[RelayRow]) -> dict[str, object]:
@@ -415,11 +457,6 @@ def _sent_fields(part: Sequence[RelayRow]) -> dict[str, object]:
         "task_ids": [m.task_id for m in part if m.task_id is not None],
         "message_ids": [m.queue_message_id for m in part],
     }
-
-
-def _discard_outcome(fut: asyncio.Future[list[RelayRow]]) -> None:
-    if not fut.cancelled():
-        fut.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
 def publish_failure(row: RelayRow, error: str, next_attempt_at: float, dead: bool) -> RelayFailure:

@@ -289,6 +289,18 @@ class RelayStore(Protocol):
         """`mark_relay_sent` and `mark_relay_failed` in one transaction; the rows now SENT."""
         ...
 
+    async def record_relay_outcome_and_claim_due(
+        self,
+        sent: Sequence[tuple[RelayRow, str]],
+        failures: Sequence[RelayFailure],
+        now: float,
+        limit: int,
+        lease_s: float,
+    ) -> tuple[list[RelayRow], list[RelayRow]]:
+        """`record_relay_outcome`, then `claim_relay_due` (none when `limit` is 0), in one
+        transaction: the relay loop's one commit per round. (The rows now SENT, the claimed.)"""
+        ...
+
     async def get_relay_row(self, outbox_id: str) -> RelayRow | None: ...
     async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow: ...
     async def list_relay_rows(

@@ -419,14 +419,16 @@ class SqlStore:
     # ------------------------------------------------------------ relay
 
     async def claim_relay_due(self, now: float, limit: int, lease_s: float) -> list[RelayRow]:
-        def body() -> Generator[Op, Any, list[RelayRow]]:
-            rows = yield fetch(
-                self.q["claim_relay_due"],
-                {"now": now, "limit": limit, "claimed_until": now + lease_s},
-            )
-            return sorted((_relay(r) for r in rows), key=lambda r: r.next_attempt_at)
+        return await self.db.run(lambda: self._claim_relay_due(now, limit, lease_s))
 
-        return await self.db.run(body)
+    def _claim_relay_due(
+        self, now: float, limit: int, lease_s: float
+    ) -> Generator[Op, Any, list[RelayRow]]:
+        rows = yield fetch(
+            self.q["claim_relay_due"],
+            {"now": now, "limit": limit, "claimed_until": now + lease_s},
+        )
+        return sorted((_relay(r) for r in rows), key=lambda r: r.next_attempt_at)
 
     async def claim_relay_row(self, outbox_id: str, now: float, lease_s: float) -> RelayRow | None:
         return await self._record(
@@ -466,10 +468,7 @@ class SqlStore:
             return []
 
         def body() -> Generator[Op, Any, list[RelayRow]]:
-            done = (yield from self._relay_sent(sent, now)) if sent else []
-            if failures:
-                yield from self._relay_failed(failures, now)
-            return done
+            return (yield from self._relay_outcome(sent, failures, now))
 
         if self.group is not None and self.db.backend == "sqlite":
             # On SQLite a commit is an fsync: a dispatch batch's outcome shares the next
@@ -477,6 +476,31 @@ class SqlStore:
             # intakes as one set-based statement, which an outcome cannot join.) Safe to
             # rerun: a row SENT by a first run fails the version match and is left alone.
             return await self.group.run(body)
+        return await self.db.run(body)
+
+    def _relay_outcome(
+        self, sent: Sequence[tuple[RelayRow, str]], failures: Sequence[RelayFailure], now: float
+    ) -> Generator[Op, Any, list[RelayRow]]:
+        done = (yield from self._relay_sent(sent, now)) if sent else []
+        if failures:
+            yield from self._relay_failed(failures, now)
+        return done
+
+    async def record_relay_outcome_and_claim_due(
+        self,
+        sent: Sequence[tuple[RelayRow, str]],
+        failures: Sequence[RelayFailure],
+        now: float,
+        limit: int,
+        lease_s: float,
+    ) -> tuple[list[RelayRow], list[RelayRow]]:
+        def body() -> Generator[Op, Any, tuple[list[RelayRow], list[RelayRow]]]:
+            done = yield from self._relay_outcome(sent, failures, now)
+            claimed = (yield from self._claim_relay_due(now, limit, lease_s)) if limit > 0 else []
+            return done, claimed
+
+        if not sent and not failures and limit <= 0:
+            return [], []
         return await self.db.run(body)
 
     def _relay_sent(
