@@ -536,14 +536,27 @@ class _StoreFailingAfterTheCommit:
         return getattr(self._inner, name)
 
     async def claim_relay_rows(self, outbox_ids: Any, now: float, lease_s: float) -> Any:
-        from outboxd.errors import StorageUnavailable
+        _connection_closed()
 
-        raise StorageUnavailable("postgres: ConnectionDoesNotExistError: connection was closed")
+    async def record_relay_outcome(self, sent: Any, failures: Any, now: float) -> Any:
+        # The intake claimed the row in its own transaction: the request's next one is
+        # the batch's outcome, after SQS took the message.
+        _connection_closed()
 
 
-class _NoPublisher:
+def _connection_closed() -> None:
+    from outboxd.errors import StorageUnavailable
+
+    raise StorageUnavailable("postgres: ConnectionDoesNotExistError: connection was closed")
+
+
+class _AckPublisher:
+    """SQS takes every message; only recording that fails."""
+
     async def send_batch(self, kind: Any, messages: Any) -> Any:
-        raise AssertionError("never reached")
+        from outboxd.queue.sqs import BatchResult
+
+        return BatchResult(successful={m.entry_id: f"m-{m.entry_id}" for m in messages}, failed={})
 
 
 async def test_a_storage_error_after_the_commit_still_answers_202(
@@ -557,7 +570,7 @@ async def test_a_storage_error_after_the_commit_still_answers_202(
     from outboxd.observability import Metrics
 
     settings = make_settings()
-    relay = Relay(_StoreFailingAfterTheCommit(store), _NoPublisher(), settings.relay, Metrics())
+    relay = Relay(_StoreFailingAfterTheCommit(store), _AckPublisher(), settings.relay, Metrics())
     deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=relay)
     client: TestClient[Any, Any] = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
     await client.start_server()
