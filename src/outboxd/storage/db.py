@@ -148,8 +148,13 @@ def _step(gen: Generator[Op, Any, Any], result: Any) -> Op | _Done:
 class Database(Protocol):
     backend: Backend
 
-    async def run(self, body: TxBody[T]) -> T:
-        """Run `body` in one write transaction (committed, or rolled back on error)."""
+    async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
+        """Run `body` in one write transaction (committed, or rolled back on error).
+
+        `one_statement`: the body yields a single statement, atomic by itself, so Postgres
+        may run it without BEGIN and COMMIT (two round trips fewer); a second statement
+        is refused before it runs (a bug in the caller).
+        """
         ...
 
     async def read(self, body: TxBody[T]) -> T:
@@ -364,7 +369,7 @@ class SqliteDatabase:
         finally:
             self._write_lock.release()
 
-    async def run(self, body: TxBody[T]) -> T:
+    async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
         async with self._write_turn():
             return await self._writer.call(_write_tx(body))
 
@@ -509,6 +514,35 @@ class _PgConn:
         return _pg_status_count(str(status))
 
 
+class _OneStatement:
+    """A connection for a body declared to be one statement: a second one is refused."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._used = False
+
+    def _turn(self, q: Query) -> None:
+        if self._used:
+            raise RuntimeError(f"query {q.name}: a second statement in a one-statement body")
+        self._used = True
+
+    async def fetch(self, q: Query, params: Params) -> list[Row]:
+        self._turn(q)
+        return await self._conn.fetch(q, params)
+
+    async def execute(self, q: Query, params: Params) -> int:
+        self._turn(q)
+        return await self._conn.execute(q, params)
+
+
+async def _keep_session(conn: Any) -> None:
+    """The pool's reset of a connection given back, instead of asyncpg's default query
+    (`pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), a round trip on every
+    release. Nothing here leaves session state behind: no SET, LISTEN or cursor outside a
+    transaction, and the one session advisory lock (migrate) is released in a finally.
+    asyncpg still rolls back a transaction left open before calling this."""
+
+
 class PostgresDatabase:
     backend: Backend = "postgres"
 
@@ -529,6 +563,7 @@ class PostgresDatabase:
                 timeout=self._timeout_s,
                 command_timeout=max(self._timeout_s * 2, 10.0),
                 max_inactive_connection_lifetime=60.0,
+                reset=_keep_session,
             )
         except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
             raise _pg_error(exc) from exc
@@ -569,7 +604,11 @@ class PostgresDatabase:
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
 
-    async def run(self, body: TxBody[T]) -> T:
+    async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
+        if one_statement:
+            # Autocommit: the statement is its own transaction.
+            async with self._acquire() as raw:
+                return await _drive_async(_OneStatement(_PgConn(raw)), body)
         async with self._transaction() as conn:
             return await _drive_async(conn, body)
 
