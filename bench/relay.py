@@ -193,7 +193,7 @@ async def main_async() -> int:
     args = p.parse_args()
     backends = await backends_arg(args.backends)
     trials = 2 if args.quick else 3
-    sizes = {"stub": 2000, "moto": 300} if args.quick else {"stub": 10000, "moto": 1000}
+    sizes = {"stub": 8000, "moto": 300} if args.quick else {"stub": 10000, "moto": 1000}
     emit(f"\n## Relay  ({machine_line()})")
     emit(f"trials={trials}; messages per point: {sizes}; batches of {BATCH}")
     sink = quiet_logging()
