@@ -70,15 +70,39 @@ class CronSchedule:
         """First fire time strictly after the aware `after`, as an aware UTC datetime."""
         if after.tzinfo is None or after.utcoffset() is None:
             raise ValueError("next_after needs an aware datetime")
+        # cronsim walks naive wall time; the time zone is applied here. (Given an aware start,
+        # cronsim assumes clocks move by whole hours: in Lord Howe's 30-minute shift it skipped
+        # fire times.) A wall time is never before `after`'s own: in a repeated hour's second
+        # pass the earlier wall times already fired in the first one.
+        minute, hour = self.fields.split()[:2]
+        fixed_time = not minute.startswith("*") and not hour.startswith("*")
         try:
-            for fire in CronSim(self.fields, after.astimezone(tz)):
-                # Fixed-time jobs are walked in wall time (from a repeated hour's second pass
-                # that can be before `after`); wildcard jobs would fire in both passes.
-                if fire > after and fire.fold == 0:
-                    return fire.astimezone(UTC)
+            for wall in CronSim(self.fields, after.astimezone(tz).replace(tzinfo=None)):
+                fire = _first_instant(wall, tz, fixed_time)
+                if fire is not None and fire > after:
+                    return fire
         except (OverflowError, ValueError):
             pass  # walked past datetime.max (year 9999)
         raise CronError(f"expression: {self.expr!r} has no fire time after {after.isoformat()}")
+
+
+def _first_instant(wall: datetime, tz: ZoneInfo, fixed_time: bool) -> datetime | None:
+    """When the naive `wall` time first occurs in `tz` (a repeated one fires once, the first
+    time), in UTC. One that a spring-forward skipped: the moment of the jump for a fixed-time
+    job (as cronie runs it), None for a wildcard one."""
+    first = wall.replace(tzinfo=tz, fold=0).astimezone(UTC)
+    if first.astimezone(tz).replace(tzinfo=None) == wall:
+        return first
+    if not fixed_time:
+        return None
+    # Skipped: fold=1 reads it with the offset after the jump, an instant before the jump.
+    moment = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)
+    while moment.astimezone(tz).replace(tzinfo=None) < wall:  # at most the jump's length
+        moment += _MINUTE
+    return moment
+
+
+_MINUTE = timedelta(minutes=1)
 
 
 _EPOCH, _MICROSECOND = datetime(1970, 1, 1, tzinfo=UTC), timedelta(microseconds=1)

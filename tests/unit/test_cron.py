@@ -252,6 +252,20 @@ def test_berlin_fall_back_hourly_skips_the_repeat() -> None:
     assert got == [utc(2024, 10, 27, 2, 0)]
 
 
+LORD_HOWE = ZoneInfo("Australia/Lord_Howe")  # clocks go back 30 minutes, 02:00 -> 01:30
+
+
+def test_lord_howe_half_hour_fall_back_fires_at_the_first_wall_time_past_the_repeat() -> None:
+    """From the second pass of 01:30-02:00 (15:00Z), even hours fire at 02:00 (15:30Z), not
+    02:30: cronsim, given an aware start, left the repeat by a whole hour."""
+    assert fires("* */2 * * *", utc(2024, 4, 6, 15), 1, LORD_HOWE) == [utc(2024, 4, 6, 15, 30)]
+
+
+def test_lord_howe_midnight_after_the_half_hour_fall_back() -> None:
+    """From the first pass (01:40 LHDT), the next midnight is 00:00 LHST (13:30Z), not 00:30."""
+    assert fires("* 0 * * *", utc(2024, 4, 6, 14, 40), 1, LORD_HOWE) == [utc(2024, 4, 7, 13, 30)]
+
+
 def test_after_inside_the_repeated_hour() -> None:
     """From inside the second 02:xx hour, a 02:50 schedule waits for the next day."""
     after = utc(2024, 10, 27, 1, 15)  # 02:15 CET, the second pass
