@@ -92,7 +92,10 @@ async def test_one_group_over_twenty_keys_replays_consistently(
     """Fifty calls started together: the first are written at once (one on SQLite, as
     many as may write side by side on Postgres), the others wait and form one group.
     Twenty created, thirty replays of them; a different request under a used key is
-    refused as it would be alone."""
+    refused as it would be alone. On SQLite the calls written at once go first. On
+    Postgres the group starts as soon as one of them is done and may write a key before a
+    call still on its way (a new connection preparing its statement): that call then
+    replays the group's job, so there each key has exactly one created answer."""
     service = PortalJobService(store, keys, dispatcher=None)
     reqs = {k: PortalLinkRequest("suwon", f"user-{k}", f"pw-{k}") for k in range(20)}
     order = [i % 20 for i in range(50)]
@@ -102,8 +105,11 @@ async def test_one_group_over_twenty_keys_replays_consistently(
     for k, sub in zip(order, subs, strict=True):
         ids.setdefault(k, set()).add(sub.job.id)
     assert all(len(v) == 1 for v in ids.values())
-    assert [s.replayed for s in subs[:20]] == [False] * 20
-    assert all(s.replayed for s in subs[20:])
+    if store.backend == "sqlite":
+        assert [s.replayed for s in subs[:20]] == [False] * 20
+        assert all(s.replayed for s in subs[20:])
+    created = [k for k, s in zip(order, subs, strict=True) if not s.replayed]
+    assert sorted(created) == list(range(20)), "one created answer per key"
     assert await raw_count(db_url, "jobs") == 20
     assert await raw_count(db_url, "relay_outbox") == 20
     again = await service.submit("u1", "one-4", reqs[4])

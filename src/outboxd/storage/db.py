@@ -145,6 +145,23 @@ def _step(gen: Generator[Op, Any, Any], result: Any) -> Op | _Done:
         return _Done(stop.value)
 
 
+def _single(body: TxBody[T]) -> TxBody[T]:
+    """`body`, refused at its second statement (see `Database.run_statement`)."""
+
+    def one() -> Generator[Op, Any, T]:
+        gen = body()
+        step = _step(gen, None)
+        if not isinstance(step, _Done):
+            step = _step(gen, (yield step))
+        if not isinstance(step, _Done):
+            gen.close()
+            raise RuntimeError(f"run_statement: {step.q.name} is a second statement")
+        value: T = step.value
+        return value
+
+    return one
+
+
 class Database(Protocol):
     backend: Backend
 
@@ -154,6 +171,13 @@ class Database(Protocol):
 
     async def read(self, body: TxBody[T]) -> T:
         """Run `body` outside a write transaction (reads only)."""
+        ...
+
+    async def run_statement(self, body: TxBody[T]) -> T:
+        """`run(body)` for a body of exactly one statement, which is then a transaction
+        on its own: on Postgres without BEGIN and COMMIT (two round trips fewer); on
+        SQLite the same as `run`. A body that yields a second statement is a bug
+        (RuntimeError; the first may have committed)."""
         ...
 
     async def run_group(self, bodies: Sequence[TxBody[Any]]) -> list[Outcome]:
@@ -368,6 +392,10 @@ class SqliteDatabase:
         async with self._write_turn():
             return await self._writer.call(_write_tx(body))
 
+    async def run_statement(self, body: TxBody[T]) -> T:
+        async with self._write_turn():
+            return await self._writer.call(_write_tx(_single(body)))
+
     async def read(self, body: TxBody[T]) -> T:
         if not self._open:
             raise StorageUnavailable("sqlite: database is closed")
@@ -509,6 +537,18 @@ class _PgConn:
         return _pg_status_count(str(status))
 
 
+async def _reset_pooled(conn: Any) -> None:
+    """What a connection needs on its way back to the pool: nothing beyond what asyncpg
+    always does first (roll back a transaction left open, drop listeners).
+
+    asyncpg's default reset sends `pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
+    RESET ALL` on every release: a round trip per transaction. outboxd keeps no session
+    state on pooled connections (no SET, LISTEN or cursors outside a transaction); the
+    one session-level advisory lock, in `migrate`, closes its connection instead of
+    giving it back.
+    """
+
+
 class PostgresDatabase:
     backend: Backend = "postgres"
 
@@ -529,6 +569,7 @@ class PostgresDatabase:
                 timeout=self._timeout_s,
                 command_timeout=max(self._timeout_s * 2, 10.0),
                 max_inactive_connection_lifetime=60.0,
+                reset=_reset_pooled,
             )
         except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
             raise _pg_error(exc) from exc
@@ -572,6 +613,11 @@ class PostgresDatabase:
     async def run(self, body: TxBody[T]) -> T:
         async with self._transaction() as conn:
             return await _drive_async(conn, body)
+
+    async def run_statement(self, body: TxBody[T]) -> T:
+        # Outside an explicit transaction a statement commits on its own (autocommit).
+        async with self._acquire() as conn:
+            return await _drive_async(_PgConn(conn), _single(body))
 
     async def read(self, body: TxBody[T]) -> T:
         async with self._acquire() as conn:
@@ -638,7 +684,12 @@ class PostgresDatabase:
                             )
                         applied.append(name)
                 finally:
-                    await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_ID)
+                    try:
+                        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_ID)
+                    finally:
+                        # Its session held a lock: it is not given back to the pool
+                        # (whose reset keeps no session state, see _reset_pooled).
+                        conn.terminate()
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
         return applied
