@@ -33,7 +33,7 @@ from outboxd.services.portal_jobs import (
 from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
 from tests.support.db import raw_count, raw_db
-from tests.support.group_crash import portal_job
+from tests.support.group_crash import portal_job, warm_connections
 
 Client = TestClient[Any, Any]
 URL = "/v1/portal-link-jobs"
@@ -99,6 +99,7 @@ async def test_one_group_over_twenty_keys_replays_consistently(
     service = PortalJobService(store, keys, dispatcher=None)
     reqs = {k: PortalLinkRequest("suwon", f"user-{k}", f"pw-{k}") for k in range(20)}
     order = [i % 20 for i in range(50)]
+    await warm_connections(store)
     subs = await asyncio.gather(*(service.submit("u1", f"one-{k}", reqs[k]) for k in order))
     assert stats(store).groups == 1 and stats(store).largest == 50 - direct(store)
     ids: dict[int, set[str]] = {}
@@ -116,6 +117,25 @@ async def test_one_group_over_twenty_keys_replays_consistently(
     assert again.replayed and again.job.id in ids[4]
     with pytest.raises(IdempotencyConflict):
         await service.submit("u1", "one-3", PortalLinkRequest("suwon", "someone-else", "pw"))
+
+
+async def test_an_intake_statement_past_its_deadline_writes_nothing(
+    store: SqlStore, db_url: str
+) -> None:
+    """Postgres: the intake statement commits on its own, so one that reaches the server
+    after the caller's statement deadline (a held network) must write nothing. Run
+    directly with a deadline already past, it writes no row; through the store, each
+    member then falls back to its own transaction and is created."""
+    if store.backend != "postgres":
+        pytest.skip("the one-statement intake is Postgres's")
+    items = [(new_job("late", i), time.time()) for i in range(3)]
+    store.db.statement_timeout_s = -1.0
+    assert await store.db.run_statement(store._intake_bulk(items)) == [None, None, None]
+    assert await raw_count(db_url, "jobs") == 0
+    results = await asyncio.gather(*(store.create_portal_job(n, now) for n, now in items))
+    assert [r.created for r in results] == [True, True, True]
+    assert await raw_count(db_url, "jobs") == 3
+    assert await raw_count(db_url, "relay_outbox") == 3
 
 
 async def test_a_lone_request_is_written_at_once_without_a_group(store: SqlStore) -> None:
