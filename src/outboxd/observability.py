@@ -205,12 +205,12 @@ def log_info(event: str, fields: dict[str, Any]) -> None:
     chain renders (the fields, the event, the bound context variables, level and
     timestamp, secrets redacted), written directly at a fraction of the chain's cost.
 
-    Plain values only (str, numbers, booleans, None); anything else, or a logging
-    configuration other than configure_logging's (capture_logs in tests), takes the
-    usual path. `fields` becomes the line's dict.
+    Plain values only (str, numbers, booleans, None) and no `exc_info`; anything else,
+    or a logging configuration other than configure_logging's (capture_logs in tests),
+    takes the usual path. `fields` becomes the line's dict.
     """
     line = _request_line
-    if line is None or not line.current():
+    if line is None or not line.current() or "exc_info" in fields:
         _service_log.info(event, **fields)
         return
     if not line.enabled:

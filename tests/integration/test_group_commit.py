@@ -138,6 +138,54 @@ async def test_an_intake_statement_past_its_deadline_writes_nothing(
     assert await raw_count(db_url, "relay_outbox") == 3
 
 
+async def test_a_call_waiting_in_line_past_its_patience_answers_unavailable(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The direct writes are held by another connection's lock; the calls queued behind
+    them answer StorageUnavailable once their patience runs out, long before the lock
+    goes, and write nothing; the direct writes complete once it goes."""
+    import asyncpg
+
+    from outboxd.errors import StorageUnavailable
+    from outboxd.storage.db import open_database
+
+    db = await open_database(db_url, tmp_path, 5, 5.0)
+    store = SqlStore(db, patience_s=0.2)
+    await db.migrate()
+    await warm_connections(store)
+    assert store.group is not None
+    direct_n = store.group.max_groups
+    if store.backend == "sqlite":
+        import sqlite3
+
+        holder: Any = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+    else:
+        holder = await asyncpg.connect(db_url)
+        await holder.execute("BEGIN; LOCK TABLE jobs IN EXCLUSIVE MODE")
+    try:
+        calls = [
+            asyncio.ensure_future(store.create_portal_job(new_job("pat", i), time.time()))
+            for i in range(direct_n + 3)
+        ]
+        started = time.monotonic()
+        late = await asyncio.gather(*calls[direct_n:], return_exceptions=True)
+        assert time.monotonic() - started < 3.0
+        assert all(isinstance(r, StorageUnavailable) for r in late), late
+        assert not any(c.done() for c in calls[:direct_n])
+    finally:
+        if store.backend == "sqlite":
+            holder.execute("ROLLBACK")
+            holder.close()
+        else:
+            await holder.execute("ROLLBACK")
+            await holder.close()
+    done = await asyncio.gather(*calls[:direct_n])
+    assert all(r.created for r in done)
+    await store.close()
+    assert await raw_count(db_url, "jobs") == direct_n
+
+
 async def test_a_lone_request_is_written_at_once_without_a_group(store: SqlStore) -> None:
     intake = await store.create_portal_job(new_job("lone", 0), time.time())
     assert intake.created and intake.outbox is not None

@@ -104,23 +104,29 @@ class GroupCommitter:
             finally:
                 self._writers -= 1
                 self._wake()
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
         member = _Member(body, item, fut)
         self._pending.append(member)
         self._wake()
-        # A caller cancelled before its group is taken is dropped, as a cancelled
-        # `db.run` would be; once taken, its group runs to the end regardless.
-        if self._patience_s is not None:
-            try:
-                await asyncio.wait([fut], timeout=self._patience_s)
-            except asyncio.CancelledError:
-                if not member.taken:
-                    fut.cancel()
-                raise
-            if not fut.done() and not member.taken:
-                fut.cancel()
-                raise StorageUnavailable(f"{self._db.backend}: timed out waiting for the database")
-        return await fut
+        # A caller cancelled before its group is taken is dropped (its future is cancelled
+        # with it, and `_take` skips it), as a cancelled `db.run` would be; once taken,
+        # its group runs to the end regardless.
+        if self._patience_s is None:
+            return await fut
+        # One timer, not asyncio.wait (a waiter future and callbacks per call).
+        timer = loop.call_later(self._patience_s, self._expire, member)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+
+    def _expire(self, member: _Member) -> None:
+        """Patience ran out: a caller still in line answers 503; one taken waits on."""
+        if not member.taken and not member.fut.done():
+            member.fut.set_exception(
+                StorageUnavailable(f"{self._db.backend}: timed out waiting for the database")
+            )
 
     async def drain(self) -> None:
         """Wait for every group in flight (before the database closes)."""
