@@ -130,7 +130,7 @@ async def test_an_intake_statement_past_its_deadline_writes_nothing(
         pytest.skip("the one-statement intake is Postgres's")
     items = [(new_job("late", i), time.time()) for i in range(3)]
     store.db.statement_timeout_s = -1.0
-    assert await store.db.run_statement(store._intake_bulk(items)) == [None, None, None]
+    assert await store.db.run(store._intake_bulk(items), one_statement=True) == [None, None, None]
     assert await raw_count(db_url, "jobs") == 0
     results = await asyncio.gather(*(store.create_portal_job(n, now) for n, now in items))
     assert [r.created for r in results] == [True, True, True]

@@ -76,6 +76,35 @@ async def test_one_transaction_records_a_round_and_claims_the_next(store: SqlSto
     assert row_a is not None and row_a.queue_message_id == "mid-a"
 
 
+async def test_a_round_without_failures_is_recorded_and_the_next_claimed_at_once(
+    store: SqlStore,
+) -> None:
+    """The relay loop's usual round (no failures; on Postgres a single statement): the
+    sent row is SENT with its MessageId and its job RUNNING, and the next due row is
+    claimed, but not a row another holder leases, nor the recorded row itself although
+    its lease ran out before the outcome came in."""
+    (a_job, a), (_, b), (_, c) = [await insert_portal_job(store, t) for t in (50.0, 51.0, 52.0)]
+    [ra] = await store.claim_relay_due(100.0, 1, 10.0)
+    assert ra.id == a and ra.claimed_until == 110.0
+    assert await store.claim_relay_row(b, 100.0, 30.0) is not None  # another holder's
+
+    marked, claimed = await store.record_relay_outcome_and_claim_due(
+        [(ra, "mid-a")], [], 115.0, 10, 10.0
+    )
+
+    assert [(m.id, m.status, m.queue_message_id, m.sent_at) for m in marked] == [
+        (a, "SENT", "mid-a", 115.0)
+    ]
+    assert [(r.id, r.claimed_until, r.attempt_count) for r in claimed] == [(c, 125.0, 1)]
+    row_a = await store.get_relay_row(a)
+    assert row_a is not None
+    assert (row_a.status, row_a.claimed_until, row_a.attempt_count) == ("SENT", None, 1)
+    row_b = await store.get_relay_row(b)
+    assert row_b is not None and row_b.claimed_until == 130.0
+    job = await store.get_job(a_job)
+    assert job is not None and job.status == "RUNNING"
+
+
 async def test_a_stale_relay_holders_late_failure_changes_nothing(store: SqlStore) -> None:
     """The new holder's SENT stands; the first holder's late DEAD is refused, the job
     stays RUNNING."""

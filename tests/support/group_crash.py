@@ -44,7 +44,9 @@ async def warm_connections(store: SqlStore) -> None:
     if store.backend != "postgres" or store.group is None:
         return
     bulk = store._intake_bulk([])  # no rows: prepares the statement, writes nothing
-    await asyncio.gather(*(store.db.run_statement(bulk) for _ in range(store.group.max_groups)))
+    await asyncio.gather(
+        *(store.db.run(bulk, one_statement=True) for _ in range(store.group.max_groups))
+    )
 
 
 async def main(url: str, wd: Path, tag: str, n: int) -> None:

@@ -173,20 +173,23 @@ class Consumer:
             await self._retry_later("jobs", msg)
             return "malformed"
         bind = {"job_id": job_id, "message_id": msg.message_id}
-        job = await self._store.get_job(job_id)
-        if job is None or job.terminal:
-            log.info("message_for_finished_job", status=job.status if job else None, **bind)
-            await self._queues.delete("jobs", msg.receipt_handle)
-            return "skipped"
         now = self._clock()
+        # The lease first: it starts only a QUEUED or RUNNING job whose lease is free,
+        # so the usual delivery costs one statement; the job is read only when it did
+        # not start, to tell a finished job from one held elsewhere.
         running = await self._store.start_job_run(job_id, now, self._visibility_s)
         if running is None:
+            held = await self._store.get_job(job_id)
+            if held is None or held.terminal:
+                status = held.status if held else None
+                log.info("message_for_finished_job", status=status, **bind)
+                await self._queues.delete("jobs", msg.receipt_handle)
+                return "skipped"
             # Someone else holds the job's lease (a duplicate delivery, or a holder
             # that died and whose lease has not run out): look again when that lease
             # expires, not sooner. Each bounce is a receive, and bouncing on the
             # backoff (0 s allowed) would walk a healthy job's message into the DLQ.
-            held = await self._store.get_job(job_id)
-            lease_until = held.lease_until if held is not None else None
+            lease_until = held.lease_until
             wait_s = max(1, math.ceil((lease_until or now) - self._clock()))
             log.info("job_busy_elsewhere", retry_in_s=wait_s, **bind)
             await self._queues.change_visibility("jobs", msg.receipt_handle, min(wait_s, 43_000))

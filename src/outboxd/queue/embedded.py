@@ -43,6 +43,18 @@ except (OSError, AttributeError):
     pass
 if os.getppid() != parent:  # the parent died before prctl took effect
     sys.exit(0)
+import logging
+# werkzeug logs a line per request: on a busy daemon that is most of this child's log
+# and a measurable share of its CPU. Its warnings and errors still go to the log file.
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
+try:
+    # moto routes every request by listing its own package directory (a stat per
+    # AWS service, a few hundred): the listing cannot change while the server runs.
+    import moto.backends
+    _services = tuple(moto.backends.list_of_moto_modules())
+    moto.backends.list_of_moto_modules = lambda: _services
+except Exception:  # a moto without that function: route as it always did
+    pass
 from moto.server import main
 main(sys.argv[2:])
 """

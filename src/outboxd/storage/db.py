@@ -145,41 +145,22 @@ def _step(gen: Generator[Op, Any, Any], result: Any) -> Op | _Done:
         return _Done(stop.value)
 
 
-def _single(body: TxBody[T]) -> TxBody[T]:
-    """`body`, refused at its second statement (see `Database.run_statement`)."""
-
-    def one() -> Generator[Op, Any, T]:
-        gen = body()
-        step = _step(gen, None)
-        if not isinstance(step, _Done):
-            step = _step(gen, (yield step))
-        if not isinstance(step, _Done):
-            gen.close()
-            raise RuntimeError(f"run_statement: {step.q.name} is a second statement")
-        value: T = step.value
-        return value
-
-    return one
-
-
 class Database(Protocol):
     backend: Backend
     # The longest a statement may take before the caller gives up on it (StorageUnavailable).
     statement_timeout_s: float
 
-    async def run(self, body: TxBody[T]) -> T:
-        """Run `body` in one write transaction (committed, or rolled back on error)."""
+    async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
+        """Run `body` in one write transaction (committed, or rolled back on error).
+
+        `one_statement`: the body yields a single statement, atomic by itself, so Postgres
+        may run it without BEGIN and COMMIT (two round trips fewer); a second statement
+        is refused before it runs (a bug in the caller).
+        """
         ...
 
     async def read(self, body: TxBody[T]) -> T:
         """Run `body` outside a write transaction (reads only)."""
-        ...
-
-    async def run_statement(self, body: TxBody[T]) -> T:
-        """`run(body)` for a body of exactly one statement, which is then a transaction
-        on its own: on Postgres without BEGIN and COMMIT (two round trips fewer); on
-        SQLite the same as `run`. A body that yields a second statement is a bug
-        (RuntimeError; the first may have committed)."""
         ...
 
     async def run_group(self, bodies: Sequence[TxBody[Any]]) -> list[Outcome]:
@@ -392,13 +373,9 @@ class SqliteDatabase:
         finally:
             self._write_lock.release()
 
-    async def run(self, body: TxBody[T]) -> T:
+    async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
         async with self._write_turn():
             return await self._writer.call(_write_tx(body))
-
-    async def run_statement(self, body: TxBody[T]) -> T:
-        async with self._write_turn():
-            return await self._writer.call(_write_tx(_single(body)))
 
     async def read(self, body: TxBody[T]) -> T:
         if not self._open:
@@ -541,16 +518,33 @@ class _PgConn:
         return _pg_status_count(str(status))
 
 
-async def _reset_pooled(conn: Any) -> None:
-    """What a connection needs on its way back to the pool: nothing beyond what asyncpg
-    always does first (roll back a transaction left open, drop listeners).
+class _OneStatement:
+    """A connection for a body declared to be one statement: a second one is refused."""
 
-    asyncpg's default reset sends `pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
-    RESET ALL` on every release: a round trip per transaction. outboxd keeps no session
-    state on pooled connections (no SET, LISTEN or cursors outside a transaction); the
-    one session-level advisory lock, in `migrate`, closes its connection instead of
-    giving it back.
-    """
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._used = False
+
+    def _turn(self, q: Query) -> None:
+        if self._used:
+            raise RuntimeError(f"query {q.name}: a second statement in a one-statement body")
+        self._used = True
+
+    async def fetch(self, q: Query, params: Params) -> list[Row]:
+        self._turn(q)
+        return await self._conn.fetch(q, params)
+
+    async def execute(self, q: Query, params: Params) -> int:
+        self._turn(q)
+        return await self._conn.execute(q, params)
+
+
+async def _keep_session(conn: Any) -> None:
+    """The pool's reset of a connection given back, instead of asyncpg's default query
+    (`pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; RESET ALL`), a round trip on every
+    release. Nothing here leaves session state behind: no SET, LISTEN or cursor outside a
+    transaction, and the one session advisory lock (migrate) is released in a finally.
+    asyncpg still rolls back a transaction left open before calling this."""
 
 
 class PostgresDatabase:
@@ -574,7 +568,7 @@ class PostgresDatabase:
                 timeout=self._timeout_s,
                 command_timeout=self.statement_timeout_s,
                 max_inactive_connection_lifetime=60.0,
-                reset=_reset_pooled,
+                reset=_keep_session,
             )
         except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
             raise _pg_error(exc) from exc
@@ -615,14 +609,13 @@ class PostgresDatabase:
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
 
-    async def run(self, body: TxBody[T]) -> T:
+    async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
+        if one_statement:
+            # Autocommit: the statement is its own transaction.
+            async with self._acquire() as raw:
+                return await _drive_async(_OneStatement(_PgConn(raw)), body)
         async with self._transaction() as conn:
             return await _drive_async(conn, body)
-
-    async def run_statement(self, body: TxBody[T]) -> T:
-        # Outside an explicit transaction a statement commits on its own (autocommit).
-        async with self._acquire() as conn:
-            return await _drive_async(_PgConn(conn), _single(body))
 
     async def read(self, body: TxBody[T]) -> T:
         async with self._acquire() as conn:
@@ -689,12 +682,7 @@ class PostgresDatabase:
                             )
                         applied.append(name)
                 finally:
-                    try:
-                        await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_ID)
-                    finally:
-                        # Its session held a lock: it is not given back to the pool
-                        # (whose reset keeps no session state, see _reset_pooled).
-                        conn.terminate()
+                    await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK_ID)
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
         return applied

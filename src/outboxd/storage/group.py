@@ -41,8 +41,8 @@ from outboxd.storage.db import Database, Outcome, TxBody
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-# Items of a group -> a body of one statement (`Database.run_statement`) answering, per
-# item, its value or None ("run it alone").
+# Items of a group -> a body of one statement (run with `one_statement=True`) answering,
+# per item, its value or None ("run it alone").
 Bulk = Callable[[Sequence[Any]], TxBody[list[Any]]]
 
 
@@ -173,7 +173,7 @@ class GroupCommitter:
         own body runs, so the answer is the one it would get alone."""
         if self._bulk is not None:
             try:
-                values = await self._db.run_statement(self._bulk([item]))
+                values = await self._db.run(self._bulk([item]), one_statement=True)
             except StorageUnavailable:
                 raise  # the connection or the database, as `db.run(body)` would meet
             except Exception:
@@ -225,7 +225,7 @@ class GroupCommitter:
         """True once the bulk body committed and its members were answered."""
         assert self._bulk is not None
         try:
-            values = await self._db.run_statement(self._bulk([m.item for m in batch]))
+            values = await self._db.run(self._bulk([m.item for m in batch]), one_statement=True)
         except StorageUnavailable:
             raise  # the connection or the database, not a row: a whole-group failure
         except Exception as exc:

@@ -288,7 +288,7 @@ class SqlStore:
             items, key=lambda item: (item[0].user_id, item[0].idempotency_key)
         )
 
-        # The statement commits on its own (Database.run_statement): one arriving after the
+        # The statement commits on its own (run with one_statement=True): one arriving after the
         # caller's statement deadline must not write what the caller answered 503 for.
         not_after = time.time() + self.db.statement_timeout_s
 
@@ -424,7 +424,9 @@ class SqlStore:
     # ------------------------------------------------------------ relay
 
     async def claim_relay_due(self, now: float, limit: int, lease_s: float) -> list[RelayRow]:
-        return await self.db.run(lambda: self._claim_relay_due(now, limit, lease_s))
+        return await self.db.run(
+            lambda: self._claim_relay_due(now, limit, lease_s), one_statement=True
+        )
 
     def _claim_relay_due(
         self, now: float, limit: int, lease_s: float
@@ -471,6 +473,10 @@ class SqlStore:
     ) -> list[RelayRow]:
         if not sent and not failures:
             return []
+        if self.db.backend == "postgres" and not failures:
+            # The relay loop's round statement, claiming nothing: one round trip.
+            done, _ = await self.record_relay_outcome_and_claim_due(sent, [], now, 0, 0.0)
+            return done
 
         def body() -> Generator[Op, Any, list[RelayRow]]:
             return (yield from self._relay_outcome(sent, failures, now))
@@ -500,13 +506,39 @@ class SqlStore:
         lease_s: float,
     ) -> tuple[list[RelayRow], list[RelayRow]]:
         def body() -> Generator[Op, Any, tuple[list[RelayRow], list[RelayRow]]]:
+            if self.db.backend == "postgres" and not failures:
+                return (yield from self._relay_sent_and_claim_due(sent, now, limit, lease_s))
             done = yield from self._relay_outcome(sent, failures, now)
             claimed = (yield from self._claim_relay_due(now, limit, lease_s)) if limit > 0 else []
             return done, claimed
 
         if not sent and not failures and limit <= 0:
             return [], []
-        return await self.db.run(body)
+        return await self.db.run(body, one_statement=self.db.backend == "postgres" and not failures)
+
+    def _relay_sent_and_claim_due(
+        self, sent: Sequence[tuple[RelayRow, str]], now: float, limit: int, lease_s: float
+    ) -> Generator[Op, Any, tuple[list[RelayRow], list[RelayRow]]]:
+        """Postgres: a round's SENT, its jobs RUNNING and the next claim as one statement
+        (a round with failures takes the general path: they are rare, and each is a
+        guarded update of its own)."""
+        rows = yield fetch(
+            self.q["relay_sent_and_claim_due"],
+            {
+                "ids": [r.id for r, _ in sent],
+                "versions": [r.version for r, _ in sent],
+                "message_ids": [m for _, m in sent],
+                "now": now,
+                "limit": max(limit, 0),
+                "claimed_until": now + lease_s,
+            },
+        )
+        done: list[RelayRow] = []
+        claimed: list[RelayRow] = []
+        for r in rows:
+            (done if r.pop("sent") else claimed).append(_relay(r))
+        claimed.sort(key=lambda r: r.next_attempt_at)
+        return done, claimed
 
     def _relay_sent(
         self, sent: Sequence[tuple[RelayRow, str]], now: float

@@ -3,6 +3,64 @@
 -- Postgres when the blocks load: any number of relays and claimers share one
 -- table without waiting on each other. SQLite's BEGIN IMMEDIATE needs no lock.)
 
+-- name: claim_relay_due
+-- The due rows' ids as an array, then each row by primary key: with `id IN (subquery)`
+-- the planner hash-joined the subquery against a sequential scan of the whole table,
+-- SENT rows included (a millisecond per 5,000 rows, on every round).
+UPDATE relay_outbox
+   SET attempt_count = attempt_count + 1, claimed_until = :claimed_until, version = version + 1
+ WHERE id = ANY(ARRAY(SELECT id FROM relay_outbox
+                       WHERE status IN ('PENDING', 'RETRYABLE_FAILED') AND next_attempt_at <= :now
+                         AND (claimed_until IS NULL OR claimed_until < :now)
+                       ORDER BY next_attempt_at
+                       LIMIT :limit
+                       FOR UPDATE SKIP LOCKED))
+RETURNING *;
+
+-- name: relay_sent_and_claim_due
+-- The relay loop's transaction per round in one statement: the round that was sent is
+-- marked SENT (the version guard refuses a stale holder), its jobs RUNNING and its
+-- tasks SENT, and the next round is claimed. One round trip instead of five (BEGIN, three
+-- statements, COMMIT), and one executor start. :ids, :versions and :message_ids are
+-- parallel arrays; a row finds its own by array_position, so the rows are found by
+-- primary key where the table is large enough for that to pay. The parts share one
+-- snapshot, so the claim is told which rows are being recorded and leaves them alone
+-- even should their lease have run out (Postgres does not say which of two updates of
+-- one row in one statement takes effect). The rows come back as one set: `sent` says
+-- which part a row is from. A round with failures takes the general path (store.py).
+WITH sent AS (
+    UPDATE relay_outbox
+       SET status = 'SENT', sent_at = :now, claimed_until = NULL, last_error = NULL,
+           queue_message_id = (CAST(:message_ids AS text[]))[
+               array_position(CAST(:ids AS text[]), id)],
+           version = version + 1
+     WHERE id = ANY(CAST(:ids AS text[]))
+       AND version = (CAST(:versions AS integer[]))[array_position(CAST(:ids AS text[]), id)]
+    RETURNING *
+), running AS (
+    UPDATE jobs SET status = 'RUNNING', updated_at = :now
+     WHERE status = 'QUEUED' AND id = ANY(ARRAY(SELECT job_id FROM sent))
+), tasks AS (
+    UPDATE task_runs SET status = 'SENT'
+     WHERE status = 'PENDING' AND id = ANY(ARRAY(SELECT task_id FROM sent))
+), claimed AS (
+    UPDATE relay_outbox
+       SET attempt_count = attempt_count + 1, claimed_until = :claimed_until,
+           version = version + 1
+     WHERE id = ANY(ARRAY(SELECT id FROM relay_outbox
+                           WHERE status IN ('PENDING', 'RETRYABLE_FAILED')
+                             AND next_attempt_at <= :now
+                             AND (claimed_until IS NULL OR claimed_until < :now)
+                             AND id <> ALL(CAST(:ids AS text[]))
+                           ORDER BY next_attempt_at
+                           LIMIT :limit
+                           FOR UPDATE SKIP LOCKED))
+    RETURNING *
+)
+SELECT true AS sent, * FROM sent
+UNION ALL
+SELECT false AS sent, * FROM claimed;
+
 -- name: claim_relay_many
 -- Rows are locked in id order, so two batches that share a row (concurrent replays of
 -- one request) cannot deadlock; the one that waits then finds the row leased.
