@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import os
@@ -156,6 +157,8 @@ class _RequestLine:
 
 
 _request_line: _RequestLine | None = None
+_CTX_PREFIX = structlog.contextvars.STRUCTLOG_KEY_PREFIX
+_CTX_PREFIX_LEN = len(_CTX_PREFIX)
 _line_encoder = msgspec.json.Encoder()
 _access_log = structlog.get_logger("outboxd.access")
 
@@ -190,6 +193,44 @@ def log_request(request_id: str, method: str, route: str, status: int, duration_
         }
     )
     line.stream.write(line.prefix + body.decode() + "\n")
+    line.stream.flush()
+
+
+_service_log = structlog.get_logger("outboxd.services")
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def log_info(event: str, fields: dict[str, Any]) -> None:
+    """`log.info(event, **fields)` for a hot path: the same JSON object the processor
+    chain renders (the fields, the event, the bound context variables, level and
+    timestamp, secrets redacted), written directly at a fraction of the chain's cost.
+
+    Plain values only (str, numbers, booleans, None) and no `exc_info`; anything else,
+    or a logging configuration other than configure_logging's (capture_logs in tests),
+    takes the usual path. `fields` becomes the line's dict.
+    """
+    line = _request_line
+    if line is None or not line.current() or "exc_info" in fields:
+        _service_log.info(event, **fields)
+        return
+    if not line.enabled:
+        return
+    fields["event"] = event
+    ctx = contextvars.copy_context()
+    for var in ctx:
+        if var.name.startswith(_CTX_PREFIX):
+            value = ctx[var]
+            if value is not Ellipsis:
+                fields.setdefault(var.name[_CTX_PREFIX_LEN:], value)
+    for value in fields.values():
+        if not isinstance(value, _PLAIN):
+            del fields["event"]
+            _service_log.info(event, **fields)
+            return
+    redact_secrets(None, "info", fields)
+    fields["level"] = "info"
+    fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    line.stream.write(line.prefix + _line_encoder.encode(fields).decode() + "\n")
     line.stream.flush()
 
 

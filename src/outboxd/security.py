@@ -176,7 +176,8 @@ class KeyRing:
     @staticmethod
     def _mac(key: _Key, canonical: Mapping[str, Any]) -> str:
         data = json.dumps(canonical, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-        return hmac.new(key.fingerprint_key, data.encode("utf-8"), hashlib.sha256).hexdigest()
+        # One-shot HMAC (OpenSSL), the same digest as hmac.new(...).hexdigest().
+        return hmac.digest(key.fingerprint_key, data.encode("utf-8"), "sha256").hex()
 
 
 def hash_token(token: str) -> str:

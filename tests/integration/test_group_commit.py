@@ -33,7 +33,7 @@ from outboxd.services.portal_jobs import (
 from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
 from tests.support.db import raw_count, raw_db
-from tests.support.group_crash import portal_job
+from tests.support.group_crash import portal_job, warm_connections
 
 Client = TestClient[Any, Any]
 URL = "/v1/portal-link-jobs"
@@ -92,24 +92,98 @@ async def test_one_group_over_twenty_keys_replays_consistently(
     """Fifty calls started together: the first are written at once (one on SQLite, as
     many as may write side by side on Postgres), the others wait and form one group.
     Twenty created, thirty replays of them; a different request under a used key is
-    refused as it would be alone."""
+    refused as it would be alone. On SQLite the calls written at once go first. On
+    Postgres the group starts as soon as one of them is done and may write a key before a
+    call still on its way (a new connection preparing its statement): that call then
+    replays the group's job, so there each key has exactly one created answer."""
     service = PortalJobService(store, keys, dispatcher=None)
     reqs = {k: PortalLinkRequest("suwon", f"user-{k}", f"pw-{k}") for k in range(20)}
     order = [i % 20 for i in range(50)]
+    await warm_connections(store)
     subs = await asyncio.gather(*(service.submit("u1", f"one-{k}", reqs[k]) for k in order))
     assert stats(store).groups == 1 and stats(store).largest == 50 - direct(store)
     ids: dict[int, set[str]] = {}
     for k, sub in zip(order, subs, strict=True):
         ids.setdefault(k, set()).add(sub.job.id)
     assert all(len(v) == 1 for v in ids.values())
-    assert [s.replayed for s in subs[:20]] == [False] * 20
-    assert all(s.replayed for s in subs[20:])
+    if store.backend == "sqlite":
+        assert [s.replayed for s in subs[:20]] == [False] * 20
+        assert all(s.replayed for s in subs[20:])
+    created = [k for k, s in zip(order, subs, strict=True) if not s.replayed]
+    assert sorted(created) == list(range(20)), "one created answer per key"
     assert await raw_count(db_url, "jobs") == 20
     assert await raw_count(db_url, "relay_outbox") == 20
     again = await service.submit("u1", "one-4", reqs[4])
     assert again.replayed and again.job.id in ids[4]
     with pytest.raises(IdempotencyConflict):
         await service.submit("u1", "one-3", PortalLinkRequest("suwon", "someone-else", "pw"))
+
+
+async def test_an_intake_statement_past_its_deadline_writes_nothing(
+    store: SqlStore, db_url: str
+) -> None:
+    """Postgres: the intake statement commits on its own, so one that reaches the server
+    after the caller's statement deadline (a held network) must write nothing. Run
+    directly with a deadline already past, it writes no row; through the store, each
+    member then falls back to its own transaction and is created."""
+    if store.backend != "postgres":
+        pytest.skip("the one-statement intake is Postgres's")
+    items = [(new_job("late", i), time.time()) for i in range(3)]
+    store.db.statement_timeout_s = -1.0
+    assert await store.db.run(store._intake_bulk(items), one_statement=True) == [None, None, None]
+    assert await raw_count(db_url, "jobs") == 0
+    results = await asyncio.gather(*(store.create_portal_job(n, now) for n, now in items))
+    assert [r.created for r in results] == [True, True, True]
+    assert await raw_count(db_url, "jobs") == 3
+    assert await raw_count(db_url, "relay_outbox") == 3
+
+
+async def test_a_call_waiting_in_line_past_its_patience_answers_unavailable(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The direct writes are held by another connection's lock; the calls queued behind
+    them answer StorageUnavailable once their patience runs out, long before the lock
+    goes, and write nothing; the direct writes complete once it goes."""
+    import asyncpg
+
+    from outboxd.errors import StorageUnavailable
+    from outboxd.storage.db import open_database
+
+    db = await open_database(db_url, tmp_path, 5, 5.0)
+    store = SqlStore(db, patience_s=0.2)
+    await db.migrate()
+    await warm_connections(store)
+    assert store.group is not None
+    direct_n = store.group.max_groups
+    if store.backend == "sqlite":
+        import sqlite3
+
+        holder: Any = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+    else:
+        holder = await asyncpg.connect(db_url)
+        await holder.execute("BEGIN; LOCK TABLE jobs IN EXCLUSIVE MODE")
+    try:
+        calls = [
+            asyncio.ensure_future(store.create_portal_job(new_job("pat", i), time.time()))
+            for i in range(direct_n + 3)
+        ]
+        started = time.monotonic()
+        late = await asyncio.gather(*calls[direct_n:], return_exceptions=True)
+        assert time.monotonic() - started < 3.0
+        assert all(isinstance(r, StorageUnavailable) for r in late), late
+        assert not any(c.done() for c in calls[:direct_n])
+    finally:
+        if store.backend == "sqlite":
+            holder.execute("ROLLBACK")
+            holder.close()
+        else:
+            await holder.execute("ROLLBACK")
+            await holder.close()
+    done = await asyncio.gather(*calls[:direct_n])
+    assert all(r.created for r in done)
+    await store.close()
+    assert await raw_count(db_url, "jobs") == direct_n
 
 
 async def test_a_lone_request_is_written_at_once_without_a_group(store: SqlStore) -> None:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from outboxd.storage.ports import NewPortalJob
-from outboxd.storage.store import open_store
+from outboxd.storage.store import SqlStore, open_store
 
 USER = "crash-user"
 
@@ -37,9 +37,22 @@ def portal_job(
     )
 
 
+async def warm_connections(store: SqlStore) -> None:
+    """Postgres: a connection with the intake statement prepared for each call written at
+    once. Otherwise such a call may still be connecting and preparing when the group that
+    started after another of them commits (an intake is one round trip once prepared)."""
+    if store.backend != "postgres" or store.group is None:
+        return
+    bulk = store._intake_bulk([])  # no rows: prepares the statement, writes nothing
+    await asyncio.gather(
+        *(store.db.run(bulk, one_statement=True) for _ in range(store.group.max_groups))
+    )
+
+
 async def main(url: str, wd: Path, tag: str, n: int) -> None:
     store = await open_store(url, wd, 5, 5.0)
     await store.db.migrate()
+    await warm_connections(store)
     jobs = [portal_job(tag, i) for i in range(n)]
     print(json.dumps({j.idempotency_key: j.job_id for j in jobs}), flush=True)
     now = time.time()

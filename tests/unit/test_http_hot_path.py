@@ -3,6 +3,9 @@
 - `observability.log_request` writes the same JSON object structlog's chain renders for
   `log.info("http_request", ...)`, honours the level and the journald prefix, and falls
   back to structlog when logging was configured some other way (capture_logs).
+- `observability.log_info` (the service's `job_accepted` line) does the same for any event
+  of plain fields, with the bound context variables, and redacts secrets as the chain does.
+- `portal_jobs.new_id` makes ids as `str(uuid.uuid4())` does.
 - `inputs.decode_json_object` decodes with msgspec only what the strict parser would
   accept as it is; everything else gets the strict parser's answer.
 - `models.check_text_fields` reads its limits from the models (one definition).
@@ -13,13 +16,15 @@ from __future__ import annotations
 import io
 import json
 import re
+import uuid
 
 import pytest
 import structlog
 from structlog.testing import capture_logs
 
 from outboxd.daemon import inputs, models
-from outboxd.observability import configure_logging, log_request
+from outboxd.observability import configure_logging, log_info, log_request
+from outboxd.services.portal_jobs import new_id
 
 FIELDS = {
     "request_id": "req-1",
@@ -66,6 +71,49 @@ def test_the_request_line_goes_through_structlog_when_it_was_configured_otherwis
         configure_logging("info", "json")
     assert stream.getvalue() == ""
     assert logs == [{**FIELDS, "event": "http_request", "log_level": "info"}]
+
+
+def _info_lines(fields: dict[str, object], level: str = "info") -> tuple[str, str]:
+    """(log_info's line, structlog's line for the same event), with a bound context."""
+    fast, slow = io.StringIO(), io.StringIO()
+    structlog.contextvars.bind_contextvars(request_id="req-9", db_password="hunter2")
+    try:
+        configure_logging(level, "json", stream=fast, env={})
+        log_info("job_accepted", dict(fields))
+        configure_logging(level, "json", stream=slow, env={})
+        structlog.get_logger("t").info("job_accepted", **fields)
+    finally:
+        structlog.contextvars.unbind_contextvars("request_id", "db_password")
+        configure_logging("info", "json")
+    return fast.getvalue(), slow.getvalue()
+
+
+def test_an_info_line_is_the_object_structlog_would_write() -> None:
+    fields = {"job_id": "j-1", "outbox_id": None, "token": "t0ps3cret", "n": 3}
+    fast, slow = _info_lines(fields)
+    one, other = json.loads(fast), json.loads(slow)
+    assert fast.endswith("\n") and fast.count("\n") == 1
+    assert ISO_UTC.match(one.pop("timestamp")) and ISO_UTC.match(other.pop("timestamp"))
+    assert one == other
+    assert one["token"] == one["db_password"] == "[redacted]" and "hunter2" not in fast
+    assert one["request_id"] == "req-9" and one["event"] == "job_accepted"
+    assert _info_lines(fields, "warning") == ("", "")
+
+
+def test_an_info_line_with_other_values_goes_through_structlog() -> None:
+    fields = {"job_id": "j-1", "error": ValueError("postgres://u:pw@h/db failed")}
+    fast, slow = _info_lines(fields)
+    one, other = json.loads(fast), json.loads(slow)
+    one.pop("timestamp"), other.pop("timestamp")
+    assert one == other and "pw@" not in fast
+
+
+def test_new_ids_are_uuid4_text() -> None:
+    ids = [new_id() for _ in range(600)]
+    assert len(set(ids)) == 600
+    for text in ids:
+        u = uuid.UUID(text)
+        assert str(u) == text and u.version == 4 and u.variant == uuid.RFC_4122
 
 
 @pytest.mark.parametrize(

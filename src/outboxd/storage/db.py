@@ -147,6 +147,8 @@ def _step(gen: Generator[Op, Any, Any], result: Any) -> Op | _Done:
 
 class Database(Protocol):
     backend: Backend
+    # The longest a statement may take before the caller gives up on it (StorageUnavailable).
+    statement_timeout_s: float
 
     async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
         """Run `body` in one write transaction (committed, or rolled back on error).
@@ -344,6 +346,8 @@ class SqliteDatabase:
     def __init__(self, path: Path, acquire_timeout_s: float) -> None:
         self.path = path
         self._acquire_timeout_s = acquire_timeout_s
+        # A statement waits at most the busy timeout for another process's lock.
+        self.statement_timeout_s = acquire_timeout_s
         self._writer = _SqliteThread(path, acquire_timeout_s, "outboxd-sqlite-w")
         self._reader = _SqliteThread(path, acquire_timeout_s, "outboxd-sqlite-r")
         self._write_lock = asyncio.Lock()
@@ -550,6 +554,7 @@ class PostgresDatabase:
         self._dsn = dsn
         self._pool_size = pool_size
         self._timeout_s = acquire_timeout_s
+        self.statement_timeout_s = max(acquire_timeout_s * 2, 10.0)
         self._pool: Any = None
 
     async def open(self) -> None:
@@ -561,7 +566,7 @@ class PostgresDatabase:
                 # Bounded everywhere: connecting, and every statement, so a
                 # database that stops answering becomes a 503, never a hang.
                 timeout=self._timeout_s,
-                command_timeout=max(self._timeout_s * 2, 10.0),
+                command_timeout=self.statement_timeout_s,
                 max_inactive_connection_lifetime=60.0,
                 reset=_keep_session,
             )

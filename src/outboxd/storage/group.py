@@ -41,7 +41,8 @@ from outboxd.storage.db import Database, Outcome, TxBody
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-# Items of a group -> a body answering, per item, its value or None ("run it alone").
+# Items of a group -> a body of one statement (run with `one_statement=True`) answering,
+# per item, its value or None ("run it alone").
 Bulk = Callable[[Sequence[Any]], TxBody[list[Any]]]
 
 
@@ -99,27 +100,33 @@ class GroupCommitter:
             # Nothing waiting: the single path, at once, cancellable as `db.run` is.
             self._writers += 1
             try:
-                return await self._db.run(body)
+                return await self._one(body, item)  # type: ignore[no-any-return]
             finally:
                 self._writers -= 1
                 self._wake()
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
         member = _Member(body, item, fut)
         self._pending.append(member)
         self._wake()
-        # A caller cancelled before its group is taken is dropped, as a cancelled
-        # `db.run` would be; once taken, its group runs to the end regardless.
-        if self._patience_s is not None:
-            try:
-                await asyncio.wait([fut], timeout=self._patience_s)
-            except asyncio.CancelledError:
-                if not member.taken:
-                    fut.cancel()
-                raise
-            if not fut.done() and not member.taken:
-                fut.cancel()
-                raise StorageUnavailable(f"{self._db.backend}: timed out waiting for the database")
-        return await fut
+        # A caller cancelled before its group is taken is dropped (its future is cancelled
+        # with it, and `_take` skips it), as a cancelled `db.run` would be; once taken,
+        # its group runs to the end regardless.
+        if self._patience_s is None:
+            return await fut
+        # One timer, not asyncio.wait (a waiter future and callbacks per call).
+        timer = loop.call_later(self._patience_s, self._expire, member)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+
+    def _expire(self, member: _Member) -> None:
+        """Patience ran out: a caller still in line answers 503; one taken waits on."""
+        if not member.taken and not member.fut.done():
+            member.fut.set_exception(
+                StorageUnavailable(f"{self._db.backend}: timed out waiting for the database")
+            )
 
     async def drain(self) -> None:
         """Wait for every group in flight (before the database closes)."""
@@ -159,9 +166,34 @@ class GroupCommitter:
             self._writers -= 1
             self._wake()
 
+    async def _one(self, body: TxBody[Any], item: Any) -> Any:
+        """One member on its own: the `bulk` body when there is one (on Postgres one
+        statement, one round trip less than the member's own body), else `db.run(body)`.
+        Should bulk not write the item (its key was taken, or a row refused), the member's
+        own body runs, so the answer is the one it would get alone."""
+        if self._bulk is not None:
+            try:
+                values = await self._db.run(self._bulk([item]), one_statement=True)
+            except StorageUnavailable:
+                raise  # the connection or the database, as `db.run(body)` would meet
+            except Exception:
+                values = [None]
+            if values[0] is not None:
+                return values[0]
+        return await self._db.run(body)
+
     async def _write(self, batch: list[_Member]) -> None:
         if len(batch) == 1:
-            await self._alone(batch)
+            m = batch[0]
+            try:
+                value = await self._one(m.body, m.item)
+            except asyncio.CancelledError:
+                m.fut.cancel()
+                raise
+            except Exception as exc:
+                _settle(m.fut, Outcome(error=exc))
+            else:
+                _settle(m.fut, Outcome(value=value))
             return
         self.stats.groups += 1
         self.stats.largest = max(self.stats.largest, len(batch))
@@ -193,7 +225,7 @@ class GroupCommitter:
         """True once the bulk body committed and its members were answered."""
         assert self._bulk is not None
         try:
-            values = await self._db.run(self._bulk([m.item for m in batch]))
+            values = await self._db.run(self._bulk([m.item for m in batch]), one_statement=True)
         except StorageUnavailable:
             raise  # the connection or the database, not a row: a whole-group failure
         except Exception as exc:

@@ -288,6 +288,10 @@ class SqlStore:
             items, key=lambda item: (item[0].user_id, item[0].idempotency_key)
         )
 
+        # The statement commits on its own (run with one_statement=True): one arriving after the
+        # caller's statement deadline must not write what the caller answered 503 for.
+        not_after = time.time() + self.db.statement_timeout_s
+
         def body() -> Generator[Op, Any, list[Any]]:
             rows = yield fetch(
                 self.q["insert_jobs_many"],
@@ -302,6 +306,7 @@ class SqlStore:
                     "sealed": [n.sealed for n, _ in news],
                     "nows": [now for _, now in news],
                     "claimed_untils": [n.claimed_until for n, _ in news],
+                    "not_after": not_after,
                 },
             )
             made: dict[str, JobIntake] = {}

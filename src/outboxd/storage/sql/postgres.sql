@@ -147,7 +147,8 @@ UPDATE pace_leases
 -- name: insert_jobs_many
 -- Group commit: a group's jobs and their outbox rows in one statement (one round trip).
 -- A key already taken, before or by an earlier member of the group, inserts nothing and
--- returns no row; that member then runs alone and finds the job.
+-- returns no row; that member then runs alone and finds the job. Past :not_after (the
+-- caller's own deadline for the statement) nothing is written and every member runs alone.
 WITH j AS (
     SELECT *
       FROM unnest(CAST(:ids AS text[]), CAST(:outbox_ids AS text[]), CAST(:portals AS text[]),
@@ -157,6 +158,10 @@ WITH j AS (
                   CAST(:claimed_untils AS double precision[]))
            AS t(id, outbox_id, portal, user_id, idempotency_key, fingerprint, key_id, sealed, ts,
                 claimed_until)
+     -- Run outside an explicit transaction, the statement commits itself: should it reach
+     -- the server only after the client gave up on it (a network that held it past the
+     -- command timeout, the caller answered 503), it writes nothing.
+     WHERE extract(epoch FROM clock_timestamp()) < :not_after
 ), job AS (
     INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
                       key_id, sealed, created_at, updated_at)
