@@ -25,12 +25,12 @@ from aiohttp.test_utils import TestClient
 
 from outboxd.errors import StorageError
 from outboxd.security import KeyRing
-from outboxd.storage.db import Op, Query, Row, fetch
 from outboxd.services.portal_jobs import (
     IdempotencyConflict,
     PortalJobService,
     PortalLinkRequest,
 )
+from outboxd.storage.db import Op, Query, Row, fetch
 from outboxd.storage.ports import NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore, open_store
 from tests.support.db import raw_count, raw_db
