@@ -36,14 +36,17 @@ from outboxd.storage.ports import RelayFailure, RelayRow, RelayStore, TaskStore
 
 log = structlog.get_logger(__name__)
 
-# How long a request waits for others to join its batch while other batches are out:
-# about a millisecond, so requests that arrive close together share one SendMessageBatch.
-# When nothing is out, a request does not wait at all (it leaves at the end of the
-# event loop's turn): a lone request adds no delay.
-DISPATCH_LINGER_S = 0.001
-# Coalesced batches in flight at once. While all are out, new requests queue up and
-# leave together as soon as one returns: the busier the API, the fuller the batches.
+# Coalesced batches in flight at once. Full batches leave at once while fewer than this
+# are out. A partial batch leaves when no other batch is out: a request that finds
+# batches out waits for them to return (or for its own batch to fill) and leaves with
+# every request that arrived meanwhile, so the busier the API, the fuller the batches.
+# When nothing is out a request does not wait at all (it leaves at the end of the event
+# loop's turn): a lone request adds no delay.
 DISPATCH_BATCHES_IN_FLIGHT = 4
+# The longest a partial batch waits for the batches out before it leaves beside them:
+# with a slow SQS (tens of milliseconds a call) waiting out a whole call would add that
+# much to a request's answer.
+DISPATCH_MAX_WAIT_S = 0.010
 # Rounds one relay pass may chain (each claim overlapping the previous round's sends)
 # before the loop looks at its stop event again.
 ROUNDS_PER_PASS = 10
@@ -85,8 +88,8 @@ class Relay:
         clock: Callable[[], float] = time.time,
         batches_per_round: int = 10,
         stop: asyncio.Event | None = None,
-        dispatch_linger_s: float = DISPATCH_LINGER_S,
         dispatch_batches_in_flight: int = DISPATCH_BATCHES_IN_FLIGHT,
+        dispatch_max_wait_s: float = DISPATCH_MAX_WAIT_S,
     ) -> None:
         self._store = store
         self._round_size = settings.batch_size * batches_per_round
@@ -105,12 +108,12 @@ class Relay:
         # Coalesced dispatch: requests waiting for a batch, and the batches out.
         self._stop = stop
         self._dispatch_size = min(settings.batch_size, MAX_BATCH_ENTRIES)
-        self._linger_s = dispatch_linger_s
         self._max_in_flight = max(1, dispatch_batches_in_flight)
+        self._max_wait_s = dispatch_max_wait_s
         self._waiting: list[_Waiter] = []
         self._open: set[asyncio.Future[_Outcome]] = set()
         self._in_flight = 0
-        self._linger: asyncio.Handle | None = None
+        self._timer: asyncio.Handle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._stop_watch: asyncio.Future[None] | None = None
 
@@ -185,34 +188,41 @@ class Relay:
         self._waiting = [w for w in self._waiting if w[2] is not fut]
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._in_flight >= self._max_in_flight:
-            return  # the next batch to return takes the waiting requests along
         if len(self._waiting) >= self._dispatch_size:
-            self._flush()
-        elif self._linger is None and self._in_flight == 0:
+            self._flush()  # a full batch leaves now if a slot is free
+        elif self._in_flight == 0 and self._timer is None:
             # Nothing is out: no one is about to return with company for this request.
             # It leaves at the end of this turn of the loop, with the requests that
             # became ready in the same turn.
-            self._linger = loop.call_soon(self._linger_over)
-        elif self._linger is None:
-            self._linger = loop.call_later(self._linger_s, self._linger_over)
+            self._timer = loop.call_soon(self._timer_over)
+        self._arm(loop)
 
-    def _linger_over(self) -> None:
-        self._linger = None
-        self._flush()
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        # A batch is out: the waiting requests leave when it returns, with a batch that
+        # fills up before then, or after DISPATCH_MAX_WAIT_S, whichever comes first.
+        if self._waiting and self._timer is None:
+            self._timer = loop.call_later(self._max_wait_s, self._timer_over)
 
-    def _flush(self) -> None:
-        """Start batches from the waiting requests while fewer than the bound are out."""
+    def _timer_over(self) -> None:
+        self._timer = None
+        self._flush(partial=True)
+
+    def _flush(self, partial: bool = False) -> None:
+        """Start batches from the waiting requests while fewer than the bound are out:
+        full ones, and a partial one when no other batch is out (or `partial`)."""
         while self._waiting and self._in_flight < self._max_in_flight:
+            if len(self._waiting) < self._dispatch_size and self._in_flight > 0 and not partial:
+                break
             batch = self._waiting[: self._dispatch_size]
             del self._waiting[: self._dispatch_size]
             self._in_flight += 1
             task = asyncio.ensure_future(self._dispatch(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        if not self._waiting and self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
+        if not self._waiting and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._arm(asyncio.get_running_loop())
 
     async def _dispatch(self, batch: list[_Waiter]) -> None:
         """One coalesced batch: claim the rows its intakes did not claim already in one
@@ -242,7 +252,6 @@ class Relay:
                     fut.set_result(False)
             self._in_flight -= 1
             if self._waiting:
-                # They have waited for a free slot already: no linger for them.
                 self._flush()
 
     async def _outcome_of_other_holder(self, outbox_id: str) -> RelayRow | None:

@@ -131,8 +131,10 @@ UPDATE relay_outbox
 RETURNING *;
 
 -- name: jobs_running_if_queued
+-- By primary key only: `+status` keeps the planner off the status index, which would
+-- visit every QUEUED job (all of a backlog, for each batch) to find these few.
 UPDATE jobs SET status = 'RUNNING', updated_at = :now
- WHERE status = 'QUEUED' AND id IN (SELECT value FROM json_each(:ids));
+ WHERE id IN (SELECT value FROM json_each(:ids)) AND +status = 'QUEUED';
 
 -- name: tasks_sent
 UPDATE task_runs SET status = 'SENT'

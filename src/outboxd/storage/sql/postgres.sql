@@ -75,20 +75,33 @@ UPDATE relay_outbox
 RETURNING *;
 
 -- name: relay_sent_many
+-- One statement, one round trip: the rows SENT, and with them their jobs RUNNING (when
+-- QUEUED) and their task runs SENT (when PENDING), what `jobs_running_if_queued` and
+-- `tasks_sent` do in separate statements on SQLite, which has no UPDATE in a WITH
+-- (`SqlStore._relay_sent` skips them on Postgres). The jobs are found by primary key
+-- from the rows just updated: their status test is written so that no index can serve
+-- it, since with stale statistics (a table grown since its last ANALYZE) the planner
+-- would otherwise read every QUEUED job through the status index, for each batch.
+WITH sent AS (
 UPDATE relay_outbox
    SET status = 'SENT', queue_message_id = j.m, sent_at = :now, claimed_until = NULL,
        last_error = NULL, version = relay_outbox.version + 1
   FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(id text, v integer, m text)
  WHERE relay_outbox.id = j.id AND relay_outbox.version = j.v
-RETURNING relay_outbox.*;
-
--- name: jobs_running_if_queued
+RETURNING relay_outbox.*
+), running AS (
 UPDATE jobs SET status = 'RUNNING', updated_at = :now
- WHERE status = 'QUEUED' AND id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
-
--- name: tasks_sent
+  FROM sent
+ WHERE jobs.id = sent.job_id AND (jobs.status = 'QUEUED') IS TRUE
+), tasks AS (
 UPDATE task_runs SET status = 'SENT'
- WHERE status = 'PENDING' AND id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
+  FROM sent
+ WHERE task_runs.id = sent.task_id AND task_runs.status = 'PENDING'
+)
+SELECT * FROM sent;
+
+-- (`jobs_running_if_queued` and `tasks_sent` have no Postgres version: `relay_sent_many`
+-- does their work there.)
 
 -- Cluster pacing takes the time from the database, so instances on VMs whose
 -- clocks disagree still keep one pace. The row lock of the UPDATE queues
