@@ -11,7 +11,6 @@ import json
 import math
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -157,14 +156,6 @@ def _pace_state(r: Row) -> PaceState:
     )
 
 
-@dataclass(frozen=True, eq=False)
-class _Joined:
-    """The item of an intake group member that is not an intake: `_intake_bulk` runs
-    its body after the group's intakes, in the same transaction."""
-
-    body: TxBody[Any]
-
-
 class SqlStore:
     """Every storage port. Each method is one transaction body (see `db.TxBody`),
     so SQLite runs it in one thread hop and Postgres on one connection."""
@@ -291,32 +282,17 @@ class SqlStore:
 
     def _intake_bulk(self, items: Sequence[Any]) -> TxBody[list[Any]]:
         """A group's intakes as one statement: per item its JobIntake, or None when its
-        key was taken (the member then runs alone and replays). Members that are not
-        intakes (`_Joined`: a dispatch batch's outcome) run their own body after it, in
-        the same transaction."""
+        key was taken (the member then runs alone and replays)."""
         # In key order: two groups taking the same keys wait for each other, never in a cycle.
         news: list[tuple[NewPortalJob, float]] = sorted(
-            (i for i in items if not isinstance(i, _Joined)),
-            key=lambda item: (item[0].user_id, item[0].idempotency_key),
+            items, key=lambda item: (item[0].user_id, item[0].idempotency_key)
         )
-        joined = [i for i in items if isinstance(i, _Joined)]
 
         # The statement commits on its own (run with one_statement=True): one arriving after the
         # caller's statement deadline must not write what the caller answered 503 for.
         not_after = time.time() + self.db.statement_timeout_s
 
         def body() -> Generator[Op, Any, list[Any]]:
-            made: dict[str, JobIntake] = {}
-            if news:
-                made = yield from intakes()
-            values: dict[int, Any] = {}
-            for j in joined:
-                values[id(j)] = yield from j.body()
-            return [
-                values[id(i)] if isinstance(i, _Joined) else made.get(i[0].job_id) for i in items
-            ]
-
-        def intakes() -> Generator[Op, Any, dict[str, JobIntake]]:
             rows = yield fetch(
                 self.q["insert_jobs_many"],
                 {
@@ -339,7 +315,7 @@ class SqlStore:
                     k.removeprefix("relay_"): v for k, v in r.items() if k.startswith("relay_")
                 }
                 made[r["id"]] = JobIntake(job=_job(r), outbox=_relay(relay), created=True)
-            return made
+            return [made.get(n.job_id) for n, _ in items]
 
         return body
 
@@ -498,21 +474,21 @@ class SqlStore:
         if not sent and not failures:
             return []
         if self.db.backend == "postgres" and not failures:
-            # The relay loop's round statement, claiming nothing: one round trip.
+            # The relay loop's round statement, claiming nothing: one round trip, atomic on
+            # its own. (An intake group on Postgres is one statement too, committing by
+            # itself, so an outcome cannot ride along in its transaction.)
             done, _ = await self.record_relay_outcome_and_claim_due(sent, [], now, 0, 0.0)
             return done
 
         def body() -> Generator[Op, Any, list[RelayRow]]:
             return (yield from self._relay_outcome(sent, failures, now))
 
-        if self.group is not None:
+        if self.group is not None and self.db.backend == "sqlite":
             # A dispatch batch's outcome shares the next intake group's commit with the
             # intakes waiting for it, when writes are in flight (otherwise it runs at once,
-            # alone): on SQLite a commit is an fsync, on Postgres a WAL flush and four
-            # round trips, where in a group the outcome costs one statement after the
-            # intakes' one. Safe to rerun: a row SENT by a first run fails the version
-            # match and is left alone.
-            return await self.group.run(body, _Joined(body))
+            # alone): on SQLite a commit is an fsync. Safe to rerun: a row SENT by a first
+            # run fails the version match and is left alone.
+            return await self.group.run(body)
         return await self.db.run(body)
 
     def _relay_outcome(
