@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -184,16 +184,7 @@ class GroupCommitter:
 
     async def _write(self, batch: list[_Member]) -> None:
         if len(batch) == 1:
-            m = batch[0]
-            try:
-                value = await self._one(m.body, m.item)
-            except asyncio.CancelledError:
-                m.fut.cancel()
-                raise
-            except Exception as exc:
-                _settle(m.fut, Outcome(error=exc))
-            else:
-                _settle(m.fut, Outcome(value=value))
+            await _answer(batch[0], self._one(batch[0].body, batch[0].item))
             return
         self.stats.groups += 1
         self.stats.largest = max(self.stats.largest, len(batch))
@@ -242,18 +233,20 @@ class GroupCommitter:
         return True
 
     async def _alone(self, members: list[_Member]) -> None:
-        async def one(m: _Member) -> None:
-            try:
-                value = await self._db.run(m.body)
-            except asyncio.CancelledError:
-                m.fut.cancel()
-                raise
-            except Exception as exc:
-                _settle(m.fut, Outcome(error=exc))
-            else:
-                _settle(m.fut, Outcome(value=value))
+        await asyncio.gather(*(_answer(m, self._db.run(m.body)) for m in members))
 
-        await asyncio.gather(*(one(m) for m in members))
+
+async def _answer(member: _Member, write: Awaitable[Any]) -> None:
+    """Run a member's own write and answer the member with its value or its error."""
+    try:
+        value = await write
+    except asyncio.CancelledError:
+        member.fut.cancel()
+        raise
+    except Exception as exc:
+        _settle(member.fut, Outcome(error=exc))
+    else:
+        _settle(member.fut, Outcome(value=value))
 
 
 def _settle(fut: asyncio.Future[Any], outcome: Outcome) -> None:
