@@ -215,7 +215,10 @@ class Rig:
     async def close(self) -> None:
         self.stop.set()
         for t in self.tasks:
-            with contextlib.suppress(TimeoutError):
+            # A consumer still running after 15 s is cancelled; its CancelledError must not
+            # escape the fixture's teardown (that left later tests of the worker on this
+            # test's tmp_path and servers).
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(t, 15)
         for s in self.scrapers:
             await s.close()

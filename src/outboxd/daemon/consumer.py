@@ -217,24 +217,24 @@ class Consumer:
                 str(creds.get("username", "")), str(creds.get("password", "")), progress
             )
         except PortalError as exc:
-            await _cancel(heartbeat)
+            await _end(heartbeat, state)
             error = (exc.code, exc.message)
             if not exc.retryable:
                 await self._finish_failed(state.job, msg, error, bind)
                 return "failed"
             return await self._retry_or_dead(state.job, msg, error, bind)
         except asyncio.CancelledError:
-            await _cancel(heartbeat)
+            await _end(heartbeat, state)
             # Shutdown past its deadline: give the job back at once.
             await asyncio.shield(self._release_job(state.job, msg))
             raise
         except Exception as exc:
-            await _cancel(heartbeat)
+            await _end(heartbeat, state)
             log.exception("handler_error", error=exc, **bind)
             return await self._retry_or_dead(
                 state.job, msg, ("HANDLER_ERROR", f"{type(exc).__name__}"), bind
             )
-        await _cancel(heartbeat)
+        await _end(heartbeat, state)
         crash_point("after_handler_before_commit")
         finished = await asyncio.shield(
             self._store.finish_job(state.job, "SUCCEEDED", self._clock(), result=result)
@@ -306,8 +306,10 @@ class Consumer:
         log.info("job_released", job_id=job.id, message_id=msg.message_id)
 
     async def _heartbeat(self, kind: QueueKind, msg: ReceivedMessage, state: _RunState) -> None:
-        while True:
+        while state.beating:
             await asyncio.sleep(self._cs.heartbeat_s)
+            if not state.beating:
+                break
             try:
                 await self._queues.change_visibility(kind, msg.receipt_handle, self._visibility_s)
                 await self._store.extend_job_lease(state.job, self._clock() + self._visibility_s)
@@ -421,6 +423,9 @@ class _Slots:
 @dataclass
 class _RunState:
     job: JobRecord
+    # Cleared when the handler ends the heartbeat: a cancellation swallowed on the way
+    # (wait_for on Python 3.11 can) must not keep it beating, and the handler waiting.
+    beating: bool = True
 
 
 async def _until_stopped(
@@ -441,7 +446,9 @@ async def _until_stopped(
     return None
 
 
-async def _cancel(task: asyncio.Task[Any]) -> None:
-    task.cancel()
+async def _end(heartbeat: asyncio.Task[Any], state: _RunState) -> None:
+    """Stop a job's heartbeat: cancelled now, and in any case gone by its next beat."""
+    state.beating = False
+    heartbeat.cancel()
     with contextlib.suppress(asyncio.CancelledError):
-        await task
+        await heartbeat

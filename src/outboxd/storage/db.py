@@ -365,7 +365,11 @@ class SqliteDatabase:
         if not self._open:
             raise StorageUnavailable("sqlite: database is closed")
         try:
-            await asyncio.wait_for(self._write_lock.acquire(), self._acquire_timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that arrives as the lock is granted, and the cancelled caller
+            # (a job's heartbeat, say) would run on.
+            async with asyncio.timeout(self._acquire_timeout_s):
+                await self._write_lock.acquire()
         except TimeoutError:
             raise StorageUnavailable("sqlite: timed out waiting for the database") from None
         try:
