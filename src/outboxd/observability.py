@@ -155,6 +155,13 @@ class _RequestLine:
         processors = structlog.get_config()["processors"]
         return bool(processors) and processors[-1] is self.renderer
 
+    def write(self, fields: dict[str, Any]) -> None:
+        """`fields` (event included) as one info line, with its level and timestamp."""
+        fields["level"] = "info"
+        fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+        self.stream.write(self.prefix + _line_encoder.encode(fields).decode() + "\n")
+        self.stream.flush()
+
 
 _request_line: _RequestLine | None = None
 _CTX_PREFIX = structlog.contextvars.STRUCTLOG_KEY_PREFIX
@@ -179,8 +186,7 @@ def log_request(request_id: str, method: str, route: str, status: int, duration_
         return
     if not line.enabled:
         return
-    now = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    body = _line_encoder.encode(
+    line.write(
         {
             "request_id": request_id,
             "method": method,
@@ -188,12 +194,8 @@ def log_request(request_id: str, method: str, route: str, status: int, duration_
             "status": status,
             "duration_ms": duration_ms,
             "event": "http_request",
-            "level": "info",
-            "timestamp": now,
         }
     )
-    line.stream.write(line.prefix + body.decode() + "\n")
-    line.stream.flush()
 
 
 _service_log = structlog.get_logger("outboxd.services")
@@ -228,10 +230,7 @@ def log_info(event: str, fields: dict[str, Any]) -> None:
             _service_log.info(event, **fields)
             return
     redact_secrets(None, "info", fields)
-    fields["level"] = "info"
-    fields["timestamp"] = datetime.now(UTC).isoformat().replace("+00:00", "Z")
-    line.stream.write(line.prefix + _line_encoder.encode(fields).decode() + "\n")
-    line.stream.flush()
+    line.write(fields)
 
 
 def configure_logging(
