@@ -137,14 +137,50 @@ async def run_bare(endpoint: str, tag: str, n: int, pids: dict[str, int]) -> Res
         win.start()
         sent = 0
         while sent < n:
-            entries = []
-            for _ in range(BATCH):
-                oid, jid = str(uuid.uuid4()), str(uuid.uuid4())
-                body = json.dumps({"type": "portal_link", "jobId": jid, "outboxId": oid})
-                entries.append({"Id": oid, "MessageBody": body})
-            resp = await client.send_message_batch(QueueUrl=qurl, Entries=entries)
+            resp = await client.send_message_batch(QueueUrl=qurl, Entries=_bare_entries())
             sent += len(resp.get("Successful", []))
         win.stop()
+    return _result(win, sent)
+
+
+def _bare_entries() -> list[dict[str, str]]:
+    entries = []
+    for _ in range(BATCH):
+        oid, jid = str(uuid.uuid4()), str(uuid.uuid4())
+        body = json.dumps({"type": "portal_link", "jobId": jid, "outboxId": oid})
+        entries.append({"Id": oid, "MessageBody": body})
+    return entries
+
+
+async def run_bare_json(endpoint: str, qurl: str, n: int, pids: dict[str, int]) -> Results:
+    """outboxd's own SQS JSON client alone (queue/sqs_json.py, what SqsQueues sends
+    with): SendMessageBatch of 10 in a loop, no database, no relay."""
+    from outboxd.queue.sqs import CONNECT_TIMEOUT_S, CONTROL_READ_TIMEOUT_S
+    from outboxd.queue.sqs_json import Credentials, SqsJsonClient
+
+    async def creds() -> Credentials:
+        return Credentials("bench", "bench")
+
+    client = SqsJsonClient(
+        endpoint, "us-east-1", creds, connect_timeout_s=CONNECT_TIMEOUT_S, max_connections=32
+    )
+
+    async def send(entries: list[dict[str, str]]) -> dict[str, Any]:
+        params = {"QueueUrl": qurl, "Entries": entries}
+        return await client.call(
+            "SendMessageBatch", params, read_timeout_s=CONTROL_READ_TIMEOUT_S, attempts=3
+        )
+
+    try:
+        await send([{"Id": "w", "MessageBody": "w"}])  # warm: opens the connection
+        win = CpuWindow({"self": os.getpid(), **pids})
+        win.start()
+        sent = 0
+        while sent < n:
+            sent += len((await send(_bare_entries())).get("Successful", []))
+        win.stop()
+    finally:
+        await client.close()
     return _result(win, sent)
 
 
@@ -178,6 +214,9 @@ async def run_backend(
                     await asyncio.to_thread(purge_queue, srv.url, qurl)
                     r = await run_bare(srv.url, f"{backend}-{trial}", n, pids)
                     res.setdefault(f"{name}: bare send_message_batch", []).append(r)
+                    await asyncio.to_thread(purge_queue, srv.url, qurl)
+                    r = await run_bare_json(srv.url, qurl, n, pids)
+                    res.setdefault(f"{name}: bare JSON-client loop", []).append(r)
                     r = await run_relay(store, queues[name], backend, url, n, pids)
                     res.setdefault(f"{name}: Relay.relay_once", []).append(r)
         finally:

@@ -31,6 +31,9 @@ class FailingProxy:
 
     upstream: str
     fail_batches: frozenset[int] = frozenset()
+    # SendMessageBatch calls (1-based) whose first Successful entry comes back with
+    # another body's MD5, as if SQS had stored something else than was sent.
+    corrupt_batches: frozenset[int] = frozenset()
     batches: int = 0
     url: str = ""
 
@@ -54,6 +57,10 @@ class FailingProxy:
             ) as resp,
         ):
             payload = await resp.read()
+            if self.batches in self.corrupt_batches and resp.status == 200:
+                answer = json.loads(payload)
+                answer["Successful"][0]["MD5OfMessageBody"] = "0" * 32
+                payload = json.dumps(answer).encode()
             out = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
             return web.Response(status=resp.status, body=payload, headers=out)
 
@@ -129,3 +136,19 @@ async def test_a_failing_first_request_fails_the_whole_call(
         await queues.send_batch("jobs", [big("a"), big("b")])
     assert proxy.batches == 1
     assert (await queues.depth("jobs")).visible == 0
+
+
+async def test_an_entry_whose_md5_does_not_match_is_reported_failed(
+    proxy: FailingProxy, queues: SqsQueues
+) -> None:
+    """SQS's MD5 of a body is checked: an entry whose digest differs from what was sent
+    is failed (the relay publishes it again), the others in its batch are sent."""
+    proxy.corrupt_batches = frozenset({1})
+    result = await queues.send_batch(
+        "jobs", [OutgoingMessage(f"m{i}", f"body {i}") for i in range(3)]
+    )
+    assert proxy.batches == 1
+    assert len(result.successful) == 2
+    [(entry_id, reason)] = result.failed.items()
+    assert entry_id not in result.successful
+    assert "MD5OfMessageBody" in reason

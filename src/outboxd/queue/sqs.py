@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import os
 import re
@@ -25,6 +26,7 @@ from aiobotocore.session import AioSession
 from botocore.exceptions import BotoCoreError, ClientError
 
 from outboxd.config import SqsSettings, is_loopback_host
+from outboxd.queue.sqs_json import Credentials, CredentialSource, SqsFault, SqsJsonClient
 
 QueueKind = Literal["jobs", "tasks"]
 KINDS: tuple[QueueKind, ...] = ("jobs", "tasks")
@@ -42,20 +44,22 @@ DLQ_RETENTION_S = 14 * 24 * 3600
 LOOPBACK_DUMMY_CREDENTIAL = "outboxd"
 LOOPBACK_DEFAULT_REGION = "us-east-1"
 
-# --- botocore client configuration -----------------------------------------------------
-# Two clients over one session, because a long poll and a send want opposite read
-# timeouts: a receive legitimately waits up to 20 s for the first byte, while a send,
-# delete or visibility change that has not answered in a few seconds is stuck, and the
-# relay / consumer should learn that quickly and apply their own backoff.
+# --- client configuration ---------------------------------------------------------------
+# One botocore client for the queues' bootstrap and attributes, and two JSON clients
+# (queue/sqs_json.py) for the calls per message, because a long poll and a send want
+# opposite read timeouts: a receive legitimately waits up to 20 s for the first byte,
+# while a send, delete or visibility change that has not answered in a few seconds is
+# stuck, and the relay / consumer should learn that quickly and apply their own backoff.
 CONNECT_TIMEOUT_S = 2.0  # loopback or the regional endpoint: 2 s without a TCP handshake is down
 CONTROL_READ_TIMEOUT_S = 5.0
-# Must exceed the longest long poll, or botocore cuts every empty poll as a read timeout
+# Must exceed the longest long poll, or the client cuts every empty poll as a read timeout
 # (and retries it); 10 s margin covers a slow answer after the full wait.
 POLL_READ_TIMEOUT_S = MAX_WAIT_TIME_S + 10.0
-# "standard" retries transient errors (connection reset/refused, 5xx, throttling) with
-# jittered exponential backoff (rand x 1 s, then rand x 2 s). Attempts stay few because
-# the relay and the consumer already retry with their own, longer backoff: botocore
-# only smooths over a blip, such as a pooled keep-alive connection the server closed.
+# botocore's "standard" mode, which the JSON clients follow too, retries transient errors
+# (connection reset/refused, 5xx, throttling) with jittered exponential backoff (rand x
+# 1 s, then rand x 2 s). Attempts stay few because the relay and the consumer already
+# retry with their own, longer backoff: the client only smooths over a blip, such as a
+# pooled keep-alive connection the server closed.
 # So a dead endpoint costs at most ~3 s of backoff plus the connect timeouts.
 # `total_max_attempts`, not `max_attempts`: in a client Config the latter counts
 # *retries* (3 would mean 4 attempts), unlike AWS_MAX_ATTEMPTS.
@@ -152,6 +156,8 @@ def _short(text: str) -> str:
 
 
 def _raise_queue_error(operation: str, exc: BaseException) -> NoReturn:
+    if isinstance(exc, SqsFault):
+        raise QueueError(_short(f"SQS {operation} failed: {exc}"), exc.code) from exc
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code") or "Unknown")
@@ -164,7 +170,14 @@ def _raise_queue_error(operation: str, exc: BaseException) -> NoReturn:
 
 # Exactly what a call to SQS can raise besides our own errors. asyncio.CancelledError is
 # deliberately absent: a shutdown cancelling a long poll must stay a cancellation.
-_SQS_FAILURES = (BotoCoreError, ClientError, aiohttp.ClientError, TimeoutError, OSError)
+_SQS_FAILURES = (
+    SqsFault,
+    BotoCoreError,
+    ClientError,
+    aiohttp.ClientError,
+    TimeoutError,
+    OSError,
+)
 
 
 @asynccontextmanager
@@ -176,6 +189,8 @@ async def _sqs_call(operation: str) -> AsyncIterator[None]:
 
 
 def _error_code(exc: BaseException) -> str | None:
+    if isinstance(exc, SqsFault):
+        return exc.code
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code")
         return str(code) if code is not None else None
@@ -220,8 +235,11 @@ class SqsQueues:
         self._max_connections = max_connections
         self._stack: AsyncExitStack | None = None
         # aiobotocore clients are untyped; the Any stays inside this class.
-        self._client: Any = None  # sends, deletes, visibility, attributes
-        self._poll_client: Any = None  # long-poll receives only
+        self._client: Any = None  # queue bootstrap and attributes
+        # The calls per message, on SQS's JSON protocol (queue/sqs_json.py): sends,
+        # deletes and visibility on one, long-poll receives on the other.
+        self._wire: SqsJsonClient | None = None
+        self._poll_wire: SqsJsonClient | None = None
         self._urls: dict[tuple[QueueKind, bool], str] = {}
         self._recreate_lock = asyncio.Lock()
         self._recreated_at = 0.0
@@ -249,11 +267,23 @@ class SqsQueues:
                     **credentials,
                 }
                 self._client = await stack.enter_async_context(
-                    session.create_client("sqs", config=self._config(poll=False), **common)
+                    session.create_client("sqs", config=self._config(), **common)
                 )
-                self._poll_client = await stack.enter_async_context(
-                    session.create_client("sqs", config=self._config(poll=True), **common)
+                source = await self._credential_source(session, credentials)
+                # The endpoint as botocore resolved it (sqs.endpoint_url, or the region's).
+                endpoint = str(self._client.meta.endpoint_url)
+                self._wire, self._poll_wire = (
+                    SqsJsonClient(
+                        endpoint,
+                        region,
+                        source,
+                        connect_timeout_s=CONNECT_TIMEOUT_S,
+                        max_connections=self._max_connections,
+                    )
+                    for _ in range(2)
                 )
+                for wire in (self._wire, self._poll_wire):
+                    stack.push_async_callback(wire.close)
             self._stack = stack
             if self._settings.create_queues:
                 await self.ensure_queues()
@@ -261,7 +291,7 @@ class SqsQueues:
                 await self._resolve_urls()
         except BaseException:
             self._stack = None
-            self._client = self._poll_client = None
+            self._client = self._wire = self._poll_wire = None
             self._urls.clear()
             await stack.aclose()
             raise
@@ -269,7 +299,7 @@ class SqsQueues:
     async def close(self) -> None:
         """Close both clients and their connection pools; idempotent."""
         stack, self._stack = self._stack, None
-        self._client = self._poll_client = None
+        self._client = self._wire = self._poll_wire = None
         self._urls.clear()
         if stack is not None:
             await stack.aclose()
@@ -281,19 +311,17 @@ class SqsQueues:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _config(self, *, poll: bool) -> AioConfig:
+    def _config(self) -> AioConfig:
         return AioConfig(
             connect_timeout=CONNECT_TIMEOUT_S,
-            read_timeout=POLL_READ_TIMEOUT_S if poll else CONTROL_READ_TIMEOUT_S,
-            retries=dict(POLL_RETRIES if poll else CONTROL_RETRIES),
+            read_timeout=CONTROL_READ_TIMEOUT_S,
+            retries=dict(CONTROL_RETRIES),
             max_pool_connections=self._max_connections,
             # Loading the SQS service model from disk is blocking file I/O and JSON
             # parsing; do it in a thread rather than on the event loop.
             warm_up_loader_caches=True,
-            # botocore's walk of the request against the service model costs about 6%
-            # of a SendMessageBatch's client CPU on the relay's hot path. Every call is
-            # built in this module from typed values, and send_batch and _receive check
-            # what SQS would refuse (entry ids, FIFO fields, sizes, counts) themselves.
+            # Every call is built in this module from typed values: botocore's walk of
+            # the request against the service model checks nothing we do not.
             parameter_validation=False,
         )
 
@@ -322,6 +350,27 @@ class SqsQueues:
             "aws_access_key_id": LOOPBACK_DUMMY_CREDENTIAL,
             "aws_secret_access_key": LOOPBACK_DUMMY_CREDENTIAL,
         }
+
+    async def _credential_source(self, session: Any, overrides: dict[str, str]) -> CredentialSource:
+        """What the JSON client signs with: the same credentials as the botocore client
+        (the overrides, or the chain's), read afresh per request so that refreshable
+        ones (a role's) renew as botocore would renew them."""
+        if overrides:
+            fixed = Credentials(overrides["aws_access_key_id"], overrides["aws_secret_access_key"])
+
+            async def static() -> Credentials:
+                return fixed
+
+            return static
+        chain = await session.get_credentials()
+
+        async def current() -> Credentials:
+            if chain is None:
+                raise QueueError("no AWS credentials found (environment, files or role)")
+            frozen = await chain.get_frozen_credentials()
+            return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
+
+        return current
 
     # --- bootstrap ---------------------------------------------------------------------
 
@@ -477,10 +526,9 @@ class SqsQueues:
         self.queue_url(kind)  # not started: QueueError before anything else
 
         async def send(chunk: list[dict[str, str]]) -> Any:
-            async with _sqs_call("SendMessageBatch"):
-                return await self._require_client().send_message_batch(
-                    QueueUrl=self.queue_url(kind), Entries=chunk
-                )
+            return await self._call(
+                "SendMessageBatch", {"QueueUrl": self.queue_url(kind), "Entries": chunk}
+            )
 
         for i, chunk in enumerate(_chunks_by_size(entries)):
             try:
@@ -493,8 +541,15 @@ class SqsQueues:
                 for entry in chunk:
                     failed[entry["Id"]] = str(exc)
                 continue
+            bodies = {entry["Id"]: entry["MessageBody"] for entry in chunk}
             for ok in resp.get("Successful", []):
-                successful[str(ok["Id"])] = str(ok["MessageId"])
+                entry_id = str(ok["Id"])
+                md5 = ok.get("MD5OfMessageBody")
+                if md5 is not None and md5 != _md5(bodies.get(entry_id, "")):
+                    # What SQS stored is not what we sent: publish it again.
+                    failed[entry_id] = "MD5OfMessageBody does not match the body sent"
+                    continue
+                successful[entry_id] = str(ok["MessageId"])
             for bad in resp.get("Failed", []):
                 failed[str(bad["Id"])] = f"{bad.get('Code', 'Unknown')}: {bad.get('Message', '')}"
         return BatchResult(successful=successful, failed=failed)
@@ -544,8 +599,7 @@ class SqsQueues:
         }
         if visibility_timeout_s is not None:
             params["VisibilityTimeout"] = visibility_timeout_s
-        async with _sqs_call("ReceiveMessage"):
-            resp = await self._require_poll_client().receive_message(**params)
+        resp = await self._call("ReceiveMessage", params, poll=True)
         return [
             ReceivedMessage(
                 message_id=str(m["MessageId"]),
@@ -557,19 +611,17 @@ class SqsQueues:
         ]
 
     async def delete(self, kind: QueueKind, receipt_handle: str) -> None:
-        async with _sqs_call("DeleteMessage"):
-            await self._require_client().delete_message(
-                QueueUrl=self.queue_url(kind), ReceiptHandle=receipt_handle
-            )
+        params = {"QueueUrl": self.queue_url(kind), "ReceiptHandle": receipt_handle}
+        await self._call("DeleteMessage", params)
 
     async def change_visibility(self, kind: QueueKind, receipt_handle: str, timeout_s: int) -> None:
         """ChangeMessageVisibility: 0 releases the message now, more extends (heartbeat)."""
-        async with _sqs_call("ChangeMessageVisibility"):
-            await self._require_client().change_message_visibility(
-                QueueUrl=self.queue_url(kind),
-                ReceiptHandle=receipt_handle,
-                VisibilityTimeout=timeout_s,
-            )
+        params = {
+            "QueueUrl": self.queue_url(kind),
+            "ReceiptHandle": receipt_handle,
+            "VisibilityTimeout": timeout_s,
+        }
+        await self._call("ChangeMessageVisibility", params)
 
     async def depth(self, kind: QueueKind) -> QueueDepth:
         """Approximate counts (SQS's are eventually consistent, moto's exact)."""
@@ -603,10 +655,26 @@ class SqsQueues:
             raise QueueError("SQS client is not started: call start() first")
         return self._client
 
-    def _require_poll_client(self) -> Any:
-        if self._poll_client is None:
+    async def _call(
+        self, operation: str, params: dict[str, Any], *, poll: bool = False
+    ) -> dict[str, Any]:
+        """One call per message or batch, on the JSON client (the long-poll one for
+        receives, with its longer read timeout and single retry)."""
+        wire = self._poll_wire if poll else self._wire
+        if wire is None:
             raise QueueError("SQS client is not started: call start() first")
-        return self._poll_client
+        retries = POLL_RETRIES if poll else CONTROL_RETRIES
+        async with _sqs_call(operation):
+            return await wire.call(
+                operation,
+                params,
+                read_timeout_s=POLL_READ_TIMEOUT_S if poll else CONTROL_READ_TIMEOUT_S,
+                attempts=int(retries["total_max_attempts"]),
+            )
+
+
+def _md5(body: str) -> str:
+    return hashlib.md5(body.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
 def _chunks_by_size(
