@@ -37,6 +37,7 @@ from bench.common import (
 ORDER = ("intake", "relay", "peers", "claimer", "e2e", "footprint")
 STUB, OFF = "dispatch stub", "dispatch off"
 OURS, BARE = "ours: create_portal_job", "bare: BEGIN+2 INSERT+COMMIT"
+BARE_JSON = "stub: bare JSON-client loop"
 
 
 def git(*args: str) -> str:
@@ -104,6 +105,10 @@ def key_figures(r: dict[str, Results]) -> list[list[str]]:
                 bb = med(res[f"{ep}: bare send_message_batch"], "rate")
                 rows.append([f"relay, {backend}, {ep}", f"{f_rate(rr)} msg/s"])
                 rows[-1] += [f"bare {f_rate(bb)}", f_pct(ratio(rr, bb))]
+                if f"{ep}: bare JSON-client loop" in res:
+                    own = med(res[f"{ep}: bare JSON-client loop"], "rate")
+                    rows.append([f"relay, {backend}, {ep}", f"{f_rate(rr)} msg/s"])
+                    rows[-1] += [f"bare JSON client {f_rate(own)}", f_pct(ratio(rr, own))]
     for name, rs in r.get("peers", {}).items():
         peer_rate = med(rs, "ok_rate" if "ok_rate" in rs[0] else "rate")
         rows.append([f"peers, {name}", f"{f_rate(peer_rate)} jobs/s", "", ""])
@@ -156,10 +161,15 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
     parts = []
     for backend, res in r.get("relay", {}).items():
         rr = med(res["stub: Relay.relay_once"], "rate")
-        bb = med(res["stub: bare send_message_batch"], "rate")
+        boto = med(res["stub: bare send_message_batch"], "rate")
+        # The ceiling is what this machine can send: the faster of the two bare loops
+        # (aiobotocore's, and the JSON client's the relay itself sends with).
+        own = med(res.get("stub: bare JSON-client loop", []), "rate") if BARE_JSON in res else 0.0
+        bb = max(boto, own)
         text = f"{backend} {f_rate(rr)} vs {f_rate(bb)} msg/s = {f_pct(ratio(rr, bb))}"
+        text += f" (bare aiobotocore {f_rate(boto)}, bare JSON client {f_rate(own)})"
         parts.append((ratio(rr, bb) >= 0.8, text))
-    line("relay ≥ 80% of the bare batch-send loop against the stub", parts)
+    line("relay ≥ 80% of the faster bare batch-send loop against the stub", parts)
 
     parts = []
     for backend, b in intake.items():

@@ -14,6 +14,7 @@ import hmac
 import json
 import os
 import secrets
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,40 @@ class _Key:
 class Sealed:
     key_id: str
     ciphertext: bytes
+
+
+class RandomBytes:
+    """Bytes from os.urandom read 4 KiB at a time, handed out once each.
+
+    os.urandom releases the GIL for its system call; on the event loop, with SQLite's
+    writer thread running Python, taking the GIL back cost 0.1-0.2 ms per call, more than
+    the call. Each byte is still the kernel's CSPRNG output and is used once; a forked
+    child starts with an empty buffer, so it never repeats its parent's next bytes (a
+    repeated AES-GCM nonce would be fatal).
+    """
+
+    def __init__(self, chunk: int = 4096) -> None:
+        self._chunk = chunk
+        self._buf = b""
+        self._at = 0
+        # Any thread may seal: no two callers may ever be handed the same bytes.
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._drop)
+
+    def _drop(self) -> None:
+        self._buf, self._at = b"", 0
+        self._lock = threading.Lock()
+
+    def __call__(self, n: int) -> bytes:
+        with self._lock:
+            at = self._at
+            if at + n > len(self._buf):
+                self._buf, at = os.urandom(max(self._chunk, n)), 0
+            self._at = at + n
+            return self._buf[at : at + n]
+
+
+random_bytes = RandomBytes()
 
 
 class KeyRing:
@@ -136,7 +171,7 @@ class KeyRing:
 
     def seal(self, plaintext: bytes, associated_data: bytes) -> Sealed:
         key = self._keys[0]
-        nonce = secrets.token_bytes(NONCE_BYTES)
+        nonce = random_bytes(NONCE_BYTES)
         return Sealed(key.key_id, nonce + key.aead.encrypt(nonce, plaintext, associated_data))
 
     def open(self, sealed: Sealed, associated_data: bytes) -> bytes:
@@ -176,8 +211,10 @@ class KeyRing:
     @staticmethod
     def _mac(key: _Key, canonical: Mapping[str, Any]) -> str:
         data = json.dumps(canonical, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-        # One-shot HMAC (OpenSSL), the same digest as hmac.new(...).hexdigest().
-        return hmac.digest(key.fingerprint_key, data.encode("utf-8"), "sha256").hex()
+        # hmac.new, not the one-shot hmac.digest: the one-shot call releases the GIL even
+        # for a few bytes, and getting it back behind SQLite's writer thread cost up to
+        # milliseconds per request (docs/architecture.md, "The GIL and the writer thread").
+        return hmac.new(key.fingerprint_key, data.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
 def hash_token(token: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -12,7 +11,7 @@ import structlog
 
 from outboxd.errors import OutboxdError, StorageError
 from outboxd.observability import log_info
-from outboxd.security import KeyRing
+from outboxd.security import KeyRing, random_bytes
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
     JobRecord,
@@ -74,24 +73,11 @@ class Submission:
 
 
 class _RandomIds:
-    """Random (version 4) UUIDs as text, as `str(uuid.uuid4())` makes them, from
-    os.urandom read 4 KiB at a time instead of one system call per id."""
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self._at = 0
-        # A child process must never hand out its parent's next ids.
-        os.register_at_fork(after_in_child=self._drop)
-
-    def _drop(self) -> None:
-        self._buf, self._at = b"", 0
+    """Random (version 4) UUIDs as text, as `str(uuid.uuid4())` makes them, from the
+    buffered CSPRNG bytes of `security.random_bytes` instead of one system call per id."""
 
     def __call__(self) -> str:
-        at = self._at
-        if at + 16 > len(self._buf):
-            self._buf, at = os.urandom(4096), 0
-        self._at = at + 16
-        b = bytearray(self._buf[at : at + 16])
+        b = bytearray(random_bytes(16))
         b[6] = (b[6] & 0x0F) | 0x40  # version 4
         b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
         h = b.hex()
