@@ -184,3 +184,49 @@ def test_generated_keys_are_random() -> None:
     a, b = generate_key(), generate_key()
     assert a != b
     assert len(ring(a).seal(b"", b"").ciphertext) == 12 + 16
+
+
+def test_buffered_random_bytes_are_never_handed_out_twice() -> None:
+    """Across buffer refills and from several threads, no byte range is given twice:
+    an AES-GCM nonce must never repeat."""
+    import threading
+
+    from outboxd.security import RandomBytes
+
+    source = RandomBytes(chunk=64)  # small: many refills
+    out: list[bytes] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        got = [source(12) for _ in range(2000)]
+        with lock:
+            out.extend(got)
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(out) == 8000
+    assert all(len(b) == 12 for b in out)
+    assert len(set(out)) == 8000
+
+
+def test_a_forked_child_does_not_repeat_its_parents_next_bytes() -> None:
+    import os
+
+    from outboxd.security import RandomBytes
+
+    source = RandomBytes()
+    source(12)  # the buffer is filled: the parent's next bytes are known in memory
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its next nonce and leave at once
+        os.write(write, source(12))
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 12)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 12
+    assert child != source(12)
