@@ -4,6 +4,8 @@ Per backend and per SQS endpoint (the stub in `bench/servers.py`, and moto), in 
 trials interleaved:
 
 - bare: an aiobotocore client calling `send_message_batch` with 10 entries, in a loop;
+- bare JSON client: the same loop on outboxd's own `SqsJsonClient`, which the relay sends
+  with (the ceiling the relay goal uses is the faster of the two bare loops);
 - relay: `Relay.relay_once` until the pre-filled outbox is empty (claim, publish, mark SENT);
 - relay, no SQS: the same with a publisher that acknowledges in-process (database and
   bookkeeping alone; once per backend).

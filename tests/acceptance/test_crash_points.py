@@ -61,7 +61,12 @@ def test_a_crash_loses_nothing_and_runs_nothing_twice(
     except CONNECTION_ERRORS:
         first = None  # the process died while answering
     assert daemon.wait_exit(timeout_s=30) == -signal.SIGKILL
-    assert f"crash point {point} reached" in daemon.all_output()
+    first_run = daemon.all_output()
+    assert f"crash point {point} reached" in first_run
+    # With the message on SQS before the crash point, the dying daemon's own consumer
+    # may already have received it and started the job (attempt 1, in a run that then
+    # died): it is redelivered and run again, as after a crash during the handler.
+    started_before_crash = point == "after_publish_before_sent" and "job_started" in first_run
     if point == "after_commit_before_publish":
         assert first is None, "the crash point is inside the request"
 
@@ -80,7 +85,7 @@ def test_a_crash_loses_nothing_and_runs_nothing_twice(
 
     job = wait_terminal(base, job_id, timeout_s=30)
     assert job["status"] == "SUCCEEDED", job
-    assert job["attempts"] == POINTS[point]
+    assert job["attempts"] == (2 if started_before_crash else POINTS[point])
     assert job["error"] is None
     assert job["result"]["student"]["studentNumber"] == SAMPLE_SNO
 
@@ -100,7 +105,9 @@ def test_a_crash_loses_nothing_and_runs_nothing_twice(
 
     # Stored once: nothing ran again while the copies were drained.
     assert get_job(base, job_id) == job
-    assert portal_thread.login_attempts(SAMPLE_SNO) == LOGINS.get(point, 1)
+    logins = portal_thread.login_attempts(SAMPLE_SNO)
+    # A run killed mid-way may or may not have logged in before it died.
+    assert logins in ((1, 2) if started_before_crash else (LOGINS.get(point, 1),)), logins
     assert db_rows(db_url, "SELECT COUNT(*) AS n FROM jobs") == [{"n": 1}]
     assert db_rows(db_url, "SELECT COUNT(*) AS n FROM relay_outbox WHERE job_id = ?", job_id) == [
         {"n": 1}
