@@ -26,6 +26,7 @@ from outboxd.queue.sqs_json import (
     SqsFault,
     SqsJsonClient,
     canonical_host,
+    proxy_for,
     signed_headers,
 )
 
@@ -248,3 +249,16 @@ async def test_an_unreachable_endpoint_raises_after_its_attempts(
             await call(client, attempts=2)
     finally:
         await client.close()
+
+
+def test_the_proxy_is_the_one_the_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTPS_PROXY / HTTP_PROXY by the endpoint's scheme, NO_PROXY honoured, as botocore does."""
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    aws = "https://sqs.eu-west-1.amazonaws.com"
+    assert proxy_for(aws) is None
+    monkeypatch.setenv("https_proxy", "http://proxy.internal:3128")
+    assert proxy_for(aws) == "http://proxy.internal:3128"
+    assert proxy_for("http://127.0.0.1:5000") is None  # no http_proxy set
+    monkeypatch.setenv("no_proxy", "localhost,.amazonaws.com")
+    assert proxy_for(aws) is None

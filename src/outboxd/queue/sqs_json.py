@@ -24,6 +24,7 @@ import hashlib
 import hmac
 import random
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,17 @@ def canonical_host(endpoint_url: str) -> str:
     if default and netloc.endswith(default):
         netloc = netloc[: -len(default)]
     return netloc
+
+
+def proxy_for(endpoint_url: str) -> str | None:
+    """The proxy botocore would use for this endpoint: HTTPS_PROXY / HTTP_PROXY by the
+    endpoint's scheme, unless NO_PROXY names its host (the standard library's reading of
+    those variables). Resolved once; aiohttp's own `trust_env` would also read ~/.netrc."""
+    parts = urlsplit(endpoint_url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
 
 
 class _SigningKeys:
@@ -210,6 +222,7 @@ class SqsJsonClient:
         self._connect_timeout_s = connect_timeout_s
         self._max_connections = max_connections
         self._backoff_s = backoff_s or _jittered_backoff_s
+        self._proxy = proxy_for(endpoint_url)
         self._session: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
@@ -271,7 +284,9 @@ class SqsJsonClient:
             credentials=credentials,
             keys=self._keys,
         )
-        async with self._open().post(self._url, data=body, headers=headers, timeout=limits) as resp:
+        async with self._open().post(
+            self._url, data=body, headers=headers, timeout=limits, proxy=self._proxy
+        ) as resp:
             payload = await resp.read()
             if resp.status != 200:
                 raise _fault(resp.status, resp.headers, payload)
