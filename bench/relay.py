@@ -219,6 +219,8 @@ async def run_backend(
                     await asyncio.to_thread(purge_queue, srv.url, qurl)
                     r = await run_bare_json(srv.url, qurl, n, pids)
                     res.setdefault(f"{name}: bare JSON-client loop", []).append(r)
+                    # The bare loop filled the relay's queue: empty it again before the relay.
+                    await asyncio.to_thread(purge_queue, srv.url, qurl)
                     r = await run_relay(store, queues[name], backend, url, n, pids)
                     res.setdefault(f"{name}: Relay.relay_once", []).append(r)
         finally:
