@@ -389,7 +389,9 @@ class Relay:
         ok, failures = self._outcome(rows, result)
         # Recording the outcome is shielded: a shutdown must not cut it in half
         # and leave a published row looking unpublished for a whole lease.
-        marked = await asyncio.shield(self._store.record_relay_outcome(ok, failures, self._clock()))
+        marked = await asyncio.shield(
+            self._store.record_relay_outcome(ok, failures, self._clock())
+        )
         self._report(marked, failures)
         return marked
 

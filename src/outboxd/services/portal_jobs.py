@@ -72,19 +72,14 @@ class Submission:
     replayed: bool
 
 
-class _RandomIds:
-    """Random (version 4) UUIDs as text, as `str(uuid.uuid4())` makes them, from the
+def new_id() -> str:
+    """A random (version 4) UUID as text, as `str(uuid.uuid4())` makes it, from the
     buffered CSPRNG bytes of `security.random_bytes` instead of one system call per id."""
-
-    def __call__(self) -> str:
-        b = bytearray(random_bytes(16))
-        b[6] = (b[6] & 0x0F) | 0x40  # version 4
-        b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
-        h = b.hex()
-        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-new_id = _RandomIds()
+    b = bytearray(random_bytes(16))
+    b[6] = (b[6] & 0x0F) | 0x40  # version 4
+    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class PortalJobService:
