@@ -6,7 +6,8 @@ trials interleaved:
 - bare: an aiobotocore client calling `send_message_batch` with 10 entries, in a loop;
 - bare JSON client: the same loop on outboxd's own `SqsJsonClient`, which the relay sends
   with (the ceiling the relay goal uses is the faster of the two bare loops);
-- relay: `Relay.relay_once` until the pre-filled outbox is empty (claim, publish, mark SENT);
+- relay: `Relay.relay_pass` until the pre-filled outbox is empty (claim, publish, mark SENT),
+  in as many lanes as the daemon runs on that backend (`relay_lanes`);
 - relay, no SQS: the same with a publisher that acknowledges in-process (database and
   bookkeeping alone; once per backend).
 
@@ -88,17 +89,18 @@ def _result(win: CpuWindow, sent: int) -> Results:
 async def run_relay(
     store: Any, publisher: Any, backend: str, url: str, n: int, pids: dict[str, int]
 ) -> Results:
-    """relay_once until the outbox is empty, as the daemon's one relay loop runs it."""
+    """relay_pass until the outbox is empty, as the daemon's relay loop runs it (its lanes too)."""
     from outboxd.config import RelaySettings
-    from outboxd.daemon.relay import Relay
+    from outboxd.daemon.relay import Relay, relay_lanes
     from outboxd.observability import Metrics
 
     await prefill(backend, url, n)
-    relay = Relay(store, publisher, RelaySettings(batch_size=BATCH), Metrics())
+    settings = RelaySettings(batch_size=BATCH)
+    relay = Relay(store, publisher, settings, Metrics(), lanes=relay_lanes(backend))
     win = CpuWindow({"self": os.getpid(), **pids})
     win.start()
     claimed = 0
-    while k := await relay.relay_once():
+    while k := await relay.relay_pass():
         claimed += k
     win.stop()
     counts = {(s.table, s.status): s.count for s in await store.status_counts()}
@@ -222,7 +224,7 @@ async def run_backend(
                     # The bare loop filled the relay's queue: empty it again before the relay.
                     await asyncio.to_thread(purge_queue, srv.url, qurl)
                     r = await run_relay(store, queues[name], backend, url, n, pids)
-                    res.setdefault(f"{name}: Relay.relay_once", []).append(r)
+                    res.setdefault(f"{name}: Relay.relay_pass", []).append(r)
         finally:
             for q in queues.values():
                 await q.close()

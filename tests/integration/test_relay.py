@@ -11,6 +11,7 @@ claim one row twice; message bodies carry ids only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -22,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from outboxd.config import RelaySettings, Settings
-from outboxd.daemon.relay import Relay
+from outboxd.daemon.relay import Relay, relay_lanes
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
@@ -391,6 +392,63 @@ async def test_concurrent_relays_never_claim_the_same_row(
         oid = json.loads(body)["outboxId"]
         per_outbox[oid] = per_outbox.get(oid, 0) + 1
     assert per_outbox == {o: 1 for _, o in made}
+
+
+class OverlapPublisher(PartialFailurePublisher):
+    """Counts the sends in progress at once: each waits (bounded) until a second one is
+    in progress beside it, so two lanes that truly run side by side are seen to."""
+
+    def __init__(self, inner: SqsQueues) -> None:
+        super().__init__(inner)
+        self.in_progress = 0
+        self.most = 0
+        self.two = asyncio.Event()
+
+    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        self.in_progress += 1
+        self.most = max(self.most, self.in_progress)
+        if self.in_progress >= 2:
+            self.two.set()
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await self.two.wait()
+            return await super().send_batch(kind, messages)
+        finally:
+            self.in_progress -= 1
+
+
+async def test_relay_lanes_side_by_side_publish_every_row_once(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """`relay_pass` runs `relay_once` in each lane at once (two on Postgres in the daemon,
+    `relay_lanes`): the lanes send at the same time, and their claims never take the same
+    row, so each row goes out once and is SENT once."""
+    now = time.time()
+    made = [await insert_portal_job(store, now, keys, "pw-lanes") for _ in range(23)]
+    publisher = OverlapPublisher(queues)
+    # One batch of five per round: the three lanes take turns over the 23 rows.
+    relay = Relay(
+        store, publisher, relay_settings(batch_size=5), Metrics(), batches_per_round=1, lanes=3
+    )
+    total = 0
+    while n := await relay.relay_pass():
+        total += n
+    assert total == 23
+    assert publisher.most >= 2, "the lanes never sent side by side"
+    claimed = [m.entry_id for batch in publisher.batches for m in batch]
+    assert sorted(claimed) == sorted(o for _, o in made), "a row was claimed twice or never"
+    rows = await all_rows(store)
+    assert all(r.status == "SENT" and r.attempt_count == 1 for r in rows)
+    received = await drain(queues)
+    assert sorted(json.loads(body)["outboxId"] for _, body in received) == sorted(
+        o for _, o in made
+    )
+
+
+def test_the_daemon_runs_two_lanes_on_postgres_and_one_on_sqlite() -> None:
+    assert relay_lanes("postgres") == 2
+    assert relay_lanes("sqlite") == 1
 
 
 class SlowPublisher(PartialFailurePublisher):

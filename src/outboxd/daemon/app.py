@@ -33,7 +33,7 @@ from outboxd.daemon.consumer import Consumer
 from outboxd.daemon.http_server import ConnectionLimits, GuardedSite, guard_app
 from outboxd.daemon.loops import backoff, sleep_or_stop
 from outboxd.daemon.pacing import portal_pacing
-from outboxd.daemon.relay import Relay
+from outboxd.daemon.relay import Relay, relay_lanes
 from outboxd.daemon.scheduler import Scheduler
 from outboxd.daemon.sdnotify import SystemdNotifier
 from outboxd.errors import OutboxdError, SecurityError
@@ -418,7 +418,9 @@ async def _serve(
         queues=[settings.sqs.jobs_queue, settings.sqs.tasks_queue],
     )
 
-    relay = Relay(store, queues, settings.relay, metrics, stop=stop)
+    relay = Relay(
+        store, queues, settings.relay, metrics, stop=stop, lanes=relay_lanes(store.backend)
+    )
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
     api_server: ApiServer | None = None
