@@ -473,15 +473,17 @@ class SqlStore:
     ) -> list[RelayRow]:
         if not sent and not failures:
             return []
-        if self.db.backend == "postgres" and not failures:
-            # The relay loop's round statement, claiming nothing: one round trip, atomic on
-            # its own. (An intake group on Postgres is one statement too, committing by
-            # itself, so an outcome cannot ride along in its transaction.)
-            done, _ = await self.record_relay_outcome_and_claim_due(sent, [], now, 0, 0.0)
-            return done
-
         def body() -> Generator[Op, Any, list[RelayRow]]:
             return (yield from self._relay_outcome(sent, failures, now))
+
+        if self.db.backend == "postgres" and not failures:
+            # One statement (`relay_sent_many`: the rows SENT, their jobs RUNNING, their
+            # tasks SENT), atomic on its own: one round trip, no BEGIN or COMMIT. It is
+            # cheaper than the relay loop's round statement with nothing to claim (2.5-2.9
+            # against 3.3-4.1 ms for eight rows, on 2 cores). (An intake group on Postgres is
+            # one statement too, committing by itself, so an outcome cannot ride along in its
+            # transaction.)
+            return await self.db.run(body, one_statement=True)
 
         if self.group is not None and self.db.backend == "sqlite":
             # A dispatch batch's outcome shares the next intake group's commit with the
