@@ -473,6 +473,7 @@ class SqlStore:
     ) -> list[RelayRow]:
         if not sent and not failures:
             return []
+
         def body() -> Generator[Op, Any, list[RelayRow]]:
             return (yield from self._relay_outcome(sent, failures, now))
 
