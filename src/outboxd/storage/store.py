@@ -627,7 +627,9 @@ class SqlStore:
     async def list_relay_rows(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[RelayRow]:
-        return await self._page("list_relay", {"status": status}, limit, cursor, _relay)
+        # A status other than SENT is read from the index of the rows not sent.
+        name = "list_relay" if status in (None, "SENT") else "list_relay_unsent"
+        return await self._page(name, {"status": status}, limit, cursor, _relay)
 
     async def relay_rows_for_job(self, job_id: str, limit: int) -> list[RelayRow]:
         def body() -> Generator[Op, Any, list[RelayRow]]:

@@ -131,8 +131,9 @@ UPDATE relay_outbox
 RETURNING *;
 
 -- name: jobs_running_if_queued
--- By primary key only: `+status` keeps the planner off the status index, which would
--- visit every QUEUED job (all of a backlog, for each batch) to find these few.
+-- By primary key only: `+status` keeps the planner off any index on status (there is
+-- none since migration 0003; one would visit every QUEUED job, all of a backlog, for
+-- each batch, to find these few).
 UPDATE jobs SET status = 'RUNNING', updated_at = :now
  WHERE id IN (SELECT value FROM json_each(:ids)) AND +status = 'QUEUED';
 
@@ -181,6 +182,17 @@ UPDATE jobs
 -- name: list_relay
 SELECT * FROM relay_outbox
  WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
+        OR (created_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
+ ORDER BY created_at DESC, id DESC
+ LIMIT :limit;
+
+-- name: list_relay_unsent
+-- list_relay for a status other than SENT (PENDING, RETRYABLE_FAILED, DEAD): the
+-- literal `status <> 'SENT'` is the predicate of relay_outbox_unsent, which lets both
+-- planners read that small index instead of passing over every SENT row in time order.
+SELECT * FROM relay_outbox
+ WHERE status <> 'SENT' AND status = :status
    AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
         OR (created_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
  ORDER BY created_at DESC, id DESC

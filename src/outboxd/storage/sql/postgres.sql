@@ -79,9 +79,9 @@ RETURNING *;
 -- QUEUED) and their task runs SENT (when PENDING), what `jobs_running_if_queued` and
 -- `tasks_sent` do in separate statements on SQLite, which has no UPDATE in a WITH
 -- (`SqlStore._relay_sent` skips them on Postgres). The jobs are found by primary key
--- from the rows just updated: their status test is written so that no index can serve
--- it, since with stale statistics (a table grown since its last ANALYZE) the planner
--- would otherwise read every QUEUED job through the status index, for each batch.
+-- from the rows just updated: their status test is written so that no index could serve
+-- it (there is no index on jobs.status since migration 0003; with stale statistics the
+-- planner once read every QUEUED job through one, for each batch).
 WITH sent AS (
 UPDATE relay_outbox
    SET status = 'SENT', queue_message_id = j.m, sent_at = :now, claimed_until = NULL,
