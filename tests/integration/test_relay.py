@@ -446,8 +446,8 @@ async def test_relay_lanes_side_by_side_publish_every_row_once(
     )
 
 
-def test_the_daemon_runs_two_lanes_on_postgres_and_one_on_sqlite() -> None:
-    assert relay_lanes("postgres") == 2
+def test_the_daemon_runs_three_lanes_on_postgres_and_one_on_sqlite() -> None:
+    assert relay_lanes("postgres") == 3
     assert relay_lanes("sqlite") == 1
 
 

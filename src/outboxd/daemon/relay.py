@@ -56,10 +56,12 @@ def relay_lanes(backend: str) -> int:
     """How many passes the relay loop runs side by side (`Relay.relay_pass`).
 
     On Postgres a pass waits mostly on its round statement, and claims skip each other's
-    rows (SKIP LOCKED): two lanes keep the database busy while the other lane sends.
-    SQLite has one writer, and the statements of a second lane would only queue behind it.
+    rows (SKIP LOCKED): while one lane sends, the others keep the database busy. Three
+    lanes sent 10-20% more than two against the bench's stub on 2 cores, four no more
+    than three (docs/architecture.md, "The relay loop"). SQLite has one writer, and the
+    statements of a second lane would only queue behind it.
     """
-    return 2 if backend == "postgres" else 1
+    return 3 if backend == "postgres" else 1
 
 
 class Publisher(Protocol):
