@@ -7,7 +7,7 @@ trials interleaved:
 - bare JSON client: the same loop on outboxd's own `SqsJsonClient`, which the relay sends
   with (the ceiling the relay goal uses is the faster of the two bare loops);
 - relay: `Relay.relay_pass` until the pre-filled outbox is empty (claim, publish, mark SENT),
-  in as many lanes as the daemon runs on that backend (`relay_lanes`);
+  in the lanes and rounds the daemon runs on that backend (`relay_shape`);
 - relay, no SQS: the same with a publisher that acknowledges in-process (database and
   bookkeeping alone; once per backend).
 
@@ -91,12 +91,20 @@ async def run_relay(
 ) -> Results:
     """relay_pass until the outbox is empty, as the daemon's relay loop runs it (its lanes too)."""
     from outboxd.config import RelaySettings
-    from outboxd.daemon.relay import Relay, relay_lanes
+    from outboxd.daemon.relay import Relay, relay_shape
     from outboxd.observability import Metrics
 
     await prefill(backend, url, n)
     settings = RelaySettings(batch_size=BATCH)
-    relay = Relay(store, publisher, settings, Metrics(), lanes=relay_lanes(backend))
+    shape = relay_shape(backend)
+    relay = Relay(
+        store,
+        publisher,
+        settings,
+        Metrics(),
+        lanes=shape.lanes,
+        batches_per_round=shape.batches_per_round,
+    )
     win = CpuWindow({"self": os.getpid(), **pids})
     win.start()
     claimed = 0

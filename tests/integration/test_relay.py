@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 
 from outboxd.config import RelaySettings, Settings
-from outboxd.daemon.relay import Relay, relay_lanes
+from outboxd.daemon.relay import Relay, RelayShape, relay_shape
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
@@ -422,7 +422,7 @@ async def test_relay_lanes_side_by_side_publish_every_row_once(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     """`relay_pass` runs `relay_once` in each lane at once (two on Postgres in the daemon,
-    `relay_lanes`): the lanes send at the same time, and their claims never take the same
+    `relay_shape`): the lanes send at the same time, and their claims never take the same
     row, so each row goes out once and is SENT once."""
     now = time.time()
     made = [await insert_portal_job(store, now, keys, "pw-lanes") for _ in range(23)]
@@ -446,9 +446,9 @@ async def test_relay_lanes_side_by_side_publish_every_row_once(
     )
 
 
-def test_the_daemon_runs_three_lanes_on_postgres_and_one_on_sqlite() -> None:
-    assert relay_lanes("postgres") == 3
-    assert relay_lanes("sqlite") == 1
+def test_the_daemon_runs_three_lanes_on_postgres_and_larger_rounds_on_sqlite() -> None:
+    assert relay_shape("postgres") == RelayShape(lanes=3, batches_per_round=10)
+    assert relay_shape("sqlite") == RelayShape(lanes=1, batches_per_round=20)
 
 
 class SlowPublisher(PartialFailurePublisher):

@@ -33,7 +33,7 @@ from outboxd.daemon.consumer import Consumer
 from outboxd.daemon.http_server import ConnectionLimits, GuardedSite, guard_app
 from outboxd.daemon.loops import backoff, sleep_or_stop
 from outboxd.daemon.pacing import portal_pacing
-from outboxd.daemon.relay import Relay, relay_lanes
+from outboxd.daemon.relay import Relay, relay_shape
 from outboxd.daemon.scheduler import Scheduler
 from outboxd.daemon.sdnotify import SystemdNotifier
 from outboxd.errors import OutboxdError, SecurityError
@@ -418,8 +418,15 @@ async def _serve(
         queues=[settings.sqs.jobs_queue, settings.sqs.tasks_queue],
     )
 
+    shape = relay_shape(store.backend)
     relay = Relay(
-        store, queues, settings.relay, metrics, stop=stop, lanes=relay_lanes(store.backend)
+        store,
+        queues,
+        settings.relay,
+        metrics,
+        stop=stop,
+        lanes=shape.lanes,
+        batches_per_round=shape.batches_per_round,
     )
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
