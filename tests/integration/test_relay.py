@@ -446,8 +446,8 @@ async def test_relay_lanes_side_by_side_publish_every_row_once(
     )
 
 
-def test_the_daemon_runs_three_lanes_on_postgres_and_larger_rounds_on_sqlite() -> None:
-    assert relay_shape("postgres") == RelayShape(lanes=3, batches_per_round=10)
+def test_the_daemon_runs_two_lanes_on_postgres_and_larger_rounds_on_sqlite() -> None:
+    assert relay_shape("postgres") == RelayShape(lanes=2, batches_per_round=10)
     assert relay_shape("sqlite") == RelayShape(lanes=1, batches_per_round=20)
 
 
