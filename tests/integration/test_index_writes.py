@@ -8,6 +8,7 @@ rows by an unsent status (DEAD, the operator's usual question) reads that index.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Generator
 from typing import Any
 
@@ -135,3 +136,48 @@ async def test_a_jobs_way_to_running_and_its_outbox_claim_write_no_index(
                 for t in ("jobs", "relay_outbox")
             }
     assert hot == {"jobs": 10, "relay_outbox": 5}
+
+
+async def _young(store: SqlStore) -> list[str]:
+    """`analyze_young_tables` once the writes' statistics have reached the server (each
+    pooled connection reports its counts within about ten seconds of going idle)."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        names = await store.db.analyze_young_tables()  # type: ignore[attr-defined]
+        if names or asyncio.get_running_loop().time() > deadline:
+            return list(names)
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_young_database_has_its_grown_tables_analyzed(store: SqlStore, db_url: str) -> None:
+    """Tables that changed by more than their size since their last ANALYZE (a new
+    database, before autovacuum's first pass or with autovacuum off) are analyzed; once
+    analyzed, the same tables are left alone until they grow again."""
+    for i in range(120):
+        await store.create_portal_job(portal_job("young", i), 1000.0)
+    assert await _young(store) == ["jobs", "relay_outbox"]
+    async with raw_db(db_url) as db:
+        analyzed = await db.rows(
+            "SELECT relname FROM pg_stat_user_tables"
+            " WHERE last_analyze IS NOT NULL AND relname IN ('jobs', 'relay_outbox')"
+        )
+    assert sorted(r["relname"] for r in analyzed) == ["jobs", "relay_outbox"]
+    assert await store.db.analyze_young_tables() == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_the_store_analyzes_young_tables_by_itself_after_its_first_writes(
+    store: SqlStore, db_url: str
+) -> None:
+    db = store.db
+    db._analyze_after = [150]  # type: ignore[attr-defined]  # the first of ANALYZE_AFTER_WRITES
+    for i in range(150):
+        await store.create_portal_job(portal_job("auto", i), 1000.0)
+    task = db._analyzing  # type: ignore[attr-defined]
+    assert task is not None, "no ANALYZE was started at the threshold"
+    await task
+    analyzed: list[str] = task.result()
+    if not analyzed:  # the writes' counts had not reached the server yet
+        analyzed = await _young(store)
+    assert analyzed == ["jobs", "relay_outbox"]

@@ -551,6 +551,19 @@ async def _keep_session(conn: Any) -> None:
     asyncpg still rolls back a transaction left open before calling this."""
 
 
+# A database whose tables have no statistics yet (new, with autovacuum off or its first
+# ANALYZE still to come) is planned as if they were empty, and a prepared statement keeps
+# the generic plan it settles on: a dispatch outcome planned on a young outbox scanned the
+# whole table for every batch as it grew (docs/architecture.md, "A young database"). So
+# after this many write transactions since the pool opened, the tables that changed by
+# more than their size since their last ANALYZE (and by at least YOUNG_TABLE_CHANGES rows)
+# are analyzed, which also drops the plans made on them. Past the last one, their plans
+# are made on a table of real size, and autovacuum keeps statistics fresh.
+ANALYZE_AFTER_WRITES = (500, 5_000, 50_000)
+YOUNG_TABLE_CHANGES = 100
+_OWN_TABLES = ["jobs", "relay_outbox", "task_runs", "websites", "work_outbox"]
+
+
 class PostgresDatabase:
     backend: Backend = "postgres"
 
@@ -560,6 +573,43 @@ class PostgresDatabase:
         self._timeout_s = acquire_timeout_s
         self.statement_timeout_s = max(acquire_timeout_s * 2, 10.0)
         self._pool: Any = None
+        self._writes = 0
+        self._analyze_after = list(ANALYZE_AFTER_WRITES)
+        self._analyzing: asyncio.Task[list[str]] | None = None
+
+    def _wrote(self) -> None:
+        """Count a write transaction; at each of ANALYZE_AFTER_WRITES, analyze the young
+        tables in the background (never in the writer's way)."""
+        self._writes += 1
+        if not self._analyze_after or self._writes < self._analyze_after[0]:
+            return
+        if self._analyzing is not None and not self._analyzing.done():
+            return
+        self._analyze_after.pop(0)
+        self._analyzing = asyncio.ensure_future(self.analyze_young_tables())
+
+    async def analyze_young_tables(self) -> list[str]:
+        """ANALYZE each of our tables that changed by more than its size (and by at least
+        YOUNG_TABLE_CHANGES rows) since its last ANALYZE; the names analyzed. A failure is
+        logged, never raised: statistics are an optimisation."""
+        try:
+            async with self._acquire() as conn:
+                young = await conn.fetch(
+                    "SELECT s.relname FROM pg_stat_user_tables s"
+                    " JOIN pg_class c ON c.oid = s.relid"
+                    " WHERE s.schemaname = current_schema() AND s.relname = ANY($1::text[])"
+                    " AND s.n_mod_since_analyze >= greatest($2, c.reltuples)",
+                    _OWN_TABLES,
+                    YOUNG_TABLE_CHANGES,
+                )
+                names = sorted(str(r["relname"]) for r in young)
+                if names:
+                    await conn.execute("ANALYZE " + ", ".join(names))
+                    log.info("young_tables_analyzed", tables=names, writes=self._writes)
+                return names
+        except Exception as exc:
+            log.warning("young_tables_analyze_failed", error=exc)
+            return []
 
     async def open(self) -> None:
         try:
@@ -614,6 +664,7 @@ class PostgresDatabase:
                 raise _pg_error(exc) from exc
 
     async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
+        self._wrote()
         if one_statement:
             # Autocommit: the statement is its own transaction.
             async with self._acquire() as raw:
@@ -626,6 +677,7 @@ class PostgresDatabase:
             return await _drive_async(_PgConn(conn), body)
 
     async def run_group(self, bodies: Sequence[TxBody[Any]]) -> list[Outcome]:
+        self._wrote()
         async with self._acquire() as raw:
             conn = _PgConn(raw)
             tx = raw.transaction()
@@ -709,6 +761,9 @@ class PostgresDatabase:
                 raise _pg_error(exc) from exc
 
     async def close(self) -> None:
+        if self._analyzing is not None and not self._analyzing.done():
+            self._analyzing.cancel()
+            await asyncio.wait({self._analyzing}, timeout=1.0)
         pool, self._pool = self._pool, None
         if pool is not None:
             try:

@@ -530,10 +530,7 @@ class SqlStore:
         rows = yield fetch(
             self.q["relay_sent_and_claim_due"],
             {
-                "ids": [r.id for r, _ in sent],
-                "versions": [r.version for r, _ in sent],
-                "message_ids": [m for _, m in sent],
-                "now": now,
+                **self._sent_params(sent, now),
                 "limit": max(limit, 0),
                 "claimed_until": now + lease_s,
             },
@@ -545,13 +542,26 @@ class SqlStore:
         claimed.sort(key=lambda r: r.next_attempt_at)
         return done, claimed
 
+    def _sent_params(self, sent: Sequence[tuple[RelayRow, str]], now: float) -> dict[str, Any]:
+        """The rows to mark SENT (each with its claimed version and its MessageId) as the
+        backend's statements take them: parallel arrays on Postgres (`id = ANY(:ids)`,
+        planned as primary-key lookups), one JSON array on SQLite."""
+        if self.db.backend == "postgres":
+            return {
+                "ids": [r.id for r, _ in sent],
+                "versions": [r.version for r, _ in sent],
+                "message_ids": [m for _, m in sent],
+                "now": now,
+            }
+        rows = json.dumps([{"id": r.id, "v": r.version, "m": m} for r, m in sent])
+        return {"rows": rows, "now": now}
+
     def _relay_sent(
         self, sent: Sequence[tuple[RelayRow, str]], now: float
     ) -> Generator[Op, Any, list[RelayRow]]:
-        payload = json.dumps([{"id": r.id, "v": r.version, "m": m} for r, m in sent])
         # Rows a newer holder (or a redrive) owns now fail the version match
         # and are left alone.
-        rows = yield fetch(self.q["relay_sent_many"], {"rows": payload, "now": now})
+        rows = yield fetch(self.q["relay_sent_many"], self._sent_params(sent, now))
         done = [_relay(r) for r in rows]
         if self.db.backend == "postgres":
             return done  # the same statement set the jobs RUNNING and the tasks SENT

@@ -78,17 +78,24 @@ RETURNING *;
 -- One statement, one round trip: the rows SENT, and with them their jobs RUNNING (when
 -- QUEUED) and their task runs SENT (when PENDING), what `jobs_running_if_queued` and
 -- `tasks_sent` do in separate statements on SQLite, which has no UPDATE in a WITH
--- (`SqlStore._relay_sent` skips them on Postgres). The jobs are found by primary key
--- from the rows just updated: their status test is written so that no index could serve
--- it (there is no index on jobs.status since migration 0003; with stale statistics the
--- planner once read every QUEUED job through one, for each batch).
+-- (`SqlStore._relay_sent` skips them on Postgres). :ids, :versions and :message_ids are
+-- parallel arrays, as in `relay_sent_and_claim_due`: `id = ANY(:ids)` is planned as a
+-- lookup of a few rows by primary key. (A join with `jsonb_to_recordset`, which the
+-- planner takes for a hundred rows, was planned as a hash join over a sequential scan of
+-- the outbox up to tens of thousands of rows, and asyncpg's prepared statement kept it.)
+-- The jobs are found by primary key from the rows just updated: their status test is
+-- written so that no index could serve it (there is no index on jobs.status since
+-- migration 0003; with stale statistics the planner once read every QUEUED job through
+-- one, for each batch).
 WITH sent AS (
 UPDATE relay_outbox
-   SET status = 'SENT', queue_message_id = j.m, sent_at = :now, claimed_until = NULL,
-       last_error = NULL, version = relay_outbox.version + 1
-  FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS j(id text, v integer, m text)
- WHERE relay_outbox.id = j.id AND relay_outbox.version = j.v
-RETURNING relay_outbox.*
+   SET status = 'SENT', sent_at = :now, claimed_until = NULL, last_error = NULL,
+       queue_message_id = (CAST(:message_ids AS text[]))[
+           array_position(CAST(:ids AS text[]), id)],
+       version = version + 1
+ WHERE id = ANY(CAST(:ids AS text[]))
+   AND version = (CAST(:versions AS integer[]))[array_position(CAST(:ids AS text[]), id)]
+RETURNING *
 ), running AS (
 UPDATE jobs SET status = 'RUNNING', updated_at = :now
   FROM sent
