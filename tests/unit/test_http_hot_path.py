@@ -100,12 +100,36 @@ def test_an_info_line_is_the_object_structlog_would_write() -> None:
     assert _info_lines(fields, "warning") == ("", "")
 
 
-def test_an_info_line_with_other_values_goes_through_structlog() -> None:
-    fields = {"job_id": "j-1", "error": ValueError("postgres://u:pw@h/db failed")}
+def test_an_info_line_with_lists_is_the_object_structlog_would_write() -> None:
+    # The relay's `outbox_sent` line: a batch's ids as lists, through the fast path.
+    fields = {
+        "count": 2,
+        "outbox_ids": ["o-1", "o-2"],
+        "job_ids": ["j-1", None],
+        "message_ids": ["m-1", "see postgres://u:pw@h/db"],
+        "api_tokens": ["t0ps3cret", "other"],
+        "task_ids": [],
+    }
     fast, slow = _info_lines(fields)
     one, other = json.loads(fast), json.loads(slow)
     one.pop("timestamp"), other.pop("timestamp")
-    assert one == other and "pw@" not in fast
+    assert one == other
+    assert one["outbox_ids"] == ["o-1", "o-2"] and one["task_ids"] == []
+    assert one["api_tokens"] == "[redacted]" and "t0ps3cret" not in fast
+    assert one["message_ids"][1] == "see postgres://u:***@h/db" and "pw@" not in fast
+
+
+def test_an_info_line_with_other_values_goes_through_structlog() -> None:
+    fields = {
+        "job_id": "j-1",
+        "dsn_hint": "postgres://u:pw@h/db",
+        "error": ValueError("postgres://u:pw@h/db failed"),
+        "nested": [{"password": "hunter3"}],
+    }
+    fast, slow = _info_lines(fields)
+    one, other = json.loads(fast), json.loads(slow)
+    one.pop("timestamp"), other.pop("timestamp")
+    assert one == other and "pw@" not in fast and "hunter3" not in fast
 
 
 def test_new_ids_are_uuid4_text() -> None:

@@ -24,7 +24,7 @@ import structlog
 from outboxd.config import RelaySettings
 from outboxd.crashpoints import crash_point
 from outboxd.daemon.loops import backoff, sleep_or_stop
-from outboxd.observability import Metrics
+from outboxd.observability import Metrics, log_info
 from outboxd.queue import messages
 from outboxd.queue.sqs import (
     MAX_BATCH_ENTRIES,
@@ -478,7 +478,7 @@ class Relay:
         """The log lines and metrics of a recorded outcome."""
         size = self._settings.batch_size
         for i in range(0, len(marked), size):
-            log.info("outbox_sent", **_sent_fields(marked[i : i + size]))
+            log_info("outbox_sent", _sent_fields(marked[i : i + size]))
         for f in failures:
             log.warning(
                 "outbox_dead" if f.dead else "outbox_publish_failed",
