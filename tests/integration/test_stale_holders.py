@@ -47,6 +47,30 @@ async def test_a_stale_relay_holders_late_sent_changes_nothing(store: SqlStore) 
     assert job is not None and job.status == "DEAD" and job.error_code == "RETRIES_EXHAUSTED"
 
 
+async def test_a_round_with_one_stale_row_marks_only_the_others(store: SqlStore) -> None:
+    """Three rows of one round SENT, one of them claimed again by a newer holder in the
+    meantime: the other two are SENT and their jobs RUNNING, and the rows answered are
+    exactly the rows as committed (SQLite builds them from the claimed ones); the stale
+    one is left to its new holder."""
+    ids = [await insert_portal_job(store, t) for t in (50.0, 51.0, 52.0)]
+    rows = await store.claim_relay_due(100.0, 3, 10.0)
+    assert [r.id for r in rows] == [o for _, o in ids]
+    stale = await store.claim_relay_row(ids[1][1], 111.0, 10.0)
+    assert stale is not None
+
+    marked = await store.mark_relay_sent([(r, f"mid-{i}") for i, r in enumerate(rows)], 112.0)
+
+    assert [m.id for m in marked] == [ids[0][1], ids[2][1]]
+    for m in marked:
+        assert m == await store.get_relay_row(m.id)
+        assert (m.status, m.sent_at, m.claimed_until) == ("SENT", 112.0, None)
+    assert [m.queue_message_id for m in marked] == ["mid-0", "mid-2"]
+    held = await store.get_relay_row(ids[1][1])
+    assert held == stale and held.status == "PENDING"
+    statuses = [(await store.get_job(j)).status for j, _ in ids]  # type: ignore[union-attr]
+    assert statuses == ["RUNNING", "QUEUED", "RUNNING"]
+
+
 async def test_one_transaction_records_a_round_and_claims_the_next(store: SqlStore) -> None:
     """The relay loop's transaction per round: the sent row is SENT (its job RUNNING), the
     failed one backs off, the next due row is claimed, and neither of the rows it just

@@ -94,15 +94,19 @@ def load_migrations(backend: Backend) -> list[tuple[int, str, str]]:
 class Connection(Protocol):
     async def fetch(self, q: Query, params: Params) -> list[Row]: ...
     async def execute(self, q: Query, params: Params) -> int: ...
+    async def execute_each(self, q: Query, each: Sequence[Params]) -> int: ...
 
 
 @dataclass(frozen=True)
 class Op:
-    """One statement of a transaction body: `fetch` answers rows, `execute` a row count."""
+    """One statement of a transaction body: `fetch` answers rows, `execute` a row count,
+    `each` runs the statement once per parameter set in `each` and answers the total
+    row count."""
 
-    mode: Literal["fetch", "execute"]
+    mode: Literal["fetch", "execute", "each"]
     q: Query
     params: Params
+    each: Sequence[Params] = ()
 
 
 def fetch(q: Query, params: Params) -> Op:
@@ -111,6 +115,12 @@ def fetch(q: Query, params: Params) -> Op:
 
 def execute(q: Query, params: Params) -> Op:
     return Op("execute", q, params)
+
+
+def execute_each(q: Query, each: Sequence[Params]) -> Op:
+    """`q` once per parameter set, in order (SQLite: `executemany`, one call into the
+    library with no JSON to build or parse); the rows changed in all."""
+    return Op("each", q, {}, each)
 
 
 T = TypeVar("T")
@@ -207,6 +217,12 @@ def _sqlite_error(exc: sqlite3.Error) -> StorageError:
 
 
 def _sqlite_op(conn: sqlite3.Connection, op: Op) -> Any:
+    if op.mode == "each":
+        cur = conn.executemany(op.q.sql, op.each)
+        try:
+            return cur.rowcount
+        finally:
+            cur.close()
     cur = conn.execute(op.q.sql, dict(op.params))
     try:
         if op.mode == "fetch":
@@ -502,6 +518,9 @@ async def _drive_async(conn: Connection, body: TxBody[T]) -> T:
     gen = body()
     step = _step(gen, None)
     while not isinstance(step, _Done):
+        if step.mode == "each":
+            step = _step(gen, await conn.execute_each(step.q, step.each))
+            continue
         run = conn.fetch if step.mode == "fetch" else conn.execute
         step = _step(gen, await run(step.q, step.params))
     value: T = step.value
@@ -526,6 +545,11 @@ class _PgConn:
             raise _pg_error(exc) from exc
         return _pg_status_count(str(status))
 
+    async def execute_each(self, q: Query, each: Sequence[Params]) -> int:
+        # One statement per set: asyncpg's executemany does not say how many rows changed.
+        # (Only SQLite's SENT path uses `each` today.)
+        return sum([await self.execute(q, params) for params in each])
+
 
 class _OneStatement:
     """A connection for a body declared to be one statement: a second one is refused."""
@@ -546,6 +570,12 @@ class _OneStatement:
     async def execute(self, q: Query, params: Params) -> int:
         self._turn(q)
         return await self._conn.execute(q, params)
+
+    async def execute_each(self, q: Query, each: Sequence[Params]) -> int:
+        self._turn(q)
+        if len(each) > 1:
+            raise RuntimeError(f"query {q.name}: {len(each)} statements in a one-statement body")
+        return await self._conn.execute_each(q, each)
 
 
 async def _keep_session(conn: Any) -> None:

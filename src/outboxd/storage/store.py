@@ -11,6 +11,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -23,6 +24,7 @@ from outboxd.storage.db import (
     Row,
     TxBody,
     execute,
+    execute_each,
     fetch,
     load_queries,
     open_database,
@@ -561,10 +563,11 @@ class SqlStore:
     ) -> Generator[Op, Any, list[RelayRow]]:
         # Rows a newer holder (or a redrive) owns now fail the version match
         # and are left alone.
-        rows = yield fetch(self.q["relay_sent_many"], self._sent_params(sent, now))
-        done = [_relay(r) for r in rows]
         if self.db.backend == "postgres":
-            return done  # the same statement set the jobs RUNNING and the tasks SENT
+            rows = yield fetch(self.q["relay_sent_many"], self._sent_params(sent, now))
+            # The same statement set the jobs RUNNING and the tasks SENT.
+            return [_relay(r) for r in rows]
+        done = yield from self._relay_sent_each(sent, now)
         job_ids = [r.job_id for r in done if r.job_id is not None]
         task_ids = [r.task_id for r in done if r.task_id is not None]
         if job_ids:
@@ -573,6 +576,42 @@ class SqlStore:
             )
         if task_ids:
             yield execute(self.q["tasks_sent"], {"ids": json.dumps(task_ids)})
+        return done
+
+    def _relay_sent_each(
+        self, sent: Sequence[tuple[RelayRow, str]], now: float
+    ) -> Generator[Op, Any, list[RelayRow]]:
+        """SQLite: each row SENT by its own execution of one statement. The rows as
+        committed are the claimed ones with what the update set (every update of the
+        outbox moves `version`, so a row the guard let through had not changed since its
+        claim). Only when the guard refused some are the rows read back, to tell which."""
+        changed = yield execute_each(
+            self.q["relay_sent_one"],
+            [{"id": r.id, "v": r.version, "m": m, "now": now} for r, m in sent],
+        )
+        marked = [
+            replace(
+                r,
+                status="SENT",
+                queue_message_id=m,
+                sent_at=now,
+                claimed_until=None,
+                last_error=None,
+                version=r.version + 1,
+            )
+            for r, m in sent
+        ]
+        if changed == len(marked):
+            return marked
+        done = []
+        for r in marked:
+            row = yield from self._one("select_relay_row", {"id": r.id})
+            if row is not None and (row["status"], row["version"], row["queue_message_id"]) == (
+                "SENT",
+                r.version,
+                r.queue_message_id,
+            ):
+                done.append(r)
         return done
 
     def _relay_failed(
