@@ -9,12 +9,13 @@ rows by an unsent status (DEAD, the operator's usual question) reads that index.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Generator, Sequence
 from typing import Any
 
 import pytest
 
-from outboxd.storage.db import Op, Query, Row, execute, fetch
+from outboxd.storage.db import Op, PostgresDatabase, Query, Row, execute, fetch
 from outboxd.storage.store import SqlStore
 from tests.support.db import raw_db
 from tests.support.group_crash import portal_job
@@ -186,3 +187,37 @@ async def test_the_store_analyzes_young_tables_by_itself_after_its_first_writes(
     # The writes' counts may not have reached the server when it ran: then it found
     # nothing to do, and a later call does it.
     assert await _young(store, task.result()) >= OURS
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_young_tables_this_role_may_not_analyze_are_left_out(
+    store: SqlStore, db_url: str
+) -> None:
+    """A role that owns neither the tables nor the database (nor is a superuser) would have
+    its ANALYZE skipped with a warning: it analyzes nothing and names nothing, while the
+    owner still finds the same tables young and analyzes them."""
+    for i in range(120):
+        await store.create_portal_job(portal_job("guest", i), 1000.0)
+    role = f"outboxd_guest_{uuid.uuid4().hex[:8]}"
+    async with raw_db(db_url) as db:
+        deadline = asyncio.get_running_loop().time() + 30
+        while asyncio.get_running_loop().time() < deadline:  # stats reach the server late
+            young = await db.scalar(
+                "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'jobs'"
+            )
+            if young >= 120:
+                break
+            await asyncio.sleep(0.2)
+        await db.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        user, _, host = db_url.partition("://")[2].partition("@")
+        guest = PostgresDatabase(f"postgresql://{role}@{host}", 2, 5.0)
+        await guest.open()
+        try:
+            assert await guest.analyze_young_tables() == []
+        finally:
+            await guest.close()
+        assert user != role and await _young(store) >= OURS
+    finally:
+        async with raw_db(db_url) as db:
+            await db.execute(f'DROP ROLE "{role}"')

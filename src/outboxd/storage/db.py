@@ -626,14 +626,21 @@ class PostgresDatabase:
     async def analyze_young_tables(self) -> list[str]:
         """ANALYZE each of our tables that changed by more than its size (and by at least
         YOUNG_TABLE_CHANGES rows) since its last ANALYZE; the names analyzed. A failure is
-        logged, never raised: statistics are an optimisation."""
+        logged, never raised: statistics are an optimisation.
+
+        Only tables this role may analyze (it owns them, or the database; a superuser may
+        all): ANALYZE skips the others with a mere warning, and the log line would name
+        tables that were not analyzed. Those are left to autovacuum."""
         try:
             async with self._acquire() as conn:
                 young = await conn.fetch(
                     "SELECT s.relname FROM pg_stat_user_tables s"
                     " JOIN pg_class c ON c.oid = s.relid"
                     " WHERE s.schemaname = current_schema() AND s.relname = ANY($1::text[])"
-                    " AND s.n_mod_since_analyze >= greatest($2, c.reltuples)",
+                    " AND s.n_mod_since_analyze >= greatest($2, c.reltuples)"
+                    " AND (pg_has_role(c.relowner, 'USAGE') OR pg_has_role("
+                    "(SELECT datdba FROM pg_database WHERE datname = current_database()),"
+                    " 'USAGE'))",
                     _OWN_TABLES,
                     YOUNG_TABLE_CHANGES,
                 )
