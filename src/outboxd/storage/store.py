@@ -544,19 +544,17 @@ class SqlStore:
         claimed.sort(key=lambda r: r.next_attempt_at)
         return done, claimed
 
-    def _sent_params(self, sent: Sequence[tuple[RelayRow, str]], now: float) -> dict[str, Any]:
-        """The rows to mark SENT (each with its claimed version and its MessageId) as the
-        backend's statements take them: parallel arrays on Postgres (`id = ANY(:ids)`,
-        planned as primary-key lookups), one JSON array on SQLite."""
-        if self.db.backend == "postgres":
-            return {
-                "ids": [r.id for r, _ in sent],
-                "versions": [r.version for r, _ in sent],
-                "message_ids": [m for _, m in sent],
-                "now": now,
-            }
-        rows = json.dumps([{"id": r.id, "v": r.version, "m": m} for r, m in sent])
-        return {"rows": rows, "now": now}
+    @staticmethod
+    def _sent_params(sent: Sequence[tuple[RelayRow, str]], now: float) -> dict[str, Any]:
+        """Postgres: the rows to mark SENT, each with its claimed version and its MessageId,
+        as parallel arrays (`id = ANY(:ids)`, planned as primary-key lookups). SQLite marks
+        them one by one (`_relay_sent_each`)."""
+        return {
+            "ids": [r.id for r, _ in sent],
+            "versions": [r.version for r, _ in sent],
+            "message_ids": [m for _, m in sent],
+            "now": now,
+        }
 
     def _relay_sent(
         self, sent: Sequence[tuple[RelayRow, str]], now: float
