@@ -313,6 +313,11 @@ class Metrics:
         self.publishes = Counter(
             "outboxd_relay_publishes", "Outbox rows published, by result", ["result"], registry=r
         )
+        self.send_window = Gauge(
+            "outboxd_relay_send_window",
+            "SendMessageBatch calls the relay may have at SQS at once (narrower while SQS is slow)",
+            registry=r,
+        )
         self.claims = Counter(
             "outboxd_claims", "Work-outbox rows claimed, by outcome", ["outcome"], registry=r
         )

@@ -8,20 +8,16 @@ and answers one chosen SendMessageBatch call with an error, as an SQS hiccup wou
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import aiohttp
 import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from outboxd.config import SqsSettings
 from outboxd.queue.sqs import MAX_MESSAGE_BYTES, OutgoingMessage, QueueError, SqsQueues
 from tests.support.moto import MotoServer
-
-HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
+from tests.support.sqs_proxy import forward, queues_at, serve
 
 
 @dataclass
@@ -49,57 +45,25 @@ class FailingProxy:
                     ).encode(),
                     content_type="application/x-amz-json-1.0",
                 )
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-        async with (
-            aiohttp.ClientSession() as session,
-            session.request(
-                request.method, self.upstream + request.path_qs, data=body, headers=headers
-            ) as resp,
-        ):
-            payload = await resp.read()
-            if self.batches in self.corrupt_batches and resp.status == 200:
-                answer = json.loads(payload)
-                answer["Successful"][0]["MD5OfMessageBody"] = "0" * 32
-                payload = json.dumps(answer).encode()
-            out = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
-            return web.Response(status=resp.status, body=payload, headers=out)
+        status, payload, out = await forward(self.upstream, request, body)
+        if self.batches in self.corrupt_batches and status == 200:
+            answer = json.loads(payload)
+            answer["Successful"][0]["MD5OfMessageBody"] = "0" * 32
+            payload = json.dumps(answer).encode()
+        return web.Response(status=status, body=payload, headers=out)
 
 
 @pytest_asyncio.fixture
 async def proxy(moto_server: MotoServer) -> AsyncIterator[FailingProxy]:
     p = FailingProxy(upstream=moto_server.endpoint_url.rstrip("/"))
-    app = web.Application(client_max_size=4 * MAX_MESSAGE_BYTES)
-    app.router.add_route("*", "/{tail:.*}", p.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    p.url = f"http://127.0.0.1:{port}"
-    try:
+    async with serve(p.handle) as p.url:
         yield p
-    finally:
-        await runner.cleanup()
 
 
 @pytest_asyncio.fixture
 async def queues(proxy: FailingProxy) -> AsyncIterator[SqsQueues]:
-    tag = uuid.uuid4().hex[:12]
-    settings = SqsSettings(
-        endpoint_url=proxy.url,
-        jobs_queue=f"t{tag}-jobs",
-        tasks_queue=f"t{tag}-tasks.fifo",
-        create_queues=True,
-        max_receive_count=2,
-        visibility_timeout_s=30,
-        wait_time_s=0,
-    )
-    q = SqsQueues(settings, proxy.url)
-    await q.start()
-    try:
+    async with queues_at(proxy.url, max_receive_count=2) as q:
         yield q
-    finally:
-        await q.close()
 
 
 def big(entry_id: str) -> OutgoingMessage:

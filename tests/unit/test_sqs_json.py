@@ -29,6 +29,7 @@ from outboxd.queue.sqs_json import (
     proxy_for,
     signed_headers,
 )
+from tests.support.sqs_proxy import serve
 
 AMZ_DATE = "20261202T071530Z"
 BODY = (
@@ -126,17 +127,8 @@ class FakeSqs:
 @pytest_asyncio.fixture
 async def fake() -> AsyncIterator[FakeSqs]:
     sqs = FakeSqs()
-    app = web.Application()
-    app.router.add_post("/", sqs.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    sqs.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
+    async with serve(sqs.handle, "/") as sqs.url:
         yield sqs
-    finally:
-        await runner.cleanup()
 
 
 @pytest_asyncio.fixture

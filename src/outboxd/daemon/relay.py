@@ -24,6 +24,7 @@ import structlog
 from outboxd.config import RelaySettings
 from outboxd.crashpoints import crash_point
 from outboxd.daemon.loops import backoff, sleep_or_stop
+from outboxd.daemon.send_window import SendWindow
 from outboxd.observability import Metrics, log_info
 from outboxd.queue import messages
 from outboxd.queue.sqs import (
@@ -128,7 +129,7 @@ class Relay:
     ) -> None:
         self._store = store
         self._lanes = max(1, lanes)
-        self._round_size = settings.batch_size * batches_per_round
+        self._batches_per_round = max(1, batches_per_round)
         self._publisher = publisher
         self._settings = settings
         self._metrics = metrics
@@ -152,6 +153,18 @@ class Relay:
         self._timer: asyncio.Handle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._stop_watch: asyncio.Future[None] | None = None
+        # The SendMessageBatch calls out at once, the loop's and the requests' together:
+        # as many as the lanes' rounds and the dispatch batches make while SQS answers
+        # in time, fewer once it slows (a call slower than a quarter of the publish
+        # timeout is one that would soon pass it).
+        self._window = SendWindow(
+            self._lanes * self._batches_per_round + self._max_in_flight,
+            settings.publish_timeout_s / 4,
+            on_change=self._window_changed,
+        )
+        self._narrowed = False
+        self._window_limit = self._window.limit
+        metrics.send_window.set(self._window.limit)
 
     # ------------------------------------------------------------ publish_now
 
@@ -315,7 +328,7 @@ class Relay:
             except Exception as exc:  # the loop must survive a database or SQS outage
                 log.warning("relay_iteration_failed", error=exc)
                 n = 0
-            if n >= self._round_size:
+            if n >= self._round_rows():
                 continue  # a full round: there may be more due right now
             await sleep_or_stop(stop, self._settings.interval_s)
         log.info("relay_stopped")
@@ -353,7 +366,7 @@ class Relay:
                 total += len(rows)
                 rounds += 1
                 more = (
-                    len(rows) >= self._round_size
+                    len(rows) >= self._round_rows()
                     and rounds < ROUNDS_PER_PASS
                     and not self._stopping()
                 )
@@ -383,20 +396,48 @@ class Relay:
         """Store a sent round's outcome and claim the next round, in one transaction."""
         ok, failures = self._outcome(*sent) if sent is not None else ([], [])
         marked, claimed = await self._store.record_relay_outcome_and_claim_due(
-            ok, failures, self._clock(), self._round_size if claim else 0, self._lease_s
+            ok, failures, self._clock(), self._round_rows() if claim else 0, self._lease_s
         )
         self._report(marked, failures)
         return claimed
 
     async def _claim_due(self) -> list[RelayRow]:
-        return await self._store.claim_relay_due(self._clock(), self._round_size, self._lease_s)
+        return await self._store.claim_relay_due(self._clock(), self._round_rows(), self._lease_s)
+
+    def _round_rows(self) -> int:
+        """The rows a round claims: `batches_per_round` batches, fewer while the send window
+        is narrower than the lanes' rounds. A lane claims no more than its share of the
+        window sends at once, so a claimed row does not queue for a slot while its lease
+        runs."""
+        share = max(1, self._window.limit // self._lanes)
+        return self._settings.batch_size * min(self._batches_per_round, share)
+
+    def _window_changed(self, limit: int, latency_s: float) -> None:
+        """The gauge follows every change; the log has a line when the window first
+        narrows and one when it is back at its ceiling, not one per step (nor for the
+        slow start's growth)."""
+        was, self._window_limit = self._window_limit, limit
+        self._metrics.send_window.set(limit)
+        if limit < was and not self._narrowed:
+            self._narrowed = True
+            log.warning(
+                "sqs_send_window_narrowed",
+                limit=limit,
+                ceiling=self._window.ceiling,
+                latency_s=round(latency_s, 3),
+            )
+        elif limit == self._window.ceiling and self._narrowed:
+            self._narrowed = False
+            log.info("sqs_send_window_restored", limit=limit)
 
     async def _publish(self, rows: Sequence[RelayRow]) -> list[RelayRow]:
-        """Send `rows` in batches at once and record the outcome; the rows now SENT."""
-        return await self._record(rows, await self._send_all(rows))
+        """A dispatch batch: send `rows` (ahead of the loop's calls for a slot in the send
+        window) and record the outcome; the rows now SENT."""
+        return await self._record(rows, await self._send_all(rows, urgent=True))
 
-    async def _send_all(self, rows: Sequence[RelayRow]) -> BatchResult:
-        """Send `rows` in batches of `relay.batch_size`, all at once; every row's outcome."""
+    async def _send_all(self, rows: Sequence[RelayRow], urgent: bool = False) -> BatchResult:
+        """Send `rows` in batches of `relay.batch_size`, at once as far as the send window
+        lets them; every row's outcome."""
         size = self._settings.batch_size
         chunks: list[tuple[QueueKind, Sequence[RelayRow]]] = []
         groups: tuple[tuple[QueueKind, list[RelayRow]], ...] = (
@@ -406,15 +447,15 @@ class Relay:
         for kind, group in groups:
             chunks.extend((kind, group[i : i + size]) for i in range(0, len(group), size))
         if len(chunks) == 1:
-            result = await self._send(*chunks[0])
+            result = await self._send(*chunks[0], urgent)
         else:
             result = BatchResult(successful={}, failed={})
-            for part in await asyncio.gather(*(self._send(k, c) for k, c in chunks)):
+            for part in await asyncio.gather(*(self._send(k, c, urgent) for k, c in chunks)):
                 result.successful.update(part.successful)
                 result.failed.update(part.failed)
         return result
 
-    async def _send(self, kind: QueueKind, rows: Sequence[RelayRow]) -> BatchResult:
+    async def _send(self, kind: QueueKind, rows: Sequence[RelayRow], urgent: bool) -> BatchResult:
         messages = []
         for r in rows:
             group_id = dedup_id = None
@@ -425,13 +466,21 @@ class Relay:
                 group_id = run.type if run is not None else "tasks"
                 dedup_id = r.dedup_id
             messages.append(OutgoingMessage(r.id, message_body(r), group_id, dedup_id))
+        # The timeout runs from the moment the call has its slot, not while it waits.
+        started = await self._window.acquire(urgent)
+        failed: bool | None = None
         try:
             # asyncio.timeout, not wait_for: no extra task per SendMessageBatch.
             async with asyncio.timeout(self._settings.publish_timeout_s):
-                return await self._publisher.send_batch(kind, messages)
+                result = await self._publisher.send_batch(kind, messages)
+            failed = False
+            return result
         except (QueueError, TimeoutError) as exc:
+            failed = True
             reason = str(exc) if isinstance(exc, QueueError) else "publish timed out"
             return BatchResult(successful={}, failed={r.id: reason for r in rows})
+        finally:
+            self._window.release(started, failed)
 
     async def _record(self, rows: Sequence[RelayRow], result: BatchResult) -> list[RelayRow]:
         """Mark the `Successful` entries SENT and back off the rest, in one transaction."""

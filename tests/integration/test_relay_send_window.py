@@ -1,0 +1,126 @@
+"""The relay against an SQS that answers one call at a time, slowly, on both backends.
+
+SQS is the session's moto behind a small HTTP proxy of our own that holds every
+SendMessageBatch for `hold_s` and lets only one through at a time (moto under load, or a
+throttled endpoint, behaves this way). The relay's fixed shape would put twenty calls at
+it at once: the last of them waits twenty times hold_s, passes `relay.publish_timeout_s`, and its
+rows are published again. The send window (daemon/send_window.py) narrows instead, so
+every call is answered in time and every row goes out exactly once, the loop's rows and
+the requests' alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest_asyncio
+from aiohttp import web
+
+from outboxd.daemon.relay import Relay, relay_shape
+from outboxd.observability import Metrics
+from outboxd.queue.sqs import SqsQueues
+from outboxd.security import KeyRing
+from outboxd.storage.store import SqlStore
+from tests.integration.test_relay import all_rows, drain, relay_settings
+from tests.support.moto import MotoServer
+from tests.support.ops import insert_portal_job
+from tests.support.sqs_proxy import forward, queues_at, serve
+
+
+@dataclass
+class SerialSlowProxy:
+    """Forwards everything to moto; SendMessageBatch calls go one at a time, each held
+    `hold_s` first. `received` counts every entry id that reached the proxy (a call the
+    client gave up on still arrives, as at SQS); `peak` is the most calls it held at once."""
+
+    upstream: str
+    hold_s: float = 0.04
+    received: Counter[str] = field(default_factory=Counter)
+    waiting: int = 0
+    peak: int = 0
+    url: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.headers.get("X-Amz-Target", "").endswith(".SendMessageBatch"):
+            self.received.update(e["Id"] for e in json.loads(body)["Entries"])
+            self.waiting += 1
+            self.peak = max(self.peak, self.waiting)
+            try:
+                async with self.lock:
+                    await asyncio.sleep(self.hold_s)
+                    return await self.forward(request, body)
+            finally:
+                self.waiting -= 1
+        return await self.forward(request, body)
+
+    async def forward(self, request: web.Request, body: bytes) -> web.Response:
+        status, payload, headers = await forward(self.upstream, request, body)
+        return web.Response(status=status, body=payload, headers=headers)
+
+
+@pytest_asyncio.fixture
+async def proxy(moto_server: MotoServer) -> AsyncIterator[SerialSlowProxy]:
+    p = SerialSlowProxy(upstream=moto_server.endpoint_url.rstrip("/"))
+    async with serve(p.handle) as p.url:
+        yield p
+
+
+@pytest_asyncio.fixture
+async def queues(proxy: SerialSlowProxy) -> AsyncIterator[SqsQueues]:
+    async with queues_at(proxy.url) as q:
+        yield q
+
+
+async def test_a_slow_serial_sqs_gets_every_row_once_from_the_loop_and_the_requests(
+    store: SqlStore, keys: KeyRing, proxy: SerialSlowProxy, queues: SqsQueues
+) -> None:
+    now = time.time()
+    loop_rows = [await insert_portal_job(store, now - 1, keys, "pw-window") for _ in range(200)]
+    asked = [await insert_portal_job(store, now, keys, "pw-window") for _ in range(20)]
+    shape = relay_shape(store.db.backend)
+    metrics = Metrics()
+    # 0.5 s to answer; twenty calls held 40 ms each, one after the other, take 0.8 s.
+    relay = Relay(
+        store,
+        queues,
+        relay_settings(publish_timeout_s=0.5, backoff_base_s=0.1, backoff_max_s=0.2),
+        metrics,
+        lanes=shape.lanes,
+        batches_per_round=shape.batches_per_round,
+    )
+    assert shape.lanes * shape.batches_per_round >= 20
+
+    async def run_loop() -> None:
+        """The relay loop until every row is SENT, or a row went out twice (the
+        assertions below then say which), or 30 s passed."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and max(proxy.received.values(), default=0) < 2:
+            if await relay.relay_pass() == 0:
+                if all(r.status == "SENT" for r in await all_rows(store)):
+                    return
+                await asyncio.sleep(0.05)  # rows backing off: poll again
+
+    answers = await asyncio.gather(run_loop(), *(relay.publish_now(o) for _, o in asked))
+
+    assert answers[1:] == [True] * len(asked)
+    rows = {r.id: r for r in await all_rows(store)}
+    every = [o for _, o in loop_rows + asked]
+    assert all(rows[o].status == "SENT" and rows[o].last_error is None for o in every)
+    twice = sorted(o for o, n in proxy.received.items() if n > 1)
+    assert twice == [], f"{len(twice)} rows were published more than once"
+    assert sorted(proxy.received) == sorted(every)
+    failed = metrics.registry.get_sample_value(
+        "outboxd_relay_publishes_total", {"result": "failed"}
+    )
+    assert failed in (None, 0.0)
+    # The window kept the calls at the proxy few: each was answered in time.
+    assert proxy.peak <= 6, proxy.peak
+    received = await drain(queues)
+    assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(every)
