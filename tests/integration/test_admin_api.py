@@ -364,7 +364,14 @@ async def test_list_tasks_with_pagination_and_type_filter(api: Client, store: Sq
 
     everything = [i for p in await walk(api, "/v1/admin/tasks", 2) for i in p]
     assert len(everything) == 9 and len({i["taskId"] for i in everything}) == 9
-    stamps = [(i["enqueuedAt"], i["taskId"]) for i in everything]
+    # The order is by the stored time, id breaking ties. The API renders that time to the
+    # millisecond, so two tasks posted within one millisecond look equal in `enqueuedAt`
+    # while their stored times still order them: compare the stored ones.
+    stamps = []
+    for i in everything:
+        run = await store.get_task(i["taskId"])
+        assert run is not None
+        stamps.append((run.enqueued_at, run.id))
     assert stamps == sorted(stamps, reverse=True), "newest first"
     for item in everything:
         assert set(item) == {
