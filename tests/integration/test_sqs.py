@@ -5,16 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
 
 import pytest
 import pytest_asyncio
 from aiobotocore.session import AioSession
 
-from outboxd.config import SqsSettings
 from outboxd.queue.embedded import EmbeddedSqs
 from outboxd.queue.sqs import (
     KINDS,
@@ -25,6 +22,7 @@ from outboxd.queue.sqs import (
     SqsQueues,
 )
 from tests.support.sqs import read_all
+from tests.support.sqs_proxy import queue_settings as make_settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -36,20 +34,6 @@ OUTAGE_BOUND_S = 6.0
 async def server() -> AsyncIterator[EmbeddedSqs]:
     async with EmbeddedSqs() as sqs:
         yield sqs
-
-
-def make_settings(endpoint_url: str, **overrides: Any) -> SqsSettings:
-    prefix = uuid.uuid4().hex[:12]
-    base = SqsSettings(
-        endpoint_url=endpoint_url,
-        jobs_queue=f"t{prefix}-jobs",
-        tasks_queue=f"t{prefix}-tasks.fifo",
-        create_queues=True,
-        max_receive_count=2,
-        visibility_timeout_s=30,
-        wait_time_s=0,  # short polls keep the suite fast; long polls are tested explicitly
-    )
-    return replace(base, **overrides)
 
 
 @pytest_asyncio.fixture(loop_scope="module")

@@ -62,7 +62,7 @@ async def proxy(moto_server: MotoServer) -> AsyncIterator[FailingProxy]:
 
 @pytest_asyncio.fixture
 async def queues(proxy: FailingProxy) -> AsyncIterator[SqsQueues]:
-    async with queues_at(proxy.url, max_receive_count=2) as q:
+    async with queues_at(proxy.url) as q:
         yield q
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -51,20 +53,25 @@ async def forward(
         return resp.status, payload, out
 
 
-@asynccontextmanager
-async def queues_at(url: str, max_receive_count: int = 5) -> AsyncIterator[SqsQueues]:
-    """SqsQueues on fresh queues (created through `url`), closed afterwards."""
-    tag = uuid.uuid4().hex[:12]
-    settings = SqsSettings(
-        endpoint_url=url,
-        jobs_queue=f"t{tag}-jobs",
-        tasks_queue=f"t{tag}-tasks.fifo",
+def queue_settings(endpoint_url: str, **overrides: Any) -> SqsSettings:
+    """SqsSettings for fresh queues of a test's own at `endpoint_url`."""
+    prefix = uuid.uuid4().hex[:12]
+    base = SqsSettings(
+        endpoint_url=endpoint_url,
+        jobs_queue=f"t{prefix}-jobs",
+        tasks_queue=f"t{prefix}-tasks.fifo",
         create_queues=True,
-        max_receive_count=max_receive_count,
+        max_receive_count=2,
         visibility_timeout_s=30,
-        wait_time_s=0,
+        wait_time_s=0,  # short polls keep the suite fast; long polls are tested explicitly
     )
-    q = SqsQueues(settings, url)
+    return replace(base, **overrides)
+
+
+@asynccontextmanager
+async def queues_at(url: str) -> AsyncIterator[SqsQueues]:
+    """SqsQueues on fresh queues (created through `url`), closed afterwards."""
+    q = SqsQueues(queue_settings(url), url)
     await q.start()
     try:
         yield q

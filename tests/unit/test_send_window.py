@@ -29,7 +29,7 @@ def window(
         ceiling,
         slow_s,
         clock=clock,
-        on_change=lambda limit, _: changes.append(limit),
+        on_change=lambda limit, _latency, _narrowed: changes.append(limit),
         initial=ceiling if initial is None else initial,
     )
     return w, clock, changes

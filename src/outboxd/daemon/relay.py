@@ -163,7 +163,6 @@ class Relay:
             on_change=self._window_changed,
         )
         self._narrowed = False
-        self._window_limit = self._window.limit
         metrics.send_window.set(self._window.limit)
 
     # ------------------------------------------------------------ publish_now
@@ -412,13 +411,12 @@ class Relay:
         share = max(1, self._window.limit // self._lanes)
         return self._settings.batch_size * min(self._batches_per_round, share)
 
-    def _window_changed(self, limit: int, latency_s: float) -> None:
+    def _window_changed(self, limit: int, latency_s: float, narrowed: bool) -> None:
         """The gauge follows every change; the log has a line when the window first
         narrows and one when it is back at its ceiling, not one per step (nor for the
         slow start's growth)."""
-        was, self._window_limit = self._window_limit, limit
         self._metrics.send_window.set(limit)
-        if limit < was and not self._narrowed:
+        if narrowed and not self._narrowed:
             self._narrowed = True
             log.warning(
                 "sqs_send_window_narrowed",

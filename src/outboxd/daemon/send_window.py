@@ -32,7 +32,8 @@ class SendWindow:
     - A waiting call marked `urgent` (a request's coalesced dispatch) gets the next free
       slot before the relay loop's calls; within each kind, first come first served.
 
-    `on_change(limit, latency_s)` is called whenever the limit changes.
+    `on_change(limit, latency_s, narrowed)` is called whenever the limit changes;
+    `narrowed` says it was halved rather than grown.
     """
 
     def __init__(
@@ -40,7 +41,7 @@ class SendWindow:
         ceiling: int,
         slow_s: float,
         clock: Callable[[], float] = time.monotonic,
-        on_change: Callable[[int, float], None] | None = None,
+        on_change: Callable[[int, float, bool], None] | None = None,
         initial: int = 2,
     ) -> None:
         self.ceiling = max(1, ceiling)
@@ -85,18 +86,18 @@ class SendWindow:
                 self._starting = False
                 if self.limit > 1:
                     self.limit = max(1, self.limit // 2)
-                    self._changed(latency)
+                    self._changed(latency, narrowed=True)
         elif failed is not None:
             self._in_time += 1
             if self.limit < self.ceiling and (self._starting or self._in_time >= self.limit):
                 self._in_time = 0
                 self.limit += 1
-                self._changed(latency)
+                self._changed(latency, narrowed=False)
         self._wake()
 
-    def _changed(self, latency: float) -> None:
+    def _changed(self, latency: float, narrowed: bool) -> None:
         if self._on_change is not None:
-            self._on_change(self.limit, latency)
+            self._on_change(self.limit, latency, narrowed)
 
     def _waiting(self) -> bool:
         """Whether a live waiter is queued (waiters that were cancelled are dropped)."""
