@@ -9,6 +9,8 @@ rows by an unsent status (DEAD, the operator's usual question) reads that index.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import uuid
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -221,3 +223,30 @@ async def test_young_tables_this_role_may_not_analyze_are_left_out(
     finally:
         async with raw_db(db_url) as db:
             await db.execute(f'DROP ROLE "{role}"')
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_relay_round_claims_a_whole_page_of_outbox_rows_in_place(
+    store: SqlStore, db_url: str
+) -> None:
+    """On Postgres: rows that arrived together share pages, and a relay round claims a
+    hundred of them in one statement. With rows of a real job's size (uuid ids, sealed
+    credentials), every one of those claims is a HOT update: the page had room for the new
+    version beside the old (migration 0004; with a fifth of each page free, most were not)."""
+    n = 100
+    for i in range(n):
+        job = portal_job("page", i, job_id=str(uuid.uuid4()), key=str(uuid.uuid4()))
+        job = dataclasses.replace(job, outbox_id=str(uuid.uuid4()), sealed=os.urandom(160))
+        await store.create_portal_job(job, 1000.0)
+    q = store.q["claim_relay_due"]
+    async with raw_db(db_url) as db:
+        assert db._pg is not None
+        async with db._pg.transaction():
+            claimed = await db._pg.fetch(
+                q.sql, *q.positional({"now": 2000.0, "limit": n, "claimed_until": 2030.0})
+            )
+            hot = await db._pg.fetchval(
+                "SELECT pg_stat_get_xact_tuples_hot_updated(CAST('relay_outbox' AS regclass))"
+            )
+    assert len(claimed) == n
+    assert hot == n
