@@ -24,7 +24,6 @@ import asyncio
 import math
 import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +56,11 @@ WORK_COLS.append("created_at")
 
 
 def _rows(start: int, n: int, status: str, now: float) -> tuple[list[Any], list[Any]]:
+    from outboxd.ids import new_id
+
     webs, works = [], []
     for i in range(start, start + n):
-        wid, oid = str(uuid.uuid4()), str(uuid.uuid4())
+        wid, oid = new_id(), new_id()
         if status == "COMPLETED":
             # 90% older than the 7-day prune cut-off, 10% recent.
             age = (8 + (i % 30)) * DAY if i % 10 else (i % 6) * DAY

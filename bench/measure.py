@@ -13,7 +13,6 @@ import itertools
 import os
 import sqlite3
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -70,14 +69,17 @@ Rows = Iterator[tuple[dict[str, Any], dict[str, Any]]]
 
 
 def job_rows(prefix: str) -> Rows:
-    """Each next job's values and its relay row's, the same for ours and the bare loops."""
+    """Each next job's values and its relay row's, the same for ours and the bare loops
+    (ids as the service makes them: time-ordered)."""
+    from outboxd.ids import new_id
+
     for n in itertools.count(1):
-        job_id, now = str(uuid.uuid4()), time.time()
+        job_id, now = new_id(), time.time()
         job: dict[str, Any] = {"id": job_id, "kind": "portal_link", "portal": "suwon"}
         job["user_id"] = "bench"
         job.update(idempotency_key=f"{prefix}-{n}", fingerprint=FINGERPRINT, key_id="k1")
         job.update(sealed=SEALED, now=now)
-        relay: dict[str, Any] = {"id": str(uuid.uuid4()), "kind": "job", "job_id": job_id}
+        relay: dict[str, Any] = {"id": new_id(), "kind": "job", "job_id": job_id}
         relay["task_id"] = None
         # Unclaimed, as an intake with dispatch off inserts it.
         relay.update(dedup_id=job_id, now=now, claimed_until=None, attempt_count=0)

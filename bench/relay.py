@@ -57,12 +57,15 @@ RELAY_COLS = ["id", "kind", "job_id", "status", "next_attempt_at", "dedup_id", "
 
 
 async def prefill(backend: str, url: str, n: int) -> None:
-    """n jobs, each with a PENDING relay row due now (bulk: COPY / executemany)."""
+    """n jobs, each with a PENDING relay row due now (bulk: COPY / executemany), with ids
+    as the service makes them (time-ordered)."""
+    from outboxd.ids import new_id
+
     now, sealed = time.time() - 1, os.urandom(96)
     jobs: list[tuple[Any, ...]] = []
     relays: list[tuple[Any, ...]] = []
     for i in range(n):
-        jid, oid = str(uuid.uuid4()), str(uuid.uuid4())
+        jid, oid = new_id(), new_id()
         jobs.append((jid, "portal_link", "suwon", "bench", f"relay-{jid}", "k1:00", "QUEUED"))
         jobs[-1] += ("k1", sealed, now, now)
         relays.append((oid, "job", jid, "PENDING", now + i * 1e-6, jid, now))

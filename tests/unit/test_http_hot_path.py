@@ -5,7 +5,6 @@
   back to structlog when logging was configured some other way (capture_logs).
 - `observability.log_info` (the service's `job_accepted` line) does the same for any event
   of plain fields, with the bound context variables, and redacts secrets as the chain does.
-- `portal_jobs.new_id` makes ids as `str(uuid.uuid4())` does.
 - `inputs.decode_json_object` decodes with msgspec only what the strict parser would
   accept as it is; everything else gets the strict parser's answer.
 - `models.check_text_fields` reads its limits from the models (one definition).
@@ -16,7 +15,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import uuid
 
 import pytest
 import structlog
@@ -24,7 +22,6 @@ from structlog.testing import capture_logs
 
 from outboxd.daemon import inputs, models
 from outboxd.observability import configure_logging, log_info, log_request
-from outboxd.services.portal_jobs import new_id
 
 FIELDS = {
     "request_id": "req-1",
@@ -130,14 +127,6 @@ def test_an_info_line_with_other_values_goes_through_structlog() -> None:
     one, other = json.loads(fast), json.loads(slow)
     one.pop("timestamp"), other.pop("timestamp")
     assert one == other and "pw@" not in fast and "hunter3" not in fast
-
-
-def test_new_ids_are_uuid4_text() -> None:
-    ids = [new_id() for _ in range(600)]
-    assert len(set(ids)) == 600
-    for text in ids:
-        u = uuid.UUID(text)
-        assert str(u) == text and u.version == 4 and u.variant == uuid.RFC_4122
 
 
 @pytest.mark.parametrize(

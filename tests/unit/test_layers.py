@@ -15,6 +15,7 @@ LAYERS = {
     "cron": 0,
     "errors": 0,
     "security": 0,
+    "ids": 0,
     "observability": 0,
     "crashpoints": 0,
     "storage": 1,

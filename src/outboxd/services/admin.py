@@ -10,10 +10,10 @@ command prints its own line.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from outboxd.ids import new_id
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
     JobRecord,
@@ -55,7 +55,7 @@ class AdminService:
 
     async def redrive_job(self, job_id: str) -> JobRecord:
         """A DEAD job back to QUEUED with a fresh outbox row; NotFound or InvalidState."""
-        return await self._store.redrive_job(job_id, str(uuid.uuid4()), self._clock())
+        return await self._store.redrive_job(job_id, new_id(), self._clock())
 
     async def redrive_outbox_row(self, outbox_id: str) -> RelayRow:
         """A DEAD outbox row back to PENDING, its job or task with it; NotFound or InvalidState."""

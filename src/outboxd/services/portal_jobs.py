@@ -10,8 +10,9 @@ from typing import Protocol
 import structlog
 
 from outboxd.errors import OutboxdError, StorageError
+from outboxd.ids import new_id
 from outboxd.observability import log_info
-from outboxd.security import KeyRing, random_bytes
+from outboxd.security import KeyRing
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
     JobRecord,
@@ -70,16 +71,6 @@ class Submission:
     job: JobRecord
     outbox: RelayRow | None
     replayed: bool
-
-
-def new_id() -> str:
-    """A random (version 4) UUID as text, as `str(uuid.uuid4())` makes it, from the
-    buffered CSPRNG bytes of `security.random_bytes` instead of one system call per id."""
-    b = bytearray(random_bytes(16))
-    b[6] = (b[6] & 0x0F) | 0x40  # version 4
-    b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
-    h = b.hex()
-    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 class PortalJobService:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
+from outboxd.ids import new_id
 from outboxd.storage.ports import PruneStore, TaskRun, TaskStore
 
 log = structlog.get_logger(__name__)
@@ -92,9 +92,9 @@ class TaskService:
 
         A dedup id seen before makes this a no-op that returns the existing run.
         """
-        task_id = str(uuid.uuid4())
+        task_id = new_id()
         run, created = await self._store.enqueue_task(
-            task_id, str(uuid.uuid4()), type_, payload, dedup_id or task_id, self._clock()
+            task_id, new_id(), type_, payload, dedup_id or task_id, self._clock()
         )
         if created:
             log.info("task_enqueued", task_id=run.id, task_type=type_, dedup_id=run.dedup_id)

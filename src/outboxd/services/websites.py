@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import time
-import uuid
 from collections.abc import Callable
 
 import idna
 import structlog
 
+from outboxd.ids import new_id
 from outboxd.storage.ports import Page, Website, WebsiteStore
 
 log = structlog.get_logger(__name__)
@@ -77,7 +77,7 @@ class WebsiteService:
 
     async def register(self, domain: str, favicon_url: str | None) -> tuple[Website, bool]:
         website, created = await self._store.register_website(
-            str(uuid.uuid4()), str(uuid.uuid4()), domain, favicon_url, self._clock()
+            new_id(), new_id(), domain, favicon_url, self._clock()
         )
         if created:
             log.info("website_registered", website_id=website.id, domain=domain)
