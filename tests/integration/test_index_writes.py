@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from outboxd.ids import new_id
 from outboxd.storage.db import Op, PostgresDatabase, Query, Row, execute, fetch
 from outboxd.storage.store import SqlStore
 from tests.support.db import raw_db
@@ -230,13 +231,14 @@ async def test_a_relay_round_claims_a_whole_page_of_outbox_rows_in_place(
     store: SqlStore, db_url: str
 ) -> None:
     """On Postgres: rows that arrived together share pages, and a relay round claims a
-    hundred of them in one statement. With rows of a real job's size (uuid ids, sealed
-    credentials), every one of those claims is a HOT update: the page had room for the new
-    version beside the old (migration 0004; with a fifth of each page free, most were not)."""
+    hundred of them in one statement. With rows of a real job's size (ids as the service
+    makes them, sealed credentials), every one of those claims is a HOT update: the page
+    had room for the new version beside the old (migration 0004; with a fifth of each page
+    free, most were not)."""
     n = 100
     for i in range(n):
-        job = portal_job("page", i, job_id=str(uuid.uuid4()), key=str(uuid.uuid4()))
-        job = dataclasses.replace(job, outbox_id=str(uuid.uuid4()), sealed=os.urandom(160))
+        job = portal_job("page", i, job_id=new_id(), key=new_id())
+        job = dataclasses.replace(job, outbox_id=new_id(), sealed=os.urandom(160))
         await store.create_portal_job(job, 1000.0)
     q = store.q["claim_relay_due"]
     async with raw_db(db_url) as db:
