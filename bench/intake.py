@@ -7,7 +7,8 @@ Per backend (SQLite, Postgres), in one run, trials interleaved so drift hits all
   job, on the same database (asyncpg with a pool; on SQLite plain sqlite3 with the whole
   transaction in one thread hop, and aiosqlite with a hop per call beside it);
 - HTTP, server in a subprocess and the load generator in another: the real API with
-  dispatch off, with dispatch on to the SQS stub and to moto, and a bare aiohttp handler;
+  dispatch off, with dispatch on to the SQS stub and to moto, a bare aiohttp handler, and
+  that bare handler calling our storage layer (`create_portal_job`, nothing else);
   at concurrency 1, 16 and 64, each beside the bare HTTP handler and the bare two-insert
   loop at the same concurrency.
 
@@ -48,6 +49,7 @@ from bench.measure import bare_pg, bare_sqlite_aiosqlite, bare_sqlite_one_hop, m
 
 POOL = 16
 OURS, BARE, AIO = "ours: create_portal_job", "bare: BEGIN+2 INSERT+COMMIT", "bare, aiosqlite"
+BARE_STORE = "bare handler + storage layer"
 PerConc = dict[int, list[Results]]
 
 
@@ -105,8 +107,10 @@ def http_runs(
     return out
 
 
-def api_server(name: str, wd: Path, db: str | None, sqs_url: str | None = None) -> FakeProcess:
-    argv = ["outboxd" if db else "bare"]
+def api_server(
+    name: str, wd: Path, db: str | None, sqs_url: str | None = None, mode: str = ""
+) -> FakeProcess:
+    argv = [mode or ("outboxd" if db else "bare")]
     if db:
         argv += ["--db", db, "--workdir", str(wd), "--pool-size", str(POOL)]
     if sqs_url:
@@ -131,6 +135,10 @@ async def run_backend(
                 endpoint = sqs[mode].url if mode in sqs else None
                 name = f"api-{backend}-{mode}"
                 servers[f"dispatch {mode}"] = api_server(name, wd, db, endpoint)
+            # The ceiling over our storage layer: aiohttp's bare handler calling it.
+            db = await stack.enter_async_context(database(backend, "intake_bare_store", wd))
+            name = f"api-{backend}-bare-store"
+            servers[BARE_STORE] = api_server(name, wd, db, mode="bare-store")
             http = await asyncio.to_thread(http_runs, servers, sqs, concs, *timing)
         finally:
             for srv in servers.values():

@@ -2,6 +2,7 @@
 
     python -m bench.servers outboxd --db URL [--sqs URL] --port-file PATH
     python -m bench.servers bare --port-file PATH
+    python -m bench.servers bare-store --db URL --port-file PATH
     python -m bench.servers sqs-stub --port-file PATH
 
 `outboxd`: the real API, wired with `build_api_deps` as the daemon wires it, on an
@@ -12,6 +13,12 @@ Logs are the daemon's JSON lines, written to `--log` (default /dev/null).
 
 `bare`: the ceiling for HTTP: an aiohttp handler that reads the JSON body and answers 202
 with a small JSON object, nothing else.
+
+`bare-store`: the ceiling for HTTP over our storage layer: the bare handler, plus the one
+call the storage-layer benchmark times, `SqlStore.create_portal_job` (group commit
+included), with the same fixed sealed bytes and fingerprint. No authentication, no
+validation, sealing or logging: what aiohttp and our storage layer reach together in one
+process, which no API can pass.
 
 `sqs-stub`: the ceiling for SQS: it speaks the JSON protocol botocore uses (`POST /`,
 `X-Amz-Target: AmazonSQS.<Operation>`) just enough for `SqsQueues.start()` and the relay
@@ -122,10 +129,61 @@ async def bare_handler(request: web.Request) -> web.Response:
     return web.json_response({"jobId": str(uuid.uuid4()), "status": "QUEUED"}, status=202)
 
 
+def _settings(args: argparse.Namespace, cleanups: list[Any], more: dict[str, Any]) -> Any:
+    """The daemon's settings for `--db` (plus `more` sections), its JSON logs to `--log`."""
+    from outboxd.config import Settings
+
+    sink = quiet_logging(Path(args.log) if args.log else None)
+    cleanups.append(sink.close)
+    return Settings.from_mapping(
+        {
+            "server": {"host": "127.0.0.1", "port": 0},
+            "storage": {"url": args.db, "pool_size": args.pool_size},
+            **more,
+        },
+        env={},
+        base_dir=Path(args.workdir),
+    )
+
+
+async def build_bare_store_app(args: argparse.Namespace, cleanups: list[Any]) -> web.Application:
+    import time
+
+    from bench.measure import FINGERPRINT, SEALED
+    from outboxd.daemon.app import open_configured_store
+    from outboxd.ids import new_id
+    from outboxd.storage.ports import NewPortalJob
+
+    settings = _settings(args, cleanups, {})
+    store = await open_configured_store(settings)
+    cleanups.append(store.close)
+
+    async def handler(request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        if not isinstance(body, dict):
+            return web.json_response({"error": "not an object"}, status=400)
+        job_id = new_id()
+        new = NewPortalJob(
+            job_id=job_id,
+            outbox_id=new_id(),
+            user_id="bench",
+            idempotency_key=request.headers["Idempotency-Key"],
+            fingerprint=FINGERPRINT,
+            portal="suwon",
+            key_id="k1",
+            sealed=SEALED,
+        )
+        await store.create_portal_job(new, now=time.time())
+        return web.json_response({"jobId": job_id, "status": "QUEUED"}, status=202)
+
+    app = web.Application()
+    app.router.add_post("/v1/portal-link-jobs", handler)
+    return app
+
+
 async def build_outboxd_app(
     args: argparse.Namespace, cleanups: list[Any], info: dict[str, Any]
 ) -> web.Application:
-    from outboxd.config import Settings
     from outboxd.daemon.api import create_app
     from outboxd.daemon.app import build_api_deps, open_configured_store
     from outboxd.daemon.relay import Relay
@@ -133,23 +191,14 @@ async def build_outboxd_app(
     from outboxd.queue.sqs import SqsQueues
     from outboxd.security import KeyRing
 
-    sink = quiet_logging(Path(args.log) if args.log else None)
-    cleanups.append(sink.close)
     tag = uuid.uuid4().hex[:8]
-    settings = Settings.from_mapping(
-        {
-            "server": {"host": "127.0.0.1", "port": 0},
-            "storage": {"url": args.db, "pool_size": args.pool_size},
-            "sqs": {
-                "endpoint_url": args.sqs or "embedded",
-                "create_queues": True,
-                "jobs_queue": f"bench-{tag}-jobs",
-                "tasks_queue": f"bench-{tag}-tasks.fifo",
-            },
-        },
-        env={},
-        base_dir=Path(args.workdir),
-    )
+    sqs = {
+        "endpoint_url": args.sqs or "embedded",
+        "create_queues": True,
+        "jobs_queue": f"bench-{tag}-jobs",
+        "tasks_queue": f"bench-{tag}-tasks.fifo",
+    }
+    settings = _settings(args, cleanups, {"sqs": sqs})
     store = await open_configured_store(settings)
     cleanups.append(store.close)
     keys = KeyRing([os.urandom(32)])
@@ -195,6 +244,8 @@ async def main(args: argparse.Namespace) -> None:
     try:
         if args.mode == "outboxd":
             app = await build_outboxd_app(args, cleanups, info)
+        elif args.mode == "bare-store":
+            app = await build_bare_store_app(args, cleanups)
         else:
             app = web.Application()
             if args.mode == "bare":
@@ -212,8 +263,8 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("mode", choices=("outboxd", "bare", "sqs-stub"))
-    p.add_argument("--db", help="storage.url (outboxd mode)")
+    p.add_argument("mode", choices=("outboxd", "bare", "bare-store", "sqs-stub"))
+    p.add_argument("--db", help="storage.url (outboxd and bare-store)")
     p.add_argument("--sqs", help="SQS endpoint URL: dispatch on (outboxd mode)")
     p.add_argument("--pool-size", type=int, default=16)
     p.add_argument("--workdir", default=".")
