@@ -86,24 +86,30 @@ def job_rows(prefix: str) -> Rows:
         yield job, relay
 
 
-def ours_op(store: Any, prefix: str) -> Op:
-    """`SqlStore.create_portal_job`: what the service calls inside `submit`."""
+def new_portal_job(job_id: str, outbox_id: str, key: str) -> Any:
+    """The `NewPortalJob` the benchmarks write: user "bench", fixed sealed bytes and
+    fingerprint (the storage-layer loop and the bare handler over the storage layer)."""
     from outboxd.storage.ports import NewPortalJob
 
+    return NewPortalJob(
+        job_id=job_id,
+        outbox_id=outbox_id,
+        user_id="bench",
+        idempotency_key=key,
+        fingerprint=FINGERPRINT,
+        portal="suwon",
+        key_id="k1",
+        sealed=SEALED,
+    )
+
+
+def ours_op(store: Any, prefix: str) -> Op:
+    """`SqlStore.create_portal_job`: what the service calls inside `submit`."""
     rows = job_rows(prefix)
 
     async def op() -> None:
         job, relay = next(rows)
-        new = NewPortalJob(
-            job_id=job["id"],
-            outbox_id=relay["id"],
-            user_id="bench",
-            idempotency_key=job["idempotency_key"],
-            fingerprint=FINGERPRINT,
-            portal="suwon",
-            key_id="k1",
-            sealed=SEALED,
-        )
+        new = new_portal_job(job["id"], relay["id"], job["idempotency_key"])
         await store.create_portal_job(new, now=job["now"])
 
     return op

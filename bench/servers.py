@@ -149,10 +149,9 @@ def _settings(args: argparse.Namespace, cleanups: list[Any], more: dict[str, Any
 async def build_bare_store_app(args: argparse.Namespace, cleanups: list[Any]) -> web.Application:
     import time
 
-    from bench.measure import FINGERPRINT, SEALED
+    from bench.measure import new_portal_job
     from outboxd.daemon.app import open_configured_store
     from outboxd.ids import new_id
-    from outboxd.storage.ports import NewPortalJob
 
     settings = _settings(args, cleanups, {})
     store = await open_configured_store(settings)
@@ -163,16 +162,7 @@ async def build_bare_store_app(args: argparse.Namespace, cleanups: list[Any]) ->
         if not isinstance(body, dict):
             return web.json_response({"error": "not an object"}, status=400)
         job_id = new_id()
-        new = NewPortalJob(
-            job_id=job_id,
-            outbox_id=new_id(),
-            user_id="bench",
-            idempotency_key=request.headers["Idempotency-Key"],
-            fingerprint=FINGERPRINT,
-            portal="suwon",
-            key_id="k1",
-            sealed=SEALED,
-        )
+        new = new_portal_job(job_id, new_id(), request.headers["Idempotency-Key"])
         await store.create_portal_job(new, now=time.time())
         return web.json_response({"jobId": job_id, "status": "QUEUED"}, status=202)
 
