@@ -39,7 +39,7 @@ class SerialSlowProxy:
     client gave up on still arrives, as at SQS); `peak` is the most calls it held at once."""
 
     upstream: str
-    hold_s: float = 0.04
+    hold_s: float = 0.08
     received: Counter[str] = field(default_factory=Counter)
     waiting: int = 0
     peak: int = 0
@@ -86,11 +86,15 @@ async def test_a_slow_serial_sqs_gets_every_row_once_from_the_loop_and_the_reque
     asked = [await insert_portal_job(store, now, keys, "pw-window") for _ in range(20)]
     shape = relay_shape(store.db.backend)
     metrics = Metrics()
-    # 0.5 s to answer; twenty calls held 40 ms each, one after the other, take 0.8 s.
+    # 1 s to answer; twenty calls held 80 ms each, one after the other, take 1.6 s. The
+    # window narrows once a call takes more than 0.25 s (three or four calls queued at the
+    # proxy), which leaves moto itself 80 ms a call of slack on a loaded machine before
+    # even the six calls `peak` allows would pass the timeout (with 40 ms and 0.5 s, a
+    # busy CI machine's moto once made ten rows go out twice).
     relay = Relay(
         store,
         queues,
-        relay_settings(publish_timeout_s=0.5, backoff_base_s=0.1, backoff_max_s=0.2),
+        relay_settings(publish_timeout_s=1.0, backoff_base_s=0.1, backoff_max_s=0.2),
         metrics,
         lanes=shape.lanes,
         batches_per_round=shape.batches_per_round,
