@@ -5,6 +5,8 @@ Postgres".)"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from outboxd.storage.store import SqlStore
@@ -14,6 +16,10 @@ from tests.support.group_crash import portal_job
 pytestmark = pytest.mark.parametrize(
     "backend", [pytest.param("postgres", marks=pytest.mark.postgres)]
 )
+
+
+async def _sync_commit(conn: Any) -> object:
+    return await conn.fetchval("SELECT current_setting('synchronous_commit')")
 
 
 async def _marks(store: SqlStore, tag: str) -> dict[str, object]:
@@ -32,8 +38,8 @@ async def test_the_sent_marks_commit_without_waiting_for_the_flush(
         assert pg is not None
         async with pg.transaction():
             rows = await pg.fetch(q.sql, *q.positional(params))
-            inside = await pg.fetchval("SELECT current_setting('synchronous_commit')")
-        after = await pg.fetchval("SELECT current_setting('synchronous_commit')")
+            inside = await _sync_commit(pg)
+        after = await _sync_commit(pg)
     assert [r["status"] for r in rows] == ["SENT"]
     assert inside == "off"  # the statement's own transaction commits asynchronously
     assert after == "on"  # and the connection does not keep it
@@ -47,7 +53,7 @@ async def test_the_connection_commits_the_next_intake_durably(store: SqlStore, d
         pg = db._pg
         assert pg is not None
         rows = await pg.fetch(q.sql, *q.positional(params))
-        after = await pg.fetchval("SELECT current_setting('synchronous_commit')")
+        after = await _sync_commit(pg)
     assert [r["status"] for r in rows] == ["SENT"]
     assert after == "on"
     # Through the store: SENT, and every pooled connection still commits durably.
@@ -58,9 +64,7 @@ async def test_the_connection_commits_the_next_intake_durably(store: SqlStore, d
     pool = store.db._pool  # type: ignore[attr-defined]
     held = [await pool.acquire() for _ in range(pool.get_size())]  # each one, at once
     try:
-        settings = [
-            await conn.fetchval("SELECT current_setting('synchronous_commit')") for conn in held
-        ]
+        settings = [await _sync_commit(conn) for conn in held]
     finally:
         for conn in held:
             await pool.release(conn)
