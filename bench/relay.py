@@ -96,8 +96,8 @@ async def run_relay(
 ) -> Results:
     """relay_pass until the outbox is empty, as the daemon's relay loop runs it (its lanes too)."""
     from outboxd.config import RelaySettings
-    from outboxd.daemon.relay import Relay, relay_shape
     from outboxd.observability import Metrics
+    from outboxd.workers.relay import Relay, relay_shape
 
     settings = RelaySettings(batch_size=BATCH)
     shape = relay_shape(backend)

@@ -174,12 +174,12 @@ async def build_bare_store_app(args: argparse.Namespace, cleanups: list[Any]) ->
 async def build_outboxd_app(
     args: argparse.Namespace, cleanups: list[Any], info: dict[str, Any]
 ) -> web.Application:
-    from outboxd.daemon.api import create_app
     from outboxd.daemon.app import build_api_deps, open_configured_store
-    from outboxd.daemon.relay import Relay
+    from outboxd.http.app import create_app
     from outboxd.observability import Metrics
     from outboxd.queue.sqs import SqsQueues
     from outboxd.security import KeyRing
+    from outboxd.workers.relay import Relay
 
     tag = uuid.uuid4().hex[:8]
     sqs = {

@@ -284,7 +284,7 @@ def _pace_line(name: str, pace: dict[str, Any]) -> str:
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
-    from outboxd.daemon.app import Readiness
+    from outboxd.daemon.readiness import Readiness
     from outboxd.queue.sqs import QueueError, SqsQueues
     from outboxd.services.admin import AdminService
 
@@ -332,7 +332,7 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
-    from outboxd.daemon.api import relay_item
+    from outboxd.http.render import relay_item
     from outboxd.services.admin import AdminService
 
     store = await _open(settings)

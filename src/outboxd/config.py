@@ -53,7 +53,7 @@ class StorageSettings:
     auto_migrate: bool = True
     pool_size: int = 10
     # How long a request waits for a pooled connection or a locked SQLite file
-    # before answering 503 C09 instead of hanging.
+    # before answering STORAGE_UNAVAILABLE instead of hanging.
     acquire_timeout_s: float = 5.0
 
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 
-from outboxd.daemon.openapi import openapi_document
+from outboxd.http.openapi import openapi_document
 from outboxd.security import generate_token, hash_token
 from tests.acceptance.conftest import offline_config
 from tests.support.daemon import DaemonProcess

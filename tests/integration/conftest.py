@@ -8,9 +8,9 @@ from typing import Any
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
-from outboxd.daemon.console import ConsoleRuntime, Throughput
+from outboxd.daemon.runtime import ConsoleRuntime, Throughput
+from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing, generate_token, hash_token
 from outboxd.storage.store import SqlStore

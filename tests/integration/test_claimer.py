@@ -19,11 +19,11 @@ import pytest_asyncio
 from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, ClassifierSettings
-from outboxd.daemon.claimer import Claimer
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore
+from outboxd.workers.claimer import Claimer
 from tests.support.clock import Clock
 from tests.support.db import raw_execute, raw_rows
 

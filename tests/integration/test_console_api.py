@@ -16,15 +16,16 @@ from aiohttp.test_utils import TestClient, TestServer
 from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, ClassifierSettings
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
-from outboxd.daemon.claimer import Claimer
-from outboxd.daemon.console import CONTENT_SECURITY_POLICY, ConsoleRuntime, Throughput
+from outboxd.daemon.runtime import ConsoleRuntime, Throughput
+from outboxd.http.app import create_app
+from outboxd.http.console import CONTENT_SECURITY_POLICY
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.security import KeyRing
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore
+from outboxd.workers.claimer import Claimer
 from tests.conftest import SettingsFactory
 from tests.integration.test_admin_api import problem_of, walk
 from tests.support.ops import kill_at_publish, kill_in_processing, submit_job, succeed

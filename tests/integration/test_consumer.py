@@ -34,8 +34,6 @@ from testkit.fakes.portal import (
 )
 
 from outboxd.config import Settings
-from outboxd.daemon.consumer import Consumer
-from outboxd.daemon.relay import Relay, message_body
 from outboxd.errors import StorageError
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import (
@@ -49,6 +47,9 @@ from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing
 from outboxd.storage.ports import JobRecord, NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
+from outboxd.workers.consumer import Consumer
+from outboxd.workers.publishing import message_body
+from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
 from tests.support.moto import MotoServer
 from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD

@@ -9,8 +9,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
+from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore

@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from outboxd.config import Settings
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
+from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import OutgoingMessage, SqsQueues
 from outboxd.security import KeyRing

@@ -19,12 +19,12 @@ import pytest_asyncio
 from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, ClassifierSettings, SuwonScraperSettings
-from outboxd.daemon.claimer import AI_PACE, Claimer
-from outboxd.daemon.pacing import ClusterPortalPacing
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore, open_store
+from outboxd.workers.claimer import AI_PACE, Claimer
+from outboxd.workers.pacing import ClusterPortalPacing
 
 KEY_ENV = "PACING_TEST_AI_KEY"
 KEY = "sk-pacing-test-90aa"

@@ -23,12 +23,12 @@ import pytest
 import pytest_asyncio
 
 from outboxd.config import RelaySettings, Settings
-from outboxd.daemon.relay import Relay, RelayShape, relay_shape
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.ports import RelayRow
 from outboxd.storage.store import SqlStore, open_store
+from outboxd.workers.relay import Relay, RelayShape, relay_shape
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
 from tests.support.moto import MotoServer

@@ -14,12 +14,12 @@ import asyncio
 import json
 from collections.abc import Sequence
 
-from outboxd.daemon.relay import Relay
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, PortalLinkRequest
 from outboxd.storage.store import SqlStore
+from outboxd.workers.relay import Relay
 from tests.integration.test_relay import (
     FAIL_REASON,
     PartialFailurePublisher,

@@ -4,7 +4,7 @@ SQS is the session's moto behind a small HTTP proxy of our own that holds every
 SendMessageBatch for `hold_s` and lets only one through at a time (moto under load, or a
 throttled endpoint, behaves this way). The relay's fixed shape would put twenty calls at
 it at once: the last of them waits twenty times hold_s, passes `relay.publish_timeout_s`, and its
-rows are published again. The send window (daemon/send_window.py) narrows instead, so
+rows are published again. The send window (workers/send_window.py) narrows instead, so
 every call is answered in time and every row goes out exactly once, the loop's rows and
 the requests' alike.
 """
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import pytest_asyncio
 from aiohttp import web
 
-from outboxd.daemon.relay import Relay, relay_shape
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
+from outboxd.workers.relay import Relay, relay_shape
 from tests.integration.test_relay import all_rows, drain, relay_settings
 from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job

@@ -13,14 +13,14 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
-from outboxd.daemon.relay import Relay
+from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.queue.embedded import EmbeddedSqs
 from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
+from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
 
 URL = "/v1/portal-link-jobs"

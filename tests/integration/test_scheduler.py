@@ -18,10 +18,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from outboxd.config import ScheduleEntry, SchedulerSettings
-from outboxd.daemon.scheduler import Scheduler
 from outboxd.services.tasks import TaskService
 from outboxd.storage.ports import RelayRow, TaskRun, TaskStore
 from outboxd.storage.store import SqlStore, open_store
+from outboxd.workers.scheduler import Scheduler
 from tests.support.clock import Clock
 
 

@@ -17,8 +17,8 @@ import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
 from outboxd.config import Settings
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
+from outboxd.http.app import create_app
 from outboxd.observability import Metrics, configure_logging
 from outboxd.security import KeyRing, Sealed
 from outboxd.storage.db import SqliteDatabase

@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from outboxd.daemon.relay import publish_failure
 from outboxd.errors import StorageError
+from outboxd.services.retries import publish_failure
 from outboxd.storage.store import SqlStore
 from tests.integration.test_atomicity import install_fault, remove_fault
 from tests.support.ops import insert_portal_job

@@ -32,8 +32,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from outboxd.config import Settings
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
+from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store

@@ -564,10 +564,10 @@ async def test_a_storage_error_after_the_commit_still_answers_202(
 ) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from outboxd.daemon.api import create_app
     from outboxd.daemon.app import build_api_deps
-    from outboxd.daemon.relay import Relay
+    from outboxd.http.app import create_app
     from outboxd.observability import Metrics
+    from outboxd.workers.relay import Relay
 
     settings = make_settings()
     relay = Relay(_StoreFailingAfterTheCommit(store), _AckPublisher(), settings.relay, Metrics())

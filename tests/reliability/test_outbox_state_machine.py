@@ -38,8 +38,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from outboxd.daemon.relay import publish_failure
 from outboxd.errors import InvalidState
+from outboxd.services.retries import publish_failure
 from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow, WorkRow
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from outboxd.config import Settings
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import ApiServer, build_api_deps
-from outboxd.daemon.http_server import ConnectionLimits
+from outboxd.http.app import create_app
+from outboxd.http.server import ConnectionLimits
 from outboxd.observability import Metrics, configure_logging
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from outboxd.daemon.relay import publish_failure
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
+from outboxd.services.retries import publish_failure
 from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore
 from tests.support.db import sql as sql

@@ -7,7 +7,7 @@
   of plain fields, with the bound context variables, and redacts secrets as the chain does.
 - `inputs.decode_json_object` decodes with msgspec only what the strict parser would
   accept as it is; everything else gets the strict parser's answer.
-- `models.check_text_fields` reads its limits from the models (one definition).
+- `checks.check_text_fields` reads its limits from the models (one definition).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from outboxd.daemon import inputs, models
+from outboxd.http import checks, inputs, models
 from outboxd.observability import configure_logging, log_info, log_request
 
 FIELDS = {
@@ -178,7 +178,7 @@ def _strict_only(raw: bytes) -> object:
 
 
 def test_request_checks_take_their_limits_from_the_models() -> None:
-    check = models.check_text_fields(models.PortalLinkRequest, ("portal", "username", "password"))
+    check = checks.check_text_fields(models.PortalLinkRequest, ("portal", "username", "password"))
     good = {"portal": "suwon", "username": "u", "password": "p"}
     assert check(good) == good
     for body, field, message in [
@@ -192,6 +192,6 @@ def test_request_checks_take_their_limits_from_the_models() -> None:
         with pytest.raises(inputs.InputError) as caught:
             check(body)
         assert (caught.value.field, caught.value.message) == (field, message)
-    assert models.wire_names(models.WebsiteRequest) == {"domain", "faviconUrl"}
-    optional = models.check_text_fields(models.TaskRequest, ("dedup_id",))
+    assert checks.wire_names(models.WebsiteRequest) == {"domain", "faviconUrl"}
+    optional = checks.check_text_fields(models.TaskRequest, ("dedup_id",))
     assert optional({}) == optional({"dedupId": None}) == {"dedup_id": None}

@@ -22,10 +22,14 @@ LAYERS = {
     "queue": 1,
     "scrapers": 1,
     "services": 2,
-    "daemon": 3,
-    "cli": 3,
-    "__main__": 4,
+    # The HTTP surface and the workers stand side by side and never import each other.
+    "http": 3,
+    "workers": 3,
+    "daemon": 4,
+    "cli": 5,
+    "__main__": 6,
 }
+SIDE_BY_SIDE = ("http", "workers")
 
 
 def _module_name(path: Path) -> str:
@@ -68,11 +72,23 @@ def test_imports_point_down(path: Path) -> None:
     assert upward == [], f"{me} imports {upward}"
 
 
+@pytest.mark.parametrize("path", MODULES, ids=_module_name)
+def test_the_http_side_and_the_workers_do_not_import_each_other(path: Path) -> None:
+    """http/ and workers/ share a layer: what one needs of the other goes through the
+    wiring (daemon/) and a Protocol, never an import."""
+    me = _module_name(path).split(".")[0]
+    if me not in SIDE_BY_SIDE:
+        return
+    other = next(side for side in SIDE_BY_SIDE if side != me)
+    crossing = sorted(m for m in _imports(path) if m.split(".")[0] == other)
+    assert crossing == [], f"{_module_name(path)} imports {crossing}"
+
+
 def test_core_sees_storage_through_ports_only() -> None:
-    """Services and the HTTP routes use storage/ports.py, never the store or the drivers."""
+    """Services and the HTTP side use storage/ports.py, never the store or the drivers."""
     offenders = {
         _module_name(p): sorted(m for m in _imports(p) if m in {"storage.store", "storage.db"})
         for p in MODULES
-        if _module_name(p).startswith("services.") or _module_name(p) == "daemon.api"
+        if _module_name(p).startswith(("services.", "http."))
     }
     assert {k: v for k, v in offenders.items() if v} == {}

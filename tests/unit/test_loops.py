@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from outboxd.daemon.loops import backoff, sleep_or_stop
+from outboxd.workers.loops import backoff, sleep_or_stop
 
 
 async def test_sleep_or_stop_returns_when_stop_is_set() -> None:

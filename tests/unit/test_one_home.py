@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outboxd.daemon.openapi import openapi_document
+from outboxd.http.openapi import openapi_document
 from outboxd.services import tasks
 from outboxd.storage import ports
 

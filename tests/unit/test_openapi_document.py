@@ -14,16 +14,16 @@ from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from outboxd.daemon.api import (
+from outboxd.http.openapi import openapi_document
+from outboxd.http.problems import (
+    INTERNAL_ERROR,
+    INVALID_STATE,
+    UNAUTHENTICATED,
+    VALIDATION_FAILED,
     ApiError,
-    dispatch_body,
-    job_body,
-    problem,
-    relay_item,
-    task_item,
-    website_body,
 )
-from outboxd.daemon.openapi import openapi_document
+from outboxd.http.render import dispatch_body, job_body, relay_item, task_item, website_body
+from outboxd.http.responses import problem
 from outboxd.services.admin import collect_stats
 from outboxd.storage.ports import (
     JobRecord,
@@ -308,15 +308,17 @@ class _RequestStub:
 
 
 def test_problem_bodies_from_the_api_validate(doc: dict[str, Any]) -> None:
-    """Bodies rendered by api.problem, with and without field errors, match Problem."""
+    """Bodies rendered by responses.problem, with and without field errors, match Problem."""
     # problem() only reads the request id from request storage; the stub answers it
-    # for whatever key api.py uses, and leaves aiohttp's process-wide state alone.
+    # for whatever key the HTTP side uses, and leaves aiohttp's process-wide state alone.
     request = cast(web.Request, _RequestStub("req-1"))
     for err in (
-        ApiError(400, "C01", "domain: is required", [{"field": "domain", "message": "required"}]),
-        ApiError(401, "C02", "a bearer token is required"),
-        ApiError(409, "C11", "not DEAD"),
-        ApiError(500, "C99", "internal error"),
+        ApiError(
+            VALIDATION_FAILED, "domain: is required", [{"field": "domain", "message": "required"}]
+        ),
+        ApiError(UNAUTHENTICATED, "a bearer token is required"),
+        ApiError(INVALID_STATE, "not DEAD"),
+        ApiError(INTERNAL_ERROR, "internal error"),
     ):
         response = problem(request, err)
         assert response.content_type == "application/problem+json"

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from outboxd.config import Settings
-from outboxd.daemon.api import create_app
 from outboxd.daemon.app import build_api_deps
-from outboxd.daemon.openapi import openapi_document
+from outboxd.http.app import create_app
+from outboxd.http.openapi import openapi_document
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 

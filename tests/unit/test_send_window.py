@@ -1,4 +1,4 @@
-"""The relay's send window (daemon/send_window.py): how many SendMessageBatch calls may be
+"""The relay's send window (workers/send_window.py): how many SendMessageBatch calls may be
 out at once, narrowing when calls come back slow or fail and widening while they come
 back in time. The clock is the test's own; the waiting is real asyncio."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from outboxd.daemon.send_window import SendWindow
+from outboxd.workers.send_window import SendWindow
 
 
 class Clock:

@@ -16,8 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -26,20 +25,16 @@ import structlog
 from aiohttp import web
 
 from outboxd.config import ConfigError, Settings, is_loopback_host
-from outboxd.daemon.api import ApiDeps, create_app
-from outboxd.daemon.claimer import Claimer
-from outboxd.daemon.console import ConsoleRuntime, Throughput
-from outboxd.daemon.consumer import Consumer
-from outboxd.daemon.http_server import ConnectionLimits, GuardedSite, guard_app
-from outboxd.daemon.loops import backoff, sleep_or_stop
-from outboxd.daemon.pacing import portal_pacing
-from outboxd.daemon.relay import Relay, relay_shape
-from outboxd.daemon.scheduler import Scheduler
+from outboxd.daemon.readiness import QueueReadiness, Readiness
+from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.daemon.sdnotify import SystemdNotifier
 from outboxd.errors import OutboxdError, SecurityError
+from outboxd.http.app import create_app
+from outboxd.http.deps import ApiDeps
+from outboxd.http.server import ConnectionLimits, GuardedSite, guard_app
 from outboxd.observability import Metrics, configure_logging
 from outboxd.queue.embedded import EmbeddedSqs
-from outboxd.queue.sqs import KINDS, QueueError, SqsQueues, resolve_region
+from outboxd.queue.sqs import KINDS, SqsQueues, resolve_region
 from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
@@ -49,10 +44,13 @@ from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store
+from outboxd.workers.claimer import Claimer
+from outboxd.workers.consumer import Consumer
+from outboxd.workers.pacing import portal_pacing
+from outboxd.workers.relay import Relay, relay_shape
+from outboxd.workers.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
-
-READY_CHECK_TIMEOUT_S = 2.0
 
 
 class Component(Protocol):
@@ -171,68 +169,6 @@ async def sqs_endpoint(settings: Settings) -> AsyncIterator[str | None]:
         yield url
     finally:
         await embedded.stop()
-
-
-class QueueReadiness:
-    """Starts the queues, retrying in the background while SQS is unreachable.
-
-    Until they are up, every queue call raises QueueError, which the API and the
-    relay already treat as "SQS is down": jobs are accepted and wait in the outbox.
-    """
-
-    def __init__(self, queues: SqsQueues) -> None:
-        self.queues = queues
-        self.up = asyncio.Event()
-
-    async def start_once(self) -> bool:
-        try:
-            await self.queues.start()
-        except QueueError as exc:
-            log.warning("sqs_unavailable", error=exc)
-            return False
-        self.up.set()
-        return True
-
-    async def run(self, stop: asyncio.Event) -> None:
-        attempt = 0
-        while not self.up.is_set() and not stop.is_set():
-            attempt += 1
-            # No jitter: one probe per daemon, nothing to spread.
-            await sleep_or_stop(stop, backoff(attempt, 1.0, 30.0, jitter=False))
-            if not stop.is_set() and await self.start_once():
-                log.info("sqs_available")
-
-
-@dataclass
-class Readiness:
-    store: SqlStore
-    queues: SqsQueues | None
-
-    async def check(self) -> dict[str, str]:
-        checks: dict[str, str] = {}
-        checks["database"] = await _probe(self.store.db.ping)
-        if self.queues is not None:
-            checks["sqs"] = await _probe(self.queues.ping)
-        return checks
-
-    async def queue_stats(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        if self.queues is None:
-            return out
-        for kind in KINDS:
-            d = await asyncio.wait_for(self.queues.depth(kind), READY_CHECK_TIMEOUT_S)
-            out[kind] = {"visible": d.visible, "inFlight": d.in_flight, "dlq": d.dlq_visible}
-        return out
-
-
-async def _probe(fn: Callable[[], Awaitable[None]]) -> str:
-    try:
-        await asyncio.wait_for(fn(), READY_CHECK_TIMEOUT_S)
-    except TimeoutError:
-        return "timeout"
-    except Exception as exc:
-        return f"{type(exc).__name__}: {str(exc)[:120]}"
-    return "ok"
 
 
 def build_api_deps(

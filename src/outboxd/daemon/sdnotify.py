@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from outboxd.daemon.loops import sleep_or_stop
+from outboxd.workers.loops import sleep_or_stop
 
 __all__ = ["SystemdNotifier"]
 

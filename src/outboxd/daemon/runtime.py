@@ -1,11 +1,7 @@
-"""The operator console: static pages at /ui/, and the in-memory numbers only it shows.
+"""What the console shows that no table holds: this process's claimer, scheduler and throughput.
 
-The pages are plain HTML, CSS and hand-written JavaScript shipped in the package
-(`daemon/ui/`); no build step, nothing from another origin. They read and act
-through the admin API only, with the operator's bearer token, so the console adds
-no second back end and no cookie (hence no CSRF). Every response under /ui/ carries
-a Content-Security-Policy that allows scripts, styles and requests from the
-daemon's own origin only, and no inline script or style.
+The HTTP side reads it through `outboxd.http.deps.RuntimeView`; only the wiring knows the
+worker classes behind it.
 """
 
 from __future__ import annotations
@@ -13,73 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 
-from aiohttp import web
-
-from outboxd.daemon.claimer import Claimer
-from outboxd.daemon.scheduler import Scheduler
 from outboxd.observability import Metrics
-
-CONSOLE_PREFIX = "/ui/"
-# Pages the browser can open directly (the script picks the view from the path).
-PAGES = (
-    "/ui/",
-    "/ui/jobs",
-    # Job ids are UUIDs (lowercase, as the API issues them); anything else is 404 C04.
-    "/ui/jobs/{job_id:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}}",
-    "/ui/dead-letters",
-    "/ui/websites",
-    "/ui/tasks",
-)
-ASSETS = {
-    "/ui/assets/app.js": ("app.js", "text/javascript"),
-    "/ui/assets/app.css": ("app.css", "text/css"),
-}
-CONTENT_SECURITY_POLICY = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
-    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
-    "form-action 'self'; frame-ancestors 'none'"
-)
-SECURITY_HEADERS = {
-    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Cache-Control": "no-cache",
-}
-
-
-def _read(name: str) -> bytes:
-    return resources.files("outboxd.daemon").joinpath("ui", name).read_bytes()
-
-
-def _static(body: bytes, content_type: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def handler(_request: web.Request) -> web.Response:
-        resp = web.Response(body=body, headers=SECURITY_HEADERS)
-        resp.content_type = content_type
-        resp.charset = "utf-8"
-        return resp
-
-    return handler
-
-
-def add_console_routes(router: web.UrlDispatcher) -> None:
-    """The /ui/ pages and their two assets (read once, served from memory)."""
-    page = _static(_read("index.html"), "text/html")
-    for path in PAGES:
-        router.add_get(path, page, allow_head=False)
-    for path, (name, ctype) in ASSETS.items():
-        router.add_get(path, _static(_read(name), ctype), allow_head=False)
-
-
-def is_console_path(path: str) -> bool:
-    return path.startswith(CONSOLE_PREFIX)
-
-
-# ------------------------------------------------------------------ in-memory numbers
+from outboxd.workers.claimer import Claimer
+from outboxd.workers.scheduler import Scheduler
 
 _COMPLETED_OUTCOMES = ("succeeded", "failed", "dead")
 BUCKET_S = 60

@@ -3,32 +3,30 @@
 Each Struct is the single definition of one JSON body: its camelCase field names
 (`rename="camel"`), its types, its limits (`Meta`) and its description. From it come
 
-- the OpenAPI components (`openapi_components`, used by daemon/openapi.py);
-- the request checks (`check_body`, used by daemon/api.py), which read the same
-  limits and answer with the field-by-field 400 C01 messages the API has always used;
+- the OpenAPI components (`openapi_components`, used by http/openapi.py);
+- the request checks (http/checks.py), which read the same limits and answer with
+  the field-by-field VALIDATION_FAILED messages the API has always used;
 - the JSON the handlers send (`encode`; `to_builtins` for the dict renderers).
 
 Patterns that a check implements in code rather than with a regex (the domain's IDNA
-rules, "not blank") are documentation here and enforced by `check_body` and the
+rules, "not blank") are documentation here and enforced by http/checks.py and the
 handlers; a pattern is never the only guard.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta, Struct
 
-from outboxd.daemon import inputs
+from outboxd.http.problems import PROBLEM_CODES, PROBLEM_TYPE, PROBLEMS, VALIDATION_FAILED
 from outboxd.services.portal_jobs import PORTALS
 from outboxd.services.tasks import BUILTIN_TASKS
 from outboxd.storage.ports import CURSOR_PATTERN, JobStatus, RelayStatus, TaskStatus, WorkStatus
 
-__all__ = ["CURSOR_PATTERN"]
+__all__ = ["CURSOR_PATTERN", "PROBLEM_TYPE"]
 
 # ------------------------------------------------------------------ the shared rules
 
@@ -58,15 +56,12 @@ HOST_NAME: Final = f"^(?:{_A}(?:{_LABEL_TAIL})\\.)+[A-Za-z](?:{_LABEL_TAIL})\\.?
 if TYPE_CHECKING:
     PortalName = str
     TaskType = str
+    ProblemCode = str
 else:
     # The enums come from where portals and task types are defined.
     PortalName = Literal[PORTALS]
     TaskType = Literal[BUILTIN_TASKS]
-ProblemCode = Literal[
-    "C01", "C02", "C03", "C04", "C05", "C06", "C07", "C08", "C09", "C10", "C11", "C99"
-]
-
-PROBLEM_CODES: Final = get_args(ProblemCode)
+    ProblemCode = Literal[PROBLEM_CODES]
 
 # ------------------------------------------------------------------ field types
 
@@ -126,7 +121,8 @@ class WebsiteRequest(_Body):
             "The pattern states the ASCII names every IDNA implementation accepts; an "
             "internationalised name (U-labels or valid xn-- A-labels) is accepted too and "
             "stored in its ASCII form. A scheme, path, port, IP address, empty label or "
-            "label over 63 characters is rejected (400 C01), not stripped.",
+            "label over 63 characters is rejected "
+            f"({VALIDATION_FAILED.status} {VALIDATION_FAILED.code}), not stripped.",
         ),
     ]
     favicon_url: (
@@ -205,12 +201,7 @@ class Problem(Struct, rename="camel", omit_defaults=True):
     detail: str
     code: Annotated[
         ProblemCode,
-        Meta(
-            description="C01 VALIDATION_FAILED, C02 UNAUTHENTICATED, C03 FORBIDDEN, "
-            "C04 NOT_FOUND, C05 PAYLOAD_TOO_LARGE, C06 IDEMPOTENCY_KEY_REQUIRED, "
-            "C07 IDEMPOTENCY_KEY_CONFLICT, C08 ENQUEUE_FAILED, C09 STORAGE_UNAVAILABLE, "
-            "C10 METHOD_NOT_ALLOWED, C11 INVALID_STATE, C99 INTERNAL_ERROR."
-        ),
+        Meta(description=", ".join(f"{p.code} {p.name}" for p in PROBLEMS) + "."),
     ]
     request_id: Annotated[str, Meta(description="Also in X-Request-Id.")]
     errors: Annotated[
@@ -511,106 +502,3 @@ encode = _encoder.encode
 def to_builtins(value: Struct) -> dict[str, Any]:
     out: dict[str, Any] = msgspec.to_builtins(value)
     return out
-
-
-# ------------------------------------------------------------------ checks in
-
-
-class _TextField:
-    """One string field's checks, read once from its Struct's msgspec type info."""
-
-    __slots__ = ("choices", "max_length", "name", "optional", "wire")
-
-    def __init__(self, field: Any) -> None:
-        self.name: str = field.name
-        self.wire: str = field.encode_name
-        t = field.type
-        self.optional = not field.required
-        if isinstance(t, msgspec.inspect.UnionType):
-            t = next(x for x in t.types if not isinstance(x, msgspec.inspect.NoneType))
-        extra: dict[str, Any] = {}
-        if isinstance(t, msgspec.inspect.Metadata):
-            extra = t.extra or {}
-            t = t.type
-        self.choices: tuple[str, ...] | None = None
-        self.max_length: int | None = None
-        if isinstance(t, msgspec.inspect.LiteralType):
-            self.choices = tuple(str(v) for v in t.values)
-            # A long unknown value is refused for its length first, as for any text field.
-            self.max_length = extra.get("max_length")
-        else:
-            assert isinstance(t, msgspec.inspect.StrType), (self.name, t)
-            self.max_length = t.max_length
-
-
-def wire_names(model: type[Struct]) -> frozenset[str]:
-    """The JSON names of `model`'s fields (anything else in a body is refused)."""
-    return frozenset(model.__struct_encode_fields__)
-
-
-def _text_fields(model: type[Struct], names: tuple[str, ...]) -> tuple[_TextField, ...]:
-    info = msgspec.inspect.type_info(model)
-    assert isinstance(info, msgspec.inspect.StructType)
-    return tuple(_TextField(f) for f in info.fields if f.name in names)
-
-
-def check_text_fields(
-    model: type[Struct], names: tuple[str, ...]
-) -> Callable[[dict[str, Any]], dict[str, str | None]]:
-    """A checker for `model`'s string fields `names`, in declaration order.
-
-    Each value must be a string, not blank, within the model's max_length, storable
-    text (`inputs.bad_char`) and one of the Literal's values where the field is one;
-    a missing optional field or an explicit null for one is None. The checker returns
-    the values by field name, or raises `inputs.InputError` for the first bad field.
-    """
-    fields = _text_fields(model, names)
-
-    def check(body: dict[str, Any]) -> dict[str, str | None]:
-        out: dict[str, str | None] = {}
-        for f in fields:
-            value = body.get(f.wire)
-            if value is None and f.optional:
-                out[f.name] = None
-                continue
-            if f.wire not in body:
-                inputs.fail(f.wire, "is required")
-            if not isinstance(value, str):
-                inputs.fail(f.wire, "must be a string")
-            if not value.strip():
-                inputs.fail(f.wire, "must not be empty")
-            if f.max_length is not None and len(value) > f.max_length:
-                inputs.fail(f.wire, f"must be at most {f.max_length} characters")
-            why = inputs.bad_char(value)
-            if why is not None:
-                inputs.fail(f.wire, why)
-            if f.choices is not None and value not in f.choices:
-                inputs.fail(f.wire, "must be one of: " + ", ".join(f.choices))
-            out[f.name] = value
-        return out
-
-    return check
-
-
-def payload_days(payload: dict[str, Any]) -> float:
-    """TaskPayload.older_than_days within the model's bounds (finite, 0-36500)."""
-    meta = _DAYS_META
-    days = payload.get("older_than_days", TaskPayload.__struct_defaults__[0])
-    if (
-        isinstance(days, bool)
-        or not isinstance(days, int | float)
-        or not math.isfinite(days)
-        or not meta.ge <= days <= meta.le
-    ):
-        inputs.fail("payload.older_than_days", f"must be a finite number {meta.ge:g}-{meta.le:g}")
-    return float(days)
-
-
-def _days_meta() -> Any:
-    info = msgspec.inspect.type_info(TaskPayload)
-    assert isinstance(info, msgspec.inspect.StructType)
-    t = info.fields[0].type
-    return t.type if isinstance(t, msgspec.inspect.Metadata) else t
-
-
-_DAYS_META: Final = _days_meta()

@@ -22,11 +22,12 @@ import structlog
 
 from outboxd.config import ClaimerSettings
 from outboxd.crashpoints import crash_point
-from outboxd.daemon.loops import sleep_or_stop
-from outboxd.daemon.pacing import DbClock
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import ClassificationError, Classifier, RateLimited
+from outboxd.services.retries import classification_gives_up
 from outboxd.storage.ports import PaceStore, WebsiteStore
+from outboxd.workers.loops import sleep_or_stop
+from outboxd.workers.pacing import DbClock
 
 log = structlog.get_logger(__name__)
 
@@ -141,7 +142,7 @@ class Claimer:
             self._metrics.claims.labels("rate_limited").inc()
             return "rate_limited"
         except ClassificationError as exc:
-            final = row.attempt_count >= self._settings.max_attempts
+            final = classification_gives_up(row.attempt_count, self._settings.max_attempts)
             await self._store.fail_work(row, exc.message, final, self._clock())
             log.warning(
                 "classification_failed" if final else "classification_retry_scheduled",

@@ -21,8 +21,8 @@ import structlog
 
 from outboxd.config import ScheduleEntry, SchedulerSettings
 from outboxd.cron import CronSchedule, EverySchedule, Schedule, parse_timezone
-from outboxd.daemon.loops import sleep_or_stop
 from outboxd.services.tasks import TaskService
+from outboxd.workers.loops import sleep_or_stop
 
 log = structlog.get_logger(__name__)
 

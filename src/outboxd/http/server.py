@@ -8,7 +8,7 @@ connection (and a file descriptor) forever. `GuardedRequestHandler` adds:
   have arrived within `server.read_timeout_s`, or the connection is answered 408
   (when nothing was answered yet) and closed;
 - a connection cap: beyond `server.max_connections` open connections, a new one is
-  answered 503 at once and closed;
+  answered TOO_MANY_CONNECTIONS at once and closed;
 - parser errors (a header over 8 KB, bytes that are not HTTP) answered as
   problem+json that never echoes the request, with `Server: outboxd`.
 
@@ -29,6 +29,15 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from outboxd.http.problems import (
+    INTERNAL_ERROR,
+    REQUEST_TIMEOUT,
+    TOO_MANY_CONNECTIONS,
+    VALIDATION_FAILED,
+    ProblemKind,
+    problem_body,
+)
+
 log = structlog.get_logger(__name__)
 
 SERVER_HEADER = "outboxd"
@@ -41,20 +50,12 @@ class ConnectionLimits:
     max_connections: int = 1024
 
 
-def _problem_bytes(status: int, reason: str, code: str, title: str, detail: str) -> bytes:
+def _problem_bytes(kind: ProblemKind, reason: str, detail: str) -> bytes:
+    """A whole HTTP response, written to the socket before aiohttp has a request."""
     request_id = uuid.uuid4().hex
-    body = json.dumps(
-        {
-            "type": "urn:outboxd:problem:" + title.upper().replace(" ", "_"),
-            "title": title,
-            "status": status,
-            "detail": detail,
-            "code": code,
-            "requestId": request_id,
-        }
-    ).encode()
+    body = json.dumps(problem_body(kind, detail, request_id)).encode()
     head = (
-        f"HTTP/1.1 {status} {reason}\r\n"
+        f"HTTP/1.1 {kind.status} {reason}\r\n"
         "Content-Type: application/problem+json\r\n"
         f"Content-Length: {len(body)}\r\n"
         f"X-Request-Id: {request_id}\r\n"
@@ -91,10 +92,8 @@ class GuardedRequestHandler(RequestHandler):
             try:
                 tr.write(
                     _problem_bytes(
-                        503,
+                        TOO_MANY_CONNECTIONS,
                         "Service Unavailable",
-                        "C09",
-                        "Service unavailable",
                         "too many open connections; retry later",
                     )
                 )
@@ -158,10 +157,8 @@ class GuardedRequestHandler(RequestHandler):
             # Nothing was answered on this request yet: say why before closing.
             transport.write(
                 _problem_bytes(
-                    408,
+                    REQUEST_TIMEOUT,
                     "Request Timeout",
-                    "C01",
-                    "Request timeout",
                     "the request did not arrive within server.read_timeout_s",
                 )
             )
@@ -191,20 +188,12 @@ class GuardedRequestHandler(RequestHandler):
         request_id = uuid.uuid4().hex
         if status >= 500:
             log.error("http_server_error", status=status, error_type=type(exc).__name__)
-            code, title, detail = "C99", "Internal error", "internal error"
+            body = problem_body(INTERNAL_ERROR, "internal error", request_id)
         else:
             # The parser's message can quote the request: never echo it.
             log.info("http_bad_request", status=status, error_type=type(exc).__name__)
-            code, title, detail = "C01", "The request is not valid", "malformed HTTP request"
-        body = {
-            "type": "urn:outboxd:problem:"
-            + ("INTERNAL_ERROR" if code == "C99" else "VALIDATION_FAILED"),
-            "title": title,
-            "status": status,
-            "detail": detail,
-            "code": code,
-            "requestId": request_id,
-        }
+            body = problem_body(VALIDATION_FAILED, "malformed HTTP request", request_id)
+        body["status"] = status
         resp = web.json_response(
             body,
             status=status,

@@ -23,15 +23,16 @@ import structlog
 
 from outboxd.config import ConsumerSettings, SqsSettings
 from outboxd.crashpoints import crash_point
-from outboxd.daemon.loops import backoff, sleep_or_stop
 from outboxd.errors import SecurityError, StorageError
 from outboxd.observability import Metrics
 from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
 from outboxd.security import KeyRing, Sealed
+from outboxd.services.retries import dead_job_error, job_verdict
 from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
 from outboxd.storage.ports import TERMINAL_TASK_STATUSES, JobRecord, JobStore
+from outboxd.workers.loops import backoff, sleep_or_stop
 
 log = structlog.get_logger(__name__)
 
@@ -218,11 +219,9 @@ class Consumer:
             )
         except PortalError as exc:
             await _end(heartbeat, state)
-            error = (exc.code, exc.message)
-            if not exc.retryable:
-                await self._finish_failed(state.job, msg, error, bind)
-                return "failed"
-            return await self._retry_or_dead(state.job, msg, error, bind)
+            return await self._after_failure(
+                state.job, msg, (exc.code, exc.message), exc.retryable, bind
+            )
         except asyncio.CancelledError:
             await _end(heartbeat, state)
             # Shutdown past its deadline: give the job back at once.
@@ -231,8 +230,8 @@ class Consumer:
         except Exception as exc:
             await _end(heartbeat, state)
             log.exception("handler_error", error=exc, **bind)
-            return await self._retry_or_dead(
-                state.job, msg, ("HANDLER_ERROR", f"{type(exc).__name__}"), bind
+            return await self._after_failure(
+                state.job, msg, ("HANDLER_ERROR", f"{type(exc).__name__}"), True, bind
             )
         await _end(heartbeat, state)
         crash_point("after_handler_before_commit")
@@ -257,16 +256,22 @@ class Consumer:
         if finished is not None:
             await self._queues.delete("jobs", msg.receipt_handle)
 
-    async def _retry_or_dead(
-        self, job: JobRecord, msg: ReceivedMessage, error: tuple[str, str], bind: Mapping[str, Any]
+    async def _after_failure(
+        self,
+        job: JobRecord,
+        msg: ReceivedMessage,
+        error: tuple[str, str],
+        retryable: bool,
+        bind: Mapping[str, Any],
     ) -> str:
-        if msg.receive_count >= self._sqs.max_receive_count:
+        """Carry out what services/retries.py decides for a failed run."""
+        verdict = job_verdict(retryable, msg.receive_count, self._sqs.max_receive_count)
+        if verdict == "failed":
+            await self._finish_failed(job, msg, error, bind)
+            return "failed"
+        if verdict == "dead":
             await asyncio.shield(
-                self._store.mark_job_dead(
-                    job.id,
-                    ("RETRIES_EXHAUSTED", f"{error[0]}: {error[1]}"[:500]),
-                    self._clock(),
-                )
+                self._store.mark_job_dead(job.id, dead_job_error(*error), self._clock())
             )
             log.error(
                 "job_dead",

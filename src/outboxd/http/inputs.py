@@ -1,4 +1,4 @@
-"""The one place client input is parsed: every failure is an `InputError` (400 C01).
+"""The one place client input is parsed: every failure is an `InputError` (VALIDATION_FAILED).
 
 Handlers never read `request.query`, `request.match_info` or the body themselves;
 they call these functions, so nothing a client sends reaches a service or the
@@ -17,7 +17,14 @@ from typing import Any, NoReturn
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from outboxd.http.problems import (
+    PAYLOAD_TOO_LARGE,
+    UNSUPPORTED_MEDIA_TYPE,
+    VALIDATION_FAILED,
+    ApiError,
+)
 from outboxd.storage.ports import decode_cursor
 
 # Nesting deeper than this is refused before anything walks it recursively.
@@ -30,7 +37,7 @@ _LIMIT_RE = re.compile(r"^[0-9]{1,4}$")
 
 
 class InputError(ValueError):
-    """A client sent something this API does not accept; maps to 400 C01."""
+    """A client sent something this API does not accept; answered VALIDATION_FAILED."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -39,7 +46,7 @@ class InputError(ValueError):
 
 
 class NoSuchId(InputError):
-    """A path id no row can have (NUL, control characters, too long); maps to 404 C04."""
+    """A path id no row can have (NUL, control characters, too long); answered NOT_FOUND."""
 
 
 def fail(field: str, message: str) -> NoReturn:
@@ -256,3 +263,67 @@ def single_header(headers: Mapping[str, str], name: str) -> str | None:
     if len(values) > 1:
         fail(name, "must be sent once")
     return values[0] if values else None
+
+
+def query_status(request: web.Request, allowed: tuple[str, ...]) -> str | None:
+    """A `status` filter: one of `allowed`, or absent."""
+    status = request.query.get("status")
+    if status is not None and status not in allowed:
+        fail("status", "must be one of: " + ", ".join(allowed))
+    return status
+
+
+def only_query(request: web.Request, allowed: set[str]) -> None:
+    """A misspelt filter (`?stauts=DEAD`) must not silently list everything."""
+    unknown = sorted(set(request.query) - allowed)
+    if unknown:
+        raise _unknown("unknown query parameters: ", "unknown query parameter", unknown)
+
+
+def _unknown(prefix: str, message: str, unknown: list[str]) -> ApiError:
+    return ApiError(
+        VALIDATION_FAILED,
+        prefix + ", ".join(k[:40] for k in unknown[:10]),
+        [{"field": k[:64], "message": message} for k in unknown[:20]],
+    )
+
+
+# ------------------------------------------------------------------ request bodies
+
+
+class ClientDisconnected(Exception):
+    """The client hung up before its request arrived whole: its mistake, not ours."""
+
+
+async def read_json_object(request: web.Request, max_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object, within `max_bytes`; VALIDATION_FAILED or PAYLOAD_TOO_LARGE."""
+    ctype = request.content_type
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise ApiError(
+            UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json",
+            [{"field": "Content-Type", "message": "must be application/json"}],
+        )
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(PAYLOAD_TOO_LARGE, f"the body is over {max_bytes} bytes")
+    body = bytearray()
+    try:
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > max_bytes:
+                raise ApiError(PAYLOAD_TOO_LARGE, f"the body is over {max_bytes} bytes")
+    except (HttpProcessingError, web.RequestPayloadError):
+        # A broken chunked framing or gzip/deflate stream, found while reading.
+        fail("body", "is not a valid chunked, gzip or deflate stream")
+    except ConnectionError:
+        raise ClientDisconnected() from None
+    return decode_json_object(bytes(body))
+
+
+def check_fields(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    """Unknown fields are refused, all of them named."""
+    if body.keys() <= allowed:
+        return
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise _unknown("unknown fields: ", "unknown field", unknown)

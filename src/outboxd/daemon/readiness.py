@@ -1,0 +1,84 @@
+"""Readiness: whether the database and SQS answer, and starting the queues while SQS is down.
+
+`/readyz`, the console's runtime view, the /metrics gauges and `outboxd status` read
+`Readiness`; `QueueReadiness` keeps trying to start the queues in the background so a
+daemon that started while SQS was unreachable recovers without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from outboxd.queue.sqs import KINDS, QueueError, SqsQueues
+from outboxd.storage.store import SqlStore
+from outboxd.workers.loops import backoff, sleep_or_stop
+
+log = structlog.get_logger(__name__)
+
+READY_CHECK_TIMEOUT_S = 2.0
+
+
+class QueueReadiness:
+    """Starts the queues, retrying in the background while SQS is unreachable.
+
+    Until they are up, every queue call raises QueueError, which the API and the
+    relay already treat as "SQS is down": jobs are accepted and wait in the outbox.
+    """
+
+    def __init__(self, queues: SqsQueues) -> None:
+        self.queues = queues
+        self.up = asyncio.Event()
+
+    async def start_once(self) -> bool:
+        try:
+            await self.queues.start()
+        except QueueError as exc:
+            log.warning("sqs_unavailable", error=exc)
+            return False
+        self.up.set()
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        attempt = 0
+        while not self.up.is_set() and not stop.is_set():
+            attempt += 1
+            # No jitter: one probe per daemon, nothing to spread.
+            await sleep_or_stop(stop, backoff(attempt, 1.0, 30.0, jitter=False))
+            if not stop.is_set() and await self.start_once():
+                log.info("sqs_available")
+
+
+@dataclass
+class Readiness:
+    store: SqlStore
+    queues: SqsQueues | None
+
+    async def check(self) -> dict[str, str]:
+        checks: dict[str, str] = {}
+        checks["database"] = await _probe(self.store.db.ping)
+        if self.queues is not None:
+            checks["sqs"] = await _probe(self.queues.ping)
+        return checks
+
+    async def queue_stats(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        if self.queues is None:
+            return out
+        for kind in KINDS:
+            d = await asyncio.wait_for(self.queues.depth(kind), READY_CHECK_TIMEOUT_S)
+            out[kind] = {"visible": d.visible, "inFlight": d.in_flight, "dlq": d.dlq_visible}
+        return out
+
+
+async def _probe(fn: Callable[[], Awaitable[None]]) -> str:
+    try:
+        await asyncio.wait_for(fn(), READY_CHECK_TIMEOUT_S)
+    except TimeoutError:
+        return "timeout"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    return "ok"

@@ -1,0 +1,217 @@
+"""The HTTP application: the router built from the route table, and the edge every request
+passes (request id, access check, access line, metrics, problem+json for every error).
+
+Handlers parse through http/inputs.py, call a service and render through http/render.py;
+no SQL and no business rule lives on this side.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import structlog
+from aiohttp import web
+
+from outboxd.errors import StorageError, StorageUnavailable
+from outboxd.http import inputs, models
+from outboxd.http.deps import DEPS, OPENAPI_JSON, PRINCIPAL, REQUEST_ID, ApiDeps
+from outboxd.http.inputs import ClientDisconnected, InputError
+from outboxd.http.openapi import openapi_document
+from outboxd.http.problems import (
+    FORBIDDEN,
+    INTERNAL_ERROR,
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    PAYLOAD_TOO_LARGE,
+    STORAGE_UNAVAILABLE,
+    UNAUTHENTICATED,
+    VALIDATION_FAILED,
+    ApiError,
+)
+from outboxd.http.responses import problem
+from outboxd.http.routes import ROUTES, Access
+from outboxd.http.server import SERVER_HEADER
+from outboxd.observability import Metrics, log_request
+from outboxd.security import Principal, TokenVerifier
+
+log = structlog.get_logger(__name__)
+
+# Probes and scrapes are not access-logged (they come every few seconds).
+_QUIET_ROUTES: Final = frozenset({"/healthz", "/metrics"})
+
+# Request ids: a random per-process prefix and a counter (32 hex characters, as a
+# uuid4's hex was): unique, and a fraction of uuid4's cost per request.
+_ID_PREFIX: Final = uuid.uuid4().hex[:16]
+_ID_SEQ = itertools.count()
+
+
+def _new_request_id() -> str:
+    return f"{_ID_PREFIX}{next(_ID_SEQ):016x}"
+
+
+def _route_name(request: web.Request) -> str:
+    info = request.match_info
+    resource = info.route.resource if info.http_exception is None else None
+    return resource.canonical if resource is not None else "unmatched"
+
+
+class _Edge:
+    """What the edge middleware needs on every request, prepared once per app."""
+
+    def __init__(self, metrics: Metrics, tokens: TokenVerifier) -> None:
+        self._metrics = metrics
+        self.tokens = tokens
+        self.access: dict[web.AbstractRoute, Access] = {}
+        self._requests: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
+
+    def count(self, route: str, status: int, elapsed: float) -> None:
+        """The request and latency metrics, through their labelled children (cached)."""
+        requests = self._requests.get((route, status))
+        if requests is None:
+            requests = self._metrics.http_requests.labels(route, str(status))
+            self._requests[(route, status)] = requests
+        latency = self._latency.get(route)
+        if latency is None:
+            latency = self._latency[route] = self._metrics.http_latency.labels(route)
+        requests.inc()
+        latency.observe(elapsed)
+
+
+EDGE = web.AppKey("edge", _Edge)
+
+
+@web.middleware
+async def edge_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Request id, structured access log, metrics, and every error as problem+json."""
+    edge = request.app[EDGE]
+    incoming = request.headers.get("X-Request-Id")
+    request_id = (
+        incoming
+        if incoming is not None and models.REQUEST_ID_RE.match(incoming)
+        else _new_request_id()
+    )
+    request[REQUEST_ID] = request_id
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    route = _route_name(request)
+    try:
+        response = await _guarded(request, handler, edge)
+    finally:
+        structlog.contextvars.unbind_contextvars("request_id")
+    response.headers["X-Request-Id"] = request_id
+    elapsed = time.perf_counter() - started
+    edge.count(route, response.status, elapsed)
+    if route not in _QUIET_ROUTES:
+        log_request(request_id, request.method, route, response.status, round(elapsed * 1000, 2))
+    return response
+
+
+async def _guarded(
+    request: web.Request,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    edge: _Edge,
+) -> web.StreamResponse:
+    try:
+        match = request.match_info
+        http_exc = match.http_exception
+        if request.method == "CONNECT":
+            raise ApiError(
+                METHOD_NOT_ALLOWED, "CONNECT is not allowed", headers={"Allow": "GET, POST"}
+            )
+        if isinstance(http_exc, web.HTTPMethodNotAllowed):
+            allow = ", ".join(sorted(http_exc.allowed_methods))
+            raise ApiError(
+                METHOD_NOT_ALLOWED,
+                f"{request.method} is not allowed here",
+                headers={"Allow": allow},
+            )
+        if http_exc is not None:
+            raise ApiError(NOT_FOUND, "no such resource")
+        access = edge.access.get(match.route, "user")
+        if access != "public":
+            principal = _authenticate(request, edge.tokens)
+            if access == "admin" and not principal.is_admin:
+                raise ApiError(FORBIDDEN, "this operation needs the admin role")
+            request[PRINCIPAL] = principal
+        return await handler(request)
+    except ApiError as err:
+        return problem(request, err)
+    except inputs.NoSuchId:
+        return problem(request, ApiError(NOT_FOUND, "no such resource"))
+    except InputError as exc:
+        return problem(
+            request,
+            ApiError(VALIDATION_FAILED, str(exc), [{"field": exc.field, "message": exc.message}]),
+        )
+    except ClientDisconnected:
+        log.info("client_disconnected", method=request.method, route=_route_name(request))
+        return problem(request, ApiError(VALIDATION_FAILED, "the request did not arrive whole"))
+    except StorageUnavailable as exc:
+        log.warning("storage_unavailable", error=exc)
+        return problem(
+            request,
+            ApiError(
+                STORAGE_UNAVAILABLE,
+                "the database is unavailable; retry later",
+                headers={"Retry-After": "1"},
+            ),
+        )
+    except StorageError as exc:
+        log.error("storage_error", error=exc)
+        return problem(request, ApiError(INTERNAL_ERROR, "the database refused the operation"))
+    except web.HTTPException as exc:
+        if exc.status == 413:
+            return problem(request, ApiError(PAYLOAD_TOO_LARGE, "the request body is too large"))
+        raise
+    except Exception as exc:
+        log.exception("unhandled_error", error=exc)
+        return problem(request, ApiError(INTERNAL_ERROR, "internal error"))
+
+
+def _authenticate(request: web.Request, tokens: TokenVerifier) -> Principal:
+    if not tokens.enabled:
+        # No tokens configured: config validation guarantees a loopback bind.
+        return Principal("local", "admin")
+    header = inputs.single_header(request.headers, "Authorization") or ""
+    scheme, _, token = header.partition(" ")
+    challenge = {"WWW-Authenticate": 'Bearer realm="outboxd"'}
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(UNAUTHENTICATED, "a bearer token is required", headers=challenge)
+    principal = tokens.verify(token.strip())
+    if principal is None:
+        raise ApiError(
+            UNAUTHENTICATED,
+            "the token is not valid",
+            headers={"WWW-Authenticate": 'Bearer realm="outboxd", error="invalid_token"'},
+        )
+    return principal
+
+
+async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
+    # aiohttp would send its and Python's versions.
+    response.headers["Server"] = SERVER_HEADER
+
+
+def create_app(deps: ApiDeps) -> web.Application:
+    # client_max_size is a backstop; inputs.read_json_object enforces the real limit
+    # with a problem+json answer.
+    app = web.Application(
+        middlewares=[edge_middleware],
+        client_max_size=deps.settings.server.max_body_bytes + 1024,
+    )
+    edge = _Edge(deps.metrics, deps.tokens)
+    app[DEPS] = deps
+    app[EDGE] = edge
+    app[OPENAPI_JSON] = models.encode(openapi_document())
+    app.on_response_prepare.append(_server_header)
+    for route in ROUTES:
+        added = app.router.add_route(route.method, route.router_path or route.path, route.handler)
+        edge.access[added] = route.access
+    return app

@@ -1,0 +1,114 @@
+"""Request checks read from the models: each string field's limits and choices, and the
+task payload's bounds, answered field by field with VALIDATION_FAILED."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+from msgspec import Struct
+
+from outboxd.http import inputs
+from outboxd.http.models import TaskPayload
+
+
+class _TextField:
+    """One string field's checks, read once from its Struct's msgspec type info."""
+
+    __slots__ = ("choices", "max_length", "name", "optional", "wire")
+
+    def __init__(self, field: Any) -> None:
+        self.name: str = field.name
+        self.wire: str = field.encode_name
+        t = field.type
+        self.optional = not field.required
+        if isinstance(t, msgspec.inspect.UnionType):
+            t = next(x for x in t.types if not isinstance(x, msgspec.inspect.NoneType))
+        extra: dict[str, Any] = {}
+        if isinstance(t, msgspec.inspect.Metadata):
+            extra = t.extra or {}
+            t = t.type
+        self.choices: tuple[str, ...] | None = None
+        self.max_length: int | None = None
+        if isinstance(t, msgspec.inspect.LiteralType):
+            self.choices = tuple(str(v) for v in t.values)
+            # A long unknown value is refused for its length first, as for any text field.
+            self.max_length = extra.get("max_length")
+        else:
+            assert isinstance(t, msgspec.inspect.StrType), (self.name, t)
+            self.max_length = t.max_length
+
+
+def wire_names(model: type[Struct]) -> frozenset[str]:
+    """The JSON names of `model`'s fields (anything else in a body is refused)."""
+    return frozenset(model.__struct_encode_fields__)
+
+
+def _text_fields(model: type[Struct], names: tuple[str, ...]) -> tuple[_TextField, ...]:
+    info = msgspec.inspect.type_info(model)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return tuple(_TextField(f) for f in info.fields if f.name in names)
+
+
+def check_text_fields(
+    model: type[Struct], names: tuple[str, ...]
+) -> Callable[[dict[str, Any]], dict[str, str | None]]:
+    """A checker for `model`'s string fields `names`, in declaration order.
+
+    Each value must be a string, not blank, within the model's max_length, storable
+    text (`inputs.bad_char`) and one of the Literal's values where the field is one;
+    a missing optional field or an explicit null for one is None. The checker returns
+    the values by field name, or raises `inputs.InputError` for the first bad field.
+    """
+    fields = _text_fields(model, names)
+
+    def check(body: dict[str, Any]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for f in fields:
+            value = body.get(f.wire)
+            if value is None and f.optional:
+                out[f.name] = None
+                continue
+            if f.wire not in body:
+                inputs.fail(f.wire, "is required")
+            if not isinstance(value, str):
+                inputs.fail(f.wire, "must be a string")
+            if not value.strip():
+                inputs.fail(f.wire, "must not be empty")
+            if f.max_length is not None and len(value) > f.max_length:
+                inputs.fail(f.wire, f"must be at most {f.max_length} characters")
+            why = inputs.bad_char(value)
+            if why is not None:
+                inputs.fail(f.wire, why)
+            if f.choices is not None and value not in f.choices:
+                inputs.fail(f.wire, "must be one of: " + ", ".join(f.choices))
+            out[f.name] = value
+        return out
+
+    return check
+
+
+def payload_days(payload: dict[str, Any]) -> float:
+    """TaskPayload.older_than_days within the model's bounds (finite, 0-36500)."""
+    meta = _DAYS_META
+    days = payload.get("older_than_days", TaskPayload.__struct_defaults__[0])
+    if (
+        isinstance(days, bool)
+        or not isinstance(days, int | float)
+        or not math.isfinite(days)
+        or not meta.ge <= days <= meta.le
+    ):
+        inputs.fail("payload.older_than_days", f"must be a finite number {meta.ge:g}-{meta.le:g}")
+    return float(days)
+
+
+def _days_meta() -> Any:
+    info = msgspec.inspect.type_info(TaskPayload)
+    assert isinstance(info, msgspec.inspect.StructType)
+    t = info.fields[0].type
+    return t.type if isinstance(t, msgspec.inspect.Metadata) else t
+
+
+_DAYS_META: Final = _days_meta()

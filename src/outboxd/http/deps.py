@@ -1,0 +1,70 @@
+"""What the HTTP side is given by the wiring, and the keys it keeps on the app and requests.
+
+The HTTP side sees services and narrow Protocols only: the store through storage/ports.py,
+readiness and this process's runtime state through the Protocols below. It never imports
+a worker; the wiring (daemon/) hands it objects that fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiohttp import web
+
+from outboxd.config import Settings
+from outboxd.observability import Metrics
+from outboxd.security import Principal, TokenVerifier
+from outboxd.services.admin import AdminService
+from outboxd.services.portal_jobs import PortalJobService
+from outboxd.services.tasks import TaskService
+from outboxd.services.websites import WebsiteService
+from outboxd.storage.ports import JobStore, RelayStore, StatsStore, TaskStore
+
+
+class Readiness(Protocol):
+    async def check(self) -> dict[str, str]:
+        """Component name -> "ok" or a short reason."""
+        ...
+
+
+class ApiStore(JobStore, RelayStore, TaskStore, StatsStore, Protocol):
+    pass
+
+
+class RuntimeView(Protocol):
+    """This process's in-memory state for the console (daemon/runtime.py implements it)."""
+
+    def claimer_pace(self) -> tuple[float | None, float | None, float | None] | None: ...
+    def schedules(self) -> list[tuple[str, str, float]]: ...
+    def throughput_series(self) -> list[tuple[float, int, int]]: ...
+
+
+@dataclass(frozen=True)
+class ApiDeps:
+    settings: Settings
+    store: ApiStore
+    jobs: PortalJobService
+    websites: WebsiteService
+    tasks: TaskService
+    admin: AdminService
+    tokens: TokenVerifier
+    metrics: Metrics
+    readiness: Readiness
+    runtime: RuntimeView | None = None
+
+
+DEPS = web.AppKey("deps", ApiDeps)
+REQUEST_ID = web.RequestKey("request_id", str)
+PRINCIPAL = web.RequestKey("principal", Principal)
+
+
+def deps_of(request: web.Request) -> ApiDeps:
+    return request.app[DEPS]
+
+
+def principal_of(request: web.Request) -> Principal:
+    return request[PRINCIPAL]
+
+
+OPENAPI_JSON = web.AppKey("openapi_json", bytes)

@@ -1,0 +1,468 @@
+"""The route table: every endpoint defined once.
+
+Each `Route` names its method, path, handler, who may call it, its request body, its
+success responses and the problems it may answer. `http/app.py` builds the aiohttp
+router and the edge's access checks from this table, and `http/openapi.py` builds the
+document's paths from it, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from aiohttp import web
+from msgspec import Struct
+
+from outboxd.http import admin, console, jobs, models, ops, websites
+from outboxd.http.problems import (
+    ENQUEUE_FAILED,
+    FORBIDDEN,
+    IDEMPOTENCY_KEY_CONFLICT,
+    IDEMPOTENCY_KEY_REQUIRED,
+    INTERNAL_ERROR,
+    INVALID_STATE,
+    NOT_FOUND,
+    PAYLOAD_TOO_LARGE,
+    STORAGE_UNAVAILABLE,
+    UNAUTHENTICATED,
+    UNSUPPORTED_MEDIA_TYPE,
+    VALIDATION_FAILED,
+    ProblemKind,
+)
+from outboxd.storage.ports import CURSOR_PATTERN, JOB_STATUSES, RELAY_STATUSES, WORK_STATUSES
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Access = Literal["public", "user", "admin"]
+Schema = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: Literal["path", "query"]
+    description: str
+    schema: Schema
+
+
+@dataclass(frozen=True)
+class Link:
+    """An OpenAPI link: `param` of `operation` comes from this response's body at `pointer`."""
+
+    name: str
+    operation: str
+    param: str
+    pointer: str
+
+
+@dataclass(frozen=True)
+class Ok:
+    """A success response: a model (or a named schema) as JSON, or another media type."""
+
+    status: int
+    description: str
+    body: type[Struct] | str | None = None
+    media: str = "application/json"
+    headers: tuple[str, ...] = ()
+    links: tuple[Link, ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    operation_id: str
+    tag: str
+    summary: str
+    ok: tuple[Ok, ...]
+    errors: tuple[ProblemKind, ...] = ()
+    access: Access = "user"
+    request: type[Struct] | None = None
+    params: tuple[Param, ...] = ()
+    headers: tuple[str, ...] = ()  # request headers (components.parameters)
+    # The router's path when it is stricter than the documented template.
+    router_path: str | None = None
+    description: str | None = None
+
+    def all_errors(self) -> tuple[ProblemKind, ...]:
+        """The route's problems, with what its access level and the edge add."""
+        implied: tuple[ProblemKind, ...] = ()
+        if self.access != "public":
+            implied += (UNAUTHENTICATED,)
+        if self.access == "admin":
+            implied += (FORBIDDEN,)
+        return (*self.errors, *implied, INTERNAL_ERROR)
+
+
+# ------------------------------------------------------------------ parameters
+
+_JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+
+
+def _path(name: str, description: str, **schema: Any) -> Param:
+    return Param(name, "path", description, {"type": "string", "minLength": 1, **schema})
+
+
+def _query(name: str, description: str, schema: Schema) -> Param:
+    return Param(name, "query", description, schema)
+
+
+def _status(statuses: tuple[str, ...], description: str) -> Param:
+    return _query("status", description, {"type": "string", "enum": list(statuses)})
+
+
+JOB_ID: Final = _path("job_id", "The job id.")
+LIMIT: Final = _query(
+    "limit", "Page size.", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}
+)
+CURSOR: Final = _query(
+    "cursor",
+    "The nextCursor of the previous page; leave it out for the first page (an empty or "
+    f"malformed value is {VALIDATION_FAILED.status} {VALIDATION_FAILED.code}).",
+    {"type": "string", "pattern": CURSOR_PATTERN},
+)
+DOMAIN: Final = _path("domain", "The host name (normalised before the lookup).")
+
+_JOB_LINKS: Final = (
+    Link("GetJob", "getJob", "job_id", "/jobId"),
+    Link("RedriveJob", "redriveJob", "job_id", "/jobId"),
+)
+_WEBSITE_LINKS: Final = (Link("GetWebsite", "getWebsite", "domain", "/domain"),)
+_BODY_ERRORS: Final = (VALIDATION_FAILED, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE)
+
+# ------------------------------------------------------------------ the API
+
+_API: Final[tuple[Route, ...]] = (
+    Route(
+        "POST",
+        "/v1/portal-link-jobs",
+        jobs.post_portal_link_job,
+        "createPortalLinkJob",
+        "jobs",
+        "Start a portal link job (idempotent per user and Idempotency-Key).",
+        ok=(
+            Ok(
+                202,
+                "Accepted: stored, and normally already on the queue.",
+                models.PortalLinkAccepted,
+                headers=("Location", "Idempotent-Replayed"),
+                links=_JOB_LINKS,
+            ),
+        ),
+        errors=(
+            *_BODY_ERRORS,
+            IDEMPOTENCY_KEY_REQUIRED,
+            IDEMPOTENCY_KEY_CONFLICT,
+            ENQUEUE_FAILED,
+            STORAGE_UNAVAILABLE,
+        ),
+        request=models.PortalLinkRequest,
+        headers=("Idempotency-Key",),
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job_id}",
+        jobs.get_job,
+        "getJob",
+        "jobs",
+        "A job's state, progress and result (owner or admin).",
+        ok=(Ok(200, "The job.", models.Job),),
+        errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
+        params=(JOB_ID,),
+    ),
+    Route(
+        "POST",
+        "/v1/websites",
+        websites.post_website,
+        "registerWebsite",
+        "websites",
+        "Register a website for classification (upsert by domain).",
+        ok=(
+            Ok(200, "Already registered.", models.Website, links=_WEBSITE_LINKS),
+            Ok(201, "Registered; classification queued.", models.Website, links=_WEBSITE_LINKS),
+        ),
+        errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
+        request=models.WebsiteRequest,
+    ),
+    Route(
+        "GET",
+        "/v1/websites/{domain}",
+        websites.get_website,
+        "getWebsite",
+        "websites",
+        "A website and its category.",
+        ok=(Ok(200, "The website.", models.Website),),
+        errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
+        params=(DOMAIN,),
+    ),
+)
+
+_ADMIN: Final[tuple[Route, ...]] = (
+    Route(
+        "GET",
+        "/v1/admin/outbox",
+        admin.list_outbox,
+        "listOutbox",
+        "admin",
+        "Relay outbox rows, newest first (keyset pagination).",
+        ok=(Ok(200, "A page of rows.", models.OutboxPage),),
+        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(_status(RELAY_STATUSES, "Only rows in this state."), LIMIT, CURSOR),
+    ),
+    Route(
+        "POST",
+        "/v1/admin/outbox/{outbox_id}/redrive",
+        admin.redrive_outbox,
+        "redriveOutbox",
+        "admin",
+        "A DEAD row back to PENDING (attempts reset), its job to QUEUED.",
+        ok=(Ok(200, "The row after the redrive.", models.OutboxItem),),
+        errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(_path("outbox_id", "The relay outbox row id."),),
+    ),
+    Route(
+        "POST",
+        "/v1/admin/jobs/{job_id}/redrive",
+        admin.redrive_job,
+        "redriveJob",
+        "admin",
+        "A DEAD job back to QUEUED with a fresh PENDING outbox row.",
+        ok=(
+            Ok(
+                202,
+                "The job after the redrive.",
+                models.Job,
+                headers=("Location",),
+                links=(Link("GetJob", "getJob", "job_id", "/jobId"),),
+            ),
+        ),
+        errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(JOB_ID,),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/stats",
+        admin.stats,
+        "getStats",
+        "admin",
+        "Counts per table and status, oldest pending ages, SQS depth.",
+        ok=(Ok(200, "The numbers.", "Stats"),),
+        errors=(STORAGE_UNAVAILABLE,),
+        access="admin",
+    ),
+    Route(
+        "POST",
+        "/v1/admin/tasks",
+        admin.enqueue_task,
+        "enqueueTask",
+        "admin",
+        "Enqueue a task through the task outbox.",
+        ok=(Ok(202, "Enqueued.", models.TaskAccepted),),
+        errors=(*_BODY_ERRORS, INVALID_STATE, STORAGE_UNAVAILABLE),
+        access="admin",
+        request=models.TaskRequest,
+    ),
+    Route(
+        "GET",
+        "/v1/admin/tasks",
+        admin.list_tasks,
+        "listTasks",
+        "admin",
+        "Task runs, newest first (keyset pagination).",
+        ok=(Ok(200, "A page of task runs.", models.TaskPage),),
+        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(
+            _query(
+                "type",
+                "Only tasks of this type.",
+                {"type": "string", "maxLength": 100, "pattern": _NO_CONTROL_CHARS},
+            ),
+            LIMIT,
+            CURSOR,
+        ),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/jobs",
+        admin.list_jobs,
+        "listJobs",
+        "admin",
+        "Jobs, newest first (keyset pagination), any user's.",
+        ok=(Ok(200, "A page of jobs.", models.JobPage),),
+        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(_status(JOB_STATUSES, "Only jobs in this state."), LIMIT, CURSOR),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/jobs/{job_id}",
+        admin.get_job_detail,
+        "getJobDetail",
+        "admin",
+        "Any user's job with its relay outbox rows.",
+        ok=(Ok(200, "The job.", "JobDetail"),),
+        errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(JOB_ID,),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/websites",
+        admin.list_websites,
+        "listWebsites",
+        "admin",
+        "Websites by classification state, newest first (keyset pagination).",
+        ok=(Ok(200, "A page of websites.", models.WebsitePage),),
+        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(
+            _status(WORK_STATUSES, "Only websites whose classification is in this state."),
+            LIMIT,
+            CURSOR,
+        ),
+    ),
+    Route(
+        "POST",
+        "/v1/admin/websites/{domain}/retry",
+        admin.retry_website,
+        "retryWebsite",
+        "admin",
+        "A FAILED classification back to PENDING, its attempts reset.",
+        ok=(Ok(200, "The website after the retry.", models.Website),),
+        errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(DOMAIN,),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/runtime",
+        admin.runtime,
+        "getRuntime",
+        "admin",
+        "Readiness, claimer pace, schedules and per-minute throughput of this process.",
+        ok=(Ok(200, "This process's state.", "Runtime"),),
+        errors=(STORAGE_UNAVAILABLE,),
+        access="admin",
+    ),
+)
+
+_OPERATIONS: Final[tuple[Route, ...]] = (
+    Route(
+        "GET",
+        "/healthz",
+        ops.healthz,
+        "healthz",
+        "operations",
+        "Liveness: 200 while the event loop answers.",
+        ok=(Ok(200, "Alive.", models.Health),),
+        access="public",
+    ),
+    Route(
+        "GET",
+        "/readyz",
+        ops.readyz,
+        "readyz",
+        "operations",
+        "Readiness: the database and SQS answer.",
+        ok=(
+            Ok(200, "Ready.", models.Readiness),
+            Ok(503, "Not ready; checks say which failed.", models.Readiness),
+        ),
+        access="public",
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        ops.metrics,
+        "metrics",
+        "operations",
+        "Prometheus metrics (text exposition format).",
+        ok=(Ok(200, "The metrics.", media="text/plain"),),
+        errors=(STORAGE_UNAVAILABLE,),
+        access="public",
+    ),
+    Route(
+        "GET",
+        "/openapi.json",
+        ops.openapi,
+        "openapi",
+        "operations",
+        "This document.",
+        ok=(Ok(200, "The OpenAPI 3.1 document.", "OpenApiDocument"),),
+        access="public",
+    ),
+)
+
+
+def _console_page(path: str, operation_id: str, summary: str, *errors: ProblemKind) -> Route:
+    params: tuple[Param, ...] = ()
+    router_path = None
+    if "{job_id}" in path:
+        params = (
+            Param(
+                "job_id",
+                "path",
+                "The job id (a UUID as the API issues it).",
+                {"type": "string", "pattern": _JOB_ID_PATTERN},
+            ),
+        )
+        # Anything that is not such an id is 404 before the page is served.
+        router_path = path.replace("{job_id}", "{job_id:" + _JOB_ID_PATTERN[1:-1] + "}")
+    return _console_file(path, operation_id, summary, "text/html", errors, params, router_path)
+
+
+def _console_file(
+    path: str,
+    operation_id: str,
+    summary: str,
+    media: str,
+    errors: tuple[ProblemKind, ...] = (),
+    params: tuple[Param, ...] = (),
+    router_path: str | None = None,
+) -> Route:
+    handler = console.page if media == "text/html" else console.asset(path)
+    return Route(
+        "GET",
+        path,
+        handler,
+        operation_id,
+        "console",
+        summary,
+        ok=(Ok(200, "The file.", media=media, headers=console.HEADER_NAMES),),
+        errors=errors,
+        access="public",
+        params=params,
+        router_path=router_path,
+        description="Static; public, like every /ui/ response: the page asks for an admin "
+        "token and sends it to the admin API as a bearer token (no cookies).",
+    )
+
+
+_CONSOLE: Final[tuple[Route, ...]] = (
+    _console_page(
+        "/ui/", "consoleOverview", "Overview: counts, queues, readiness, pace, schedules, chart."
+    ),
+    _console_page("/ui/jobs", "consoleJobs", "Jobs: lookup by id and list by status."),
+    _console_page(
+        "/ui/jobs/{job_id}",
+        "consoleJob",
+        "One job: status, progress, error, result, outbox rows.",
+        NOT_FOUND,
+    ),
+    _console_page(
+        "/ui/dead-letters", "consoleDeadLetters", "DEAD jobs and relay rows, with redrive."
+    ),
+    _console_page("/ui/websites", "consoleWebsites", "Classification states and FAILED rows."),
+    _console_page("/ui/tasks", "consoleTasks", "Recent task runs and an enqueue form."),
+    _console_file("/ui/assets/app.js", "consoleScript", "The console's script.", "text/javascript"),
+    _console_file("/ui/assets/app.css", "consoleStyles", "The console's stylesheet.", "text/css"),
+)
+
+ROUTES: Final[tuple[Route, ...]] = (*_API, *_ADMIN, *_OPERATIONS, *_CONSOLE)

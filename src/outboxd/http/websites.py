@@ -1,0 +1,49 @@
+"""Websites: registration (upsert by normalised domain) and lookup."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from outboxd.http import checks, inputs, models
+from outboxd.http.deps import deps_of
+from outboxd.http.problems import NOT_FOUND, ApiError, field_error
+from outboxd.http.render import website_model
+from outboxd.http.responses import json_response
+from outboxd.services.websites import InvalidDomain, normalize_domain
+
+_WEBSITE_FIELDS = checks.wire_names(models.WebsiteRequest)
+_check_favicon = checks.check_text_fields(models.WebsiteRequest, ("favicon_url",))
+
+
+async def post_website(request: web.Request) -> web.Response:
+    deps = deps_of(request)
+    body = await inputs.read_json_object(request, deps.settings.server.max_body_bytes)
+    inputs.check_fields(body, _WEBSITE_FIELDS)
+    raw_domain = body.get("domain")
+    if not isinstance(raw_domain, str):
+        raise field_error("domain", "is required and must be a string")
+    if len(raw_domain) > 300:
+        raise field_error("domain", "is longer than 253 characters")
+    try:
+        domain = normalize_domain(inputs.check_text("domain", raw_domain, 300))
+    except InvalidDomain as exc:
+        raise field_error("domain", str(exc)) from None
+    except UnicodeError:
+        raise field_error("domain", "is not a valid internationalised name") from None
+    favicon = _check_favicon(body)["favicon_url"]
+    if favicon is not None and not favicon.startswith(("http://", "https://")):
+        raise field_error("faviconUrl", "must be an http(s) URL or null")
+    website, created = await deps.websites.register(domain, favicon)
+    return json_response(website_model(website), 201 if created else 200)
+
+
+async def get_website(request: web.Request) -> web.Response:
+    deps = deps_of(request)
+    try:
+        domain = normalize_domain(inputs.path_id(request, "domain", 300))
+    except (InvalidDomain, UnicodeError):
+        raise ApiError(NOT_FOUND, "no such website") from None
+    website = await deps.websites.get(domain)
+    if website is None:
+        raise ApiError(NOT_FOUND, "no such website")
+    return json_response(website_model(website))
