@@ -4,7 +4,7 @@ Per backend and per SQS endpoint (the stub in `bench/servers.py`, and moto), in 
 trials interleaved:
 
 - bare: an aiobotocore client calling `send_message_batch` with 10 entries, in a loop;
-- bare JSON client: the same loop on outboxd's own `SqsJsonClient`, which the relay sends
+- bare JSON client: the same loop on outboxd's own `SqsMessagePlane`, which the relay sends
   with (the ceiling the relay goal uses is the faster of the two bare loops);
 - relay: `Relay.relay_pass` until the pre-filled outbox is empty (claim, publish, mark SENT),
   in the lanes and rounds the daemon runs on that backend (`relay_shape`), after an untimed
@@ -175,23 +175,26 @@ def _bare_entries() -> list[dict[str, str]]:
 
 
 async def run_bare_json(endpoint: str, qurl: str, n: int, pids: dict[str, int]) -> Results:
-    """outboxd's own SQS JSON client alone (queue/sqs_json.py, what SqsQueues sends
+    """outboxd's own SQS JSON client alone (queue/message_plane.py, what SqsQueues sends
     with): SendMessageBatch of 10 in a loop, no database, no relay."""
+    from outboxd.queue.failures import REQUEST_RETRY
+    from outboxd.queue.message_plane import Credentials, SqsClientView, SqsMessagePlane
     from outboxd.queue.sqs import CONNECT_TIMEOUT_S, CONTROL_READ_TIMEOUT_S
-    from outboxd.queue.sqs_json import Credentials, SqsJsonClient
 
     async def creds() -> Credentials:
         return Credentials("bench", "bench")
 
-    client = SqsJsonClient(
-        endpoint, "us-east-1", creds, connect_timeout_s=CONNECT_TIMEOUT_S, max_connections=32
+    client = SqsMessagePlane(
+        SqsClientView(endpoint, "us-east-1", creds),
+        connect_timeout_s=CONNECT_TIMEOUT_S,
+        read_timeout_s=CONTROL_READ_TIMEOUT_S,
+        retry=REQUEST_RETRY,
+        max_connections=32,
     )
 
     async def send(entries: list[dict[str, str]]) -> dict[str, Any]:
         params = {"QueueUrl": qurl, "Entries": entries}
-        return await client.call(
-            "SendMessageBatch", params, read_timeout_s=CONTROL_READ_TIMEOUT_S, attempts=3
-        )
+        return await client.call("SendMessageBatch", params)
 
     try:
         await send([{"Id": "w", "MessageBody": "w"}])  # warm: opens the connection

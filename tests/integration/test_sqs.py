@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 from aiobotocore.session import AioSession
 
+from outboxd.queue.control_plane import SqsControlPlane
 from outboxd.queue.embedded import EmbeddedSqs
 from outboxd.queue.sqs import (
     KINDS,
@@ -291,7 +292,7 @@ async def test_dummy_credentials_only_when_none_configured(
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)
-    q = SqsQueues(make_settings(server.endpoint_url), server.endpoint_url)
+    q = SqsControlPlane(make_settings(server.endpoint_url), server.endpoint_url, max_connections=1)
     dummy = await q._credential_overrides(AioSession())
     assert dummy == {"aws_access_key_id": "outboxd", "aws_secret_access_key": "outboxd"}
 
@@ -299,7 +300,9 @@ async def test_dummy_credentials_only_when_none_configured(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "real-secret")
     assert await q._credential_overrides(AioSession()) == {}
     # And a non-loopback endpoint never gets dummies, whatever the environment.
-    aws = SqsQueues(make_settings("https://sqs.eu-west-1.amazonaws.com"), None)
+    aws = SqsControlPlane(
+        make_settings("https://sqs.eu-west-1.amazonaws.com"), None, max_connections=1
+    )
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     assert await aws._credential_overrides(AioSession()) == {}
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -30,6 +31,8 @@ class FailingProxy:
     # SendMessageBatch calls (1-based) whose first Successful entry comes back with
     # another body's MD5, as if SQS had stored something else than was sent.
     corrupt_batches: frozenset[int] = frozenset()
+    # SendMessageBatch calls (1-based) answered with (status, JSON body) instead of moto.
+    answers: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)
     batches: int = 0
     url: str = ""
 
@@ -37,6 +40,11 @@ class FailingProxy:
         body = await request.read()
         if request.headers.get("X-Amz-Target", "").endswith(".SendMessageBatch"):
             self.batches += 1
+            if self.batches in self.answers:
+                status, answer = self.answers[self.batches]
+                return web.json_response(
+                    answer, status=status, content_type="application/x-amz-json-1.0"
+                )
             if self.batches in self.fail_batches:
                 return web.Response(
                     status=400,
@@ -116,3 +124,37 @@ async def test_an_entry_whose_md5_does_not_match_is_reported_failed(
     [(entry_id, reason)] = result.failed.items()
     assert entry_id not in result.successful
     assert "MD5OfMessageBody" in reason
+
+
+async def test_failures_say_whether_the_message_or_the_request_failed(
+    proxy: FailingProxy, queues: SqsQueues
+) -> None:
+    """Per entry: SQS's SenderFault is kept, our own size check is the message's fault, and
+    an entry of a later request that failed as an outage (credentials refused) is marked
+    an outage; a refused request (400 naming what it carried) is not."""
+    entries = {
+        "Failed": [
+            {"Id": "m0", "SenderFault": True, "Code": "InvalidParameterValue", "Message": "x"},
+            {"Id": "m1", "SenderFault": False, "Code": "InternalError", "Message": "y"},
+        ],
+        "Successful": [],
+    }
+    denied = {"__type": "com.amazonaws.sqs#AccessDenied", "message": "not yours"}
+    proxy.answers = {1: (200, entries), 3: (403, denied)}
+    huge = OutgoingMessage("huge", "y" * (MAX_MESSAGE_BYTES + 1))
+    small = [OutgoingMessage(f"m{i}", f"body {i}") for i in range(2)]
+    result = await queues.send_batch("jobs", [*small, huge])
+    assert result.successful == {}
+    assert result.sender_fault == {"m0": True, "m1": False, "huge": True}
+    assert result.outage == frozenset()
+
+    result = await queues.send_batch("jobs", [big("a"), big("b")])  # batches 2 and 3
+    assert set(result.successful) == {"a"}
+    assert "AccessDenied" in result.failed["b"]
+    assert (result.sender_fault, result.outage) == ({"b": False}, frozenset({"b"}))
+
+    too_long = {"__type": "com.amazonaws.sqs#BatchRequestTooLong", "message": "too long"}
+    proxy.answers[5] = (400, too_long)  # refused for what it carried
+    result = await queues.send_batch("jobs", [big("c"), big("d")])
+    assert set(result.successful) == {"c"}
+    assert (result.sender_fault, result.outage) == ({"d": True}, frozenset())

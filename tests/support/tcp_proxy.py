@@ -2,19 +2,26 @@
 
 `stop()` closes the listener and every open connection (both directions), so a
 client sees exactly what it sees when the server goes away; `start()` listens on
-the same port again.
+the same port again. With `ssl` it terminates TLS in front of a plain upstream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl as _ssl
 
 
 class TcpProxy:
-    def __init__(self, upstream_host: str = "127.0.0.1", upstream_port: int = 5432) -> None:
+    def __init__(
+        self,
+        upstream_host: str = "127.0.0.1",
+        upstream_port: int = 5432,
+        ssl: _ssl.SSLContext | None = None,
+    ) -> None:
         self.upstream_host = upstream_host
         self.upstream_port = upstream_port
+        self.ssl = ssl
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -31,7 +38,7 @@ class TcpProxy:
         if self._server is not None:
             return self.port
         self._server = await asyncio.start_server(
-            self._accept, "127.0.0.1", self.port, reuse_address=True
+            self._accept, "127.0.0.1", self.port, reuse_address=True, ssl=self.ssl
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port

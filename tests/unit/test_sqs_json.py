@@ -1,5 +1,6 @@
-"""The JSON-protocol SQS client: its signature is botocore's, its errors read as botocore
-reads them, and it retries only what botocore's standard mode retries.
+"""The message plane's JSON-protocol SQS client: its signature is botocore's, its errors
+read as botocore reads them, and it retries only what the shared retry policy (botocore's
+standard mode) retries.
 
 The retry and error cases run against a real aiohttp server on loopback that answers as
 SQS does (a JSON body, `x-amzn-query-error`), so the whole request path is exercised.
@@ -20,11 +21,12 @@ from aiohttp import web
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
 
-from outboxd.queue.sqs_json import (
+from outboxd.queue.failures import QueueError, RetryPolicy
+from outboxd.queue.message_plane import (
     CONTENT_TYPE,
     Credentials,
-    SqsFault,
-    SqsJsonClient,
+    SqsClientView,
+    SqsMessagePlane,
     canonical_host,
     proxy_for,
     signed_headers,
@@ -131,24 +133,30 @@ async def fake() -> AsyncIterator[FakeSqs]:
         yield sqs
 
 
+MakeClient = Callable[..., SqsMessagePlane]
+
+
+async def _creds() -> Credentials:
+    return Credentials("AKIDTEST", "the-secret", "the-token")
+
+
+def plane(url: str, attempts: int = 3) -> SqsMessagePlane:
+    return SqsMessagePlane(
+        SqsClientView(url, "us-east-1", _creds),
+        connect_timeout_s=1.0,
+        read_timeout_s=5.0,
+        retry=RetryPolicy(attempts=attempts, backoff_s=lambda attempt: 0.0),
+        max_connections=4,
+    )
+
+
 @pytest_asyncio.fixture
-async def make_client(fake: FakeSqs) -> AsyncIterator[Callable[[], SqsJsonClient]]:
-    clients: list[SqsJsonClient] = []
+async def make_client(fake: FakeSqs) -> AsyncIterator[MakeClient]:
+    clients: list[SqsMessagePlane] = []
 
-    async def creds() -> Credentials:
-        return Credentials("AKIDTEST", "the-secret", "the-token")
-
-    def make() -> SqsJsonClient:
-        client = SqsJsonClient(
-            fake.url,
-            "us-east-1",
-            creds,
-            connect_timeout_s=2.0,
-            max_connections=4,
-            backoff_s=lambda attempt: 0.0,
-        )
-        clients.append(client)
-        return client
+    def make(attempts: int = 3) -> SqsMessagePlane:
+        clients.append(plane(fake.url, attempts))
+        return clients[-1]
 
     try:
         yield make
@@ -157,19 +165,14 @@ async def make_client(fake: FakeSqs) -> AsyncIterator[Callable[[], SqsJsonClient
             await c.close()
 
 
-async def call(client: SqsJsonClient, attempts: int = 3) -> dict[str, Any]:
+async def call(client: SqsMessagePlane) -> dict[str, Any]:
     return await client.call(
-        "SendMessageBatch",
-        {"QueueUrl": "q", "Entries": [{"Id": "a", "MessageBody": "x"}]},
-        read_timeout_s=5.0,
-        attempts=attempts,
+        "SendMessageBatch", {"QueueUrl": "q", "Entries": [{"Id": "a", "MessageBody": "x"}]}
     )
 
 
 @pytest.mark.asyncio
-async def test_a_call_is_signed_json_to_the_root(
-    fake: FakeSqs, make_client: Callable[[], SqsJsonClient]
-) -> None:
+async def test_a_call_is_signed_json_to_the_root(fake: FakeSqs, make_client: MakeClient) -> None:
     fake.answers.append((200, {"Successful": [{"Id": "a", "MessageId": "m1"}]}, {}))
     assert await call(make_client()) == {"Successful": [{"Id": "a", "MessageId": "m1"}]}
     [seen] = fake.seen
@@ -183,7 +186,7 @@ async def test_a_call_is_signed_json_to_the_root(
 
 @pytest.mark.asyncio
 async def test_transient_answers_are_retried_until_attempts_run_out(
-    fake: FakeSqs, make_client: Callable[[], SqsJsonClient]
+    fake: FakeSqs, make_client: MakeClient
 ) -> None:
     throttled = {"__type": "com.amazonaws.sqs#RequestThrottled", "message": "slow down"}
     fake.answers += [(503, b"<html>busy</html>", {}), (400, throttled, {}), (200, {"ok": 1}, {})]
@@ -192,55 +195,61 @@ async def test_transient_answers_are_retried_until_attempts_run_out(
 
     fake.seen.clear()
     fake.answers += [(500, {"__type": "InternalError", "message": "boom"}, {})] * 2
-    with pytest.raises(SqsFault) as info:
-        await call(make_client(), attempts=2)
-    assert (info.value.code, info.value.status) == ("InternalError", 500)
+    with pytest.raises(QueueError) as info:
+        await call(make_client(attempts=2))
+    assert (info.value.code, info.value.status, info.value.outage) == ("InternalError", 500, True)
+    assert str(info.value) == "SQS SendMessageBatch failed: InternalError: boom"
     assert len(fake.seen) == 2
 
 
 @pytest.mark.asyncio
 async def test_a_refusal_is_not_retried_and_reads_as_botocore_reads_it(
-    fake: FakeSqs, make_client: Callable[[], SqsJsonClient]
+    fake: FakeSqs, make_client: MakeClient
 ) -> None:
     missing = {"__type": "com.amazonaws.sqs#QueueDoesNotExist", "message": "no such queue"}
     query = {"x-amzn-query-error": "AWS.SimpleQueueService.NonExistentQueue;Sender"}
-    fake.answers += [(400, missing, query), (400, missing, {}), (403, b"denied", {})]
-    codes = []
-    for _ in range(3):
-        with pytest.raises(SqsFault) as info:
+    too_long = {"__type": "com.amazonaws.sqs#BatchRequestTooLong", "message": "too long"}
+    fake.answers += [
+        (400, missing, query),
+        (400, missing, {}),
+        (403, b"denied", {}),
+        (400, too_long, {}),
+    ]
+    errors = []
+    for _ in range(4):
+        with pytest.raises(QueueError) as info:
             await call(make_client())
-        codes.append(info.value.code)
-    # The query-protocol code wins, as botocore reports it; else the JSON type; else the status.
-    assert codes == ["AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "HTTP 403"]
-    assert len(fake.seen) == 3  # one request each: a refusal is final
+        errors.append((info.value.code, info.value.outage))
+    # The query-protocol code wins, as botocore reports it; else the JSON type; else the
+    # status. A missing queue or a 403 refuses any request (an outage); a request too
+    # long is refused for what it carries.
+    assert errors == [
+        ("AWS.SimpleQueueService.NonExistentQueue", True),
+        ("QueueDoesNotExist", True),
+        ("HTTP 403", True),
+        ("BatchRequestTooLong", False),
+    ]
+    assert len(fake.seen) == 4  # one request each: a refusal is final
 
 
 @pytest.mark.asyncio
-async def test_an_unreachable_endpoint_raises_after_its_attempts(
-    make_client: Callable[[], SqsJsonClient],
-) -> None:
+async def test_an_unreachable_endpoint_raises_after_its_attempts() -> None:
+    """Connection refused, after the policy's attempts: an outage, no SQS code, the cause
+    named."""
     import socket
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
 
-    async def creds() -> Credentials:
-        return Credentials("AKIDTEST", "the-secret")
-
-    client = SqsJsonClient(
-        f"http://127.0.0.1:{port}",
-        "us-east-1",
-        creds,
-        connect_timeout_s=1.0,
-        max_connections=1,
-        backoff_s=lambda attempt: 0.0,
-    )
+    client = plane(f"http://127.0.0.1:{port}", attempts=2)
     try:
-        with pytest.raises(OSError):
-            await call(client, attempts=2)
+        with pytest.raises(QueueError) as info:
+            await call(client)
     finally:
         await client.close()
+    assert info.value.outage and info.value.code is None
+    assert "ClientConnectorError" in str(info.value) and f"127.0.0.1:{port}" in str(info.value)
 
 
 def test_the_proxy_is_the_one_the_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,13 @@
-"""The aiobotocore adapter for SQS, and queue bootstrap (DLQs, redrive policies).
+"""SQS for the rest of outboxd: the `SqsQueues` facade and the typed values it speaks in.
 
-Everything outside this module sees typed dataclasses and `QueueError`; botocore's
-untyped responses and its zoo of exceptions stay in here.
+SQS is reached through two planes, one view of it (endpoint, region, credentials chain,
+CA bundle) shared by both:
+- the control plane (queue/control_plane.py, aiobotocore): credentials, region and
+  endpoint, creating or resolving the queues and their DLQs, attributes, depth;
+- the message plane (queue/message_plane.py, signed JSON): the calls that carry
+  messages (send, receive, delete, visibility) and the readiness ping.
+Both fail with `QueueError` and retry by the one policy of queue/failures.py. Callers see
+only this module: typed dataclasses and QueueError.
 """
 
 from __future__ import annotations
@@ -9,24 +15,54 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import json
-import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, TypeVar
-from urllib.parse import urlsplit
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
 
-import aiohttp
 import structlog
-from aiobotocore.config import AioConfig
-from aiobotocore.session import AioSession
-from botocore.exceptions import BotoCoreError, ClientError
 
-from outboxd.config import SqsSettings, is_loopback_host
-from outboxd.queue.sqs_json import Credentials, CredentialSource, SqsFault, SqsJsonClient
+from outboxd.config import SqsSettings
+from outboxd.queue.control_plane import (
+    CONNECT_TIMEOUT_S,
+    CONTROL_READ_TIMEOUT_S,
+    DLQ_RETENTION_S,
+    SqsControlPlane,
+    dlq_name,
+    is_loopback_endpoint,
+    resolve_region,
+)
+from outboxd.queue.failures import (
+    MISSING_QUEUE_CODES,
+    POLL_RETRY,
+    REQUEST_RETRY,
+    QueueError,
+    short,
+)
+from outboxd.queue.message_plane import SqsMessagePlane
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "CONTROL_READ_TIMEOUT_S",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DLQ_RETENTION_S",
+    "KINDS",
+    "MAX_BATCH_ENTRIES",
+    "MAX_MESSAGE_BYTES",
+    "MAX_WAIT_TIME_S",
+    "POLL_READ_TIMEOUT_S",
+    "BatchResult",
+    "OutgoingMessage",
+    "QueueDepth",
+    "QueueError",
+    "QueueKind",
+    "ReceivedMessage",
+    "SqsQueues",
+    "dlq_name",
+    "is_loopback_endpoint",
+    "resolve_region",
+]
 
 QueueKind = Literal["jobs", "tasks"]
 KINDS: tuple[QueueKind, ...] = ("jobs", "tasks")
@@ -37,56 +73,18 @@ KINDS: tuple[QueueKind, ...] = ("jobs", "tasks")
 MAX_MESSAGE_BYTES = 256 * 1024
 MAX_BATCH_ENTRIES = 10  # SendMessageBatch / ReceiveMessage hard limit
 MAX_WAIT_TIME_S = 20  # ReceiveMessage WaitTimeSeconds hard limit
-# Kept longer than the main queues' default 4 days: in a standard queue a message keeps
-# its original enqueue time when it moves to the DLQ, so a short DLQ retention could
-# drop it soon after arriving, before anyone looked (AWS's own advice).
-DLQ_RETENTION_S = 14 * 24 * 3600
-LOOPBACK_DUMMY_CREDENTIAL = "outboxd"
-LOOPBACK_DEFAULT_REGION = "us-east-1"
-
-# --- client configuration ---------------------------------------------------------------
-# One botocore client for the queues' bootstrap and attributes, and two JSON clients
-# (queue/sqs_json.py) for the calls per message, because a long poll and a send want
-# opposite read timeouts: a receive legitimately waits up to 20 s for the first byte,
-# while a send, delete or visibility change that has not answered in a few seconds is
-# stuck, and the relay / consumer should learn that quickly and apply their own backoff.
-CONNECT_TIMEOUT_S = 2.0  # loopback or the regional endpoint: 2 s without a TCP handshake is down
-CONTROL_READ_TIMEOUT_S = 5.0
 # Must exceed the longest long poll, or the client cuts every empty poll as a read timeout
 # (and retries it); 10 s margin covers a slow answer after the full wait.
 POLL_READ_TIMEOUT_S = MAX_WAIT_TIME_S + 10.0
-# botocore's "standard" mode, which the JSON clients follow too, retries transient errors
-# (connection reset/refused, 5xx, throttling) with jittered exponential backoff (rand x
-# 1 s, then rand x 2 s). Attempts stay few because the relay and the consumer already
-# retry with their own, longer backoff: the client only smooths over a blip, such as a
-# pooled keep-alive connection the server closed.
-# So a dead endpoint costs at most ~3 s of backoff plus the connect timeouts.
-# `total_max_attempts`, not `max_attempts`: in a client Config the latter counts
-# *retries* (3 would mean 4 attempts), unlike AWS_MAX_ATTEMPTS.
-CONTROL_RETRIES: dict[str, Any] = {"mode": "standard", "total_max_attempts": 3}
-# A failed receive is simply polled again by the consumer's loop; one retry suffices.
-POLL_RETRIES: dict[str, Any] = {"mode": "standard", "total_max_attempts": 2}
 # The pool caps concurrent requests per client (botocore's default is 10). Consumer
 # handlers each heartbeat/delete, the relay sends, /readyz pings; callers that know the
 # consumer concurrency can pass more.
 DEFAULT_MAX_CONNECTIONS = 32
 
 _ENTRY_ID = re.compile(r"^[A-Za-z0-9_-]{1,80}$")  # SendMessageBatch's rule for entry ids
-_ERROR_TEXT_MAX = 300
+_T = TypeVar("_T")
 
 log = structlog.get_logger(__name__)
-
-
-class QueueError(Exception):
-    """An SQS or transport failure. str() is short and never holds credentials.
-
-    `code` is SQS's error code when SQS answered (e.g. "ReceiptHandleIsInvalid"),
-    None for transport failures (refused, timed out) and local ones.
-    """
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -99,8 +97,18 @@ class OutgoingMessage:
 
 @dataclass(frozen=True)
 class BatchResult:
+    """What became of each entry of a send_batch (the request as a whole failing raises
+    QueueError instead, whose `outage` says why)."""
+
     successful: dict[str, str]  # entry_id -> MessageId
     failed: dict[str, str]  # entry_id -> "Code: Message"
+    # Per failed entry, SQS's SenderFault: True when the message itself was refused (too
+    # large, invalid contents; our own size and UTF-8 checks too), False when SQS failed
+    # it on its side, or the request carrying it failed.
+    sender_fault: dict[str, bool] = field(default_factory=dict)
+    # Failed entries whose whole request failed as an outage (QueueError.outage): a later
+    # request of a batch split by size, after an earlier one went out.
+    outage: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -118,99 +126,8 @@ class QueueDepth:
     dlq_visible: int
 
 
-def dlq_name(name: str) -> str:
-    """`<name>-dlq`, or `<base>-dlq.fifo` for a FIFO queue (a FIFO DLQ must be FIFO too)."""
-    if name.endswith(".fifo"):
-        return f"{name.removesuffix('.fifo')}-dlq.fifo"
-    return f"{name}-dlq"
-
-
-def is_loopback_endpoint(endpoint_url: str | None) -> bool:
-    if endpoint_url is None:
-        return False
-    host = urlsplit(endpoint_url).hostname
-    return host is not None and is_loopback_host(host)
-
-
-def resolve_region(
-    settings: SqsSettings, endpoint_url: str | None, session: Any = None
-) -> str | None:
-    """sqs.region, else AWS_REGION, else botocore's (AWS_DEFAULT_REGION, ~/.aws/config).
-
-    Reads local configuration only, never the network. A loopback endpoint (moto, the
-    embedded server) ignores the region, so any valid one is returned for it.
-    """
-    if settings.region:
-        return settings.region
-    region = os.environ.get("AWS_REGION") or (session or AioSession()).get_config_variable("region")
-    if region:
-        return str(region)
-    if is_loopback_endpoint(endpoint_url):
-        return LOOPBACK_DEFAULT_REGION
-    return None
-
-
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _ERROR_TEXT_MAX else text[: _ERROR_TEXT_MAX - 1] + "…"
-
-
-def _raise_queue_error(operation: str, exc: BaseException) -> NoReturn:
-    if isinstance(exc, SqsFault):
-        raise QueueError(_short(f"SQS {operation} failed: {exc}"), exc.code) from exc
-    if isinstance(exc, ClientError):
-        error = exc.response.get("Error", {})
-        code = str(error.get("Code") or "Unknown")
-        message = str(error.get("Message") or "")
-        raise QueueError(_short(f"SQS {operation} failed: {code}: {message}"), code) from exc
-    # botocore's transport messages name the endpoint URL, never keys or signatures.
-    detail = str(exc) or type(exc).__name__
-    raise QueueError(_short(f"SQS {operation} failed: {type(exc).__name__}: {detail}")) from exc
-
-
-# Exactly what a call to SQS can raise besides our own errors. asyncio.CancelledError is
-# deliberately absent: a shutdown cancelling a long poll must stay a cancellation.
-_SQS_FAILURES = (
-    SqsFault,
-    BotoCoreError,
-    ClientError,
-    aiohttp.ClientError,
-    TimeoutError,
-    OSError,
-)
-
-
-@asynccontextmanager
-async def _sqs_call(operation: str) -> AsyncIterator[None]:
-    try:
-        yield
-    except _SQS_FAILURES as exc:
-        _raise_queue_error(operation, exc)
-
-
-def _error_code(exc: BaseException) -> str | None:
-    if isinstance(exc, SqsFault):
-        return exc.code
-    if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code")
-        return str(code) if code is not None else None
-    return None
-
-
-# CreateQueue answers this when the queue exists with different attributes. botocore
-# reports the query-protocol code ("QueueAlreadyExists") for SQS's JSON protocol; the
-# JSON name is accepted too in case a server does not send the compatibility header.
-_QUEUE_EXISTS_CODES = frozenset(
-    {"QueueAlreadyExists", "QueueNameExists", "AWS.SimpleQueueService.QueueNameExists"}
-)
-# A call on a queue URL whose queue is gone: deleted, or a local server (moto, the
-# embedded one) restarted with nothing in memory. Query-protocol and JSON names.
-_MISSING_QUEUE_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
-_T = TypeVar("_T")
-
-
 class SqsQueues:
-    """The jobs (standard) and tasks (FIFO) queues and their DLQs, over aiobotocore.
+    """The jobs (standard) and tasks (FIFO) queues and their DLQs.
 
     `start()` before use, `close()` after; every SQS or transport failure raises QueueError.
     """
@@ -231,78 +148,74 @@ class SqsQueues:
         if settings.jobs_queue.endswith(".fifo"):
             raise ValueError("sqs.jobs_queue must be a standard queue (no .fifo)")
         self._settings = settings
-        self._endpoint_url = endpoint_url
         self._max_connections = max_connections
-        self._stack: AsyncExitStack | None = None
-        # aiobotocore clients are untyped; the Any stays inside this class.
-        self._client: Any = None  # queue bootstrap and attributes
-        # The calls per message, on SQS's JSON protocol (queue/sqs_json.py): sends,
-        # deletes and visibility on one, long-poll receives on the other.
-        self._wire: SqsJsonClient | None = None
-        self._poll_wire: SqsJsonClient | None = None
+        self._control = SqsControlPlane(settings, endpoint_url, max_connections=max_connections)
+        # Sends, deletes, visibility and pings on one; long-poll receives on the other.
+        self._sender: SqsMessagePlane | None = None
+        self._poller: SqsMessagePlane | None = None
         self._urls: dict[tuple[QueueKind, bool], str] = {}
+        # Why the last start() failed, until one succeeds: every call in between says so.
+        self._start_failure: QueueError | None = None
         self._recreate_lock = asyncio.Lock()
         self._recreated_at = 0.0
-        self.region: str | None = None  # resolved by start()
+
+    @property
+    def region(self) -> str | None:
+        """Resolved by start()."""
+        return self._control.region
 
     # --- lifecycle ---------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the clients and resolve the four queue URLs (creating them if configured).
+        """Open both planes and resolve the four queue URLs (creating them if configured,
+        else checking their attributes).
 
-        On failure everything opened is closed again, so start() may simply be retried.
+        On failure everything opened is closed again, so start() may simply be retried;
+        until it succeeds every call raises a QueueError that carries this failure.
         """
-        if self._stack is not None:
+        if self._sender is not None:
             return
-        stack = AsyncExitStack()
         try:
-            async with _sqs_call("client setup"):
-                session = AioSession()
-                region = self._resolve_region(session)
-                self.region = region
-                credentials = await self._credential_overrides(session)
-                common: dict[str, Any] = {
-                    "region_name": region,
-                    "endpoint_url": self._endpoint_url,
-                    **credentials,
-                }
-                self._client = await stack.enter_async_context(
-                    session.create_client("sqs", config=self._config(), **common)
+            view = await self._control.open()
+            self._sender, self._poller = (
+                SqsMessagePlane(
+                    view,
+                    connect_timeout_s=CONNECT_TIMEOUT_S,
+                    read_timeout_s=read_timeout_s,
+                    retry=retry,
+                    max_connections=self._max_connections,
                 )
-                source = await self._credential_source(session, credentials)
-                # The endpoint as botocore resolved it (sqs.endpoint_url, or the region's).
-                endpoint = str(self._client.meta.endpoint_url)
-                self._wire, self._poll_wire = (
-                    SqsJsonClient(
-                        endpoint,
-                        region,
-                        source,
-                        connect_timeout_s=CONNECT_TIMEOUT_S,
-                        max_connections=self._max_connections,
-                    )
-                    for _ in range(2)
+                for read_timeout_s, retry in (
+                    (CONTROL_READ_TIMEOUT_S, REQUEST_RETRY),
+                    (POLL_READ_TIMEOUT_S, POLL_RETRY),
                 )
-                for wire in (self._wire, self._poll_wire):
-                    stack.push_async_callback(wire.close)
-            self._stack = stack
+            )
             if self._settings.create_queues:
                 await self.ensure_queues()
             else:
                 await self._resolve_urls()
-        except BaseException:
-            self._stack = None
-            self._client = self._wire = self._poll_wire = None
-            self._urls.clear()
-            await stack.aclose()
+        except BaseException as exc:
+            await self._shut()
+            if isinstance(exc, QueueError):
+                self._start_failure = exc
             raise
+        self._start_failure = None
 
     async def close(self) -> None:
-        """Close both clients and their connection pools; idempotent."""
-        stack, self._stack = self._stack, None
-        self._client = self._wire = self._poll_wire = None
+        """Close both planes and their connection pools; idempotent."""
+        self._start_failure = None
+        await self._shut()
+
+    async def _shut(self) -> None:
+        planes = (self._sender, self._poller)
+        self._sender = self._poller = None
         self._urls.clear()
-        if stack is not None:
-            await stack.aclose()
+        try:
+            for plane in planes:
+                if plane is not None:
+                    await plane.close()
+        finally:
+            await self._control.close()
 
     async def __aenter__(self) -> SqsQueues:
         await self.start()
@@ -311,123 +224,40 @@ class SqsQueues:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _config(self) -> AioConfig:
-        return AioConfig(
-            connect_timeout=CONNECT_TIMEOUT_S,
-            read_timeout=CONTROL_READ_TIMEOUT_S,
-            retries=dict(CONTROL_RETRIES),
-            max_pool_connections=self._max_connections,
-            # Loading the SQS service model from disk is blocking file I/O and JSON
-            # parsing; do it in a thread rather than on the event loop.
-            warm_up_loader_caches=True,
-            # Every call is built in this module from typed values: botocore's walk of
-            # the request against the service model checks nothing we do not.
-            parameter_validation=False,
-        )
-
-    def _resolve_region(self, session: Any) -> str:
-        region = resolve_region(self._settings, self._endpoint_url, session)
-        if region is None:
-            raise QueueError("no AWS region configured: set sqs.region (or AWS_REGION)")
-        return region
-
-    async def _credential_overrides(self, session: Any) -> dict[str, str]:
-        """Dummy keys for a loopback server when the standard chain finds none.
-
-        Real credentials, wherever the chain finds them, are never replaced. For a
-        loopback endpoint the instance-metadata and container providers are dropped
-        first: they would try link-local HTTP for seconds on a laptop, and a role's
-        credentials mean nothing to a local server anyway.
-        """
-        if not is_loopback_endpoint(self._endpoint_url):
-            return {}
-        resolver = session.get_component("credential_provider")
-        for method in ("iam-role", "container-role"):
-            resolver.remove(method)
-        if await session.get_credentials() is not None:
-            return {}
-        return {
-            "aws_access_key_id": LOOPBACK_DUMMY_CREDENTIAL,
-            "aws_secret_access_key": LOOPBACK_DUMMY_CREDENTIAL,
-        }
-
-    async def _credential_source(self, session: Any, overrides: dict[str, str]) -> CredentialSource:
-        """What the JSON client signs with: the same credentials as the botocore client
-        (the overrides, or the chain's), read afresh per request so that refreshable
-        ones (a role's) renew as botocore would renew them."""
-        if overrides:
-            fixed = Credentials(overrides["aws_access_key_id"], overrides["aws_secret_access_key"])
-
-            async def static() -> Credentials:
-                return fixed
-
-            return static
-        chain = await session.get_credentials()
-
-        async def current() -> Credentials:
-            if chain is None:
-                raise QueueError("no AWS credentials found (environment, files or role)")
-            frozen = await chain.get_frozen_credentials()
-            return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
-
-        return current
+    def _unavailable(self) -> QueueError:
+        failure = self._start_failure
+        if failure is None:
+            return QueueError("SQS queues are not resolved: call start() first")
+        # The real cause (connection refused, a certificate, credentials), not a hint
+        # about start(): this lands in /readyz, the relay's lastError and the logs.
+        return QueueError(short(f"SQS unavailable: {failure}"), failure.code, status=failure.status)
 
     # --- bootstrap ---------------------------------------------------------------------
 
-    def _names(self, kind: QueueKind) -> tuple[str, str]:
-        name = self._settings.jobs_queue if kind == "jobs" else self._settings.tasks_queue
-        return name, dlq_name(name)
+    def _name(self, kind: QueueKind) -> str:
+        return self._settings.jobs_queue if kind == "jobs" else self._settings.tasks_queue
 
     async def _resolve_urls(self) -> None:
-        client = self._require_client()
         for kind in KINDS:
-            for dlq, name in zip((False, True), self._names(kind), strict=True):
-                async with _sqs_call(f"GetQueueUrl {name}"):
-                    resp = await client.get_queue_url(QueueName=name)
-                self._urls[(kind, dlq)] = str(resp["QueueUrl"])
+            self._urls[(kind, False)], self._urls[(kind, True)] = await self._control.resolve_pair(
+                self._name(kind)
+            )
+        for kind in KINDS:
+            try:
+                await self._control.check_pair(
+                    self._name(kind), self._urls[(kind, False)], self._urls[(kind, True)]
+                )
+            except QueueError as exc:
+                # Checking is advice: queues that resolve are used, checked or not.
+                log.warning("sqs_queue_check_failed", queue=self._name(kind), error=str(exc))
 
     async def ensure_queues(self) -> None:
-        """Create both queues and their DLQs, or converge existing ones; idempotent.
-
-        DLQs first, since a redrive policy names its DLQ's ARN. A queue that exists with
-        other mutable attributes (visibility timeout, redrive policy) is updated in place.
-        Safe to run from several instances at once: CreateQueue with equal attributes
-        returns the existing queue.
-        """
-        client = self._require_client()
+        """Create both queues and their DLQs, or converge existing ones; idempotent
+        (SqsControlPlane.ensure_pair)."""
         for kind in KINDS:
-            name, dead_name = self._names(kind)
-            fifo = kind == "tasks"
-            fifo_attrs = (
-                # We always pass a dedup id (the task's), so content-based dedup stays
-                # off: two tasks with equal bodies are still two tasks.
-                {"FifoQueue": "true", "ContentBasedDeduplication": "false"} if fifo else {}
+            self._urls[(kind, False)], self._urls[(kind, True)] = await self._control.ensure_pair(
+                self._name(kind)
             )
-            dlq_url = await self._ensure_queue(
-                dead_name,
-                {**fifo_attrs, "MessageRetentionPeriod": str(DLQ_RETENTION_S)},
-            )
-            async with _sqs_call(f"GetQueueAttributes {dead_name}"):
-                resp = await client.get_queue_attributes(
-                    QueueUrl=dlq_url, AttributeNames=["QueueArn"]
-                )
-            dlq_arn = str(resp["Attributes"]["QueueArn"])
-            redrive = json.dumps(
-                {
-                    "deadLetterTargetArn": dlq_arn,
-                    "maxReceiveCount": self._settings.max_receive_count,
-                }
-            )
-            main_url = await self._ensure_queue(
-                name,
-                {
-                    **fifo_attrs,
-                    "VisibilityTimeout": str(self._settings.visibility_timeout_s),
-                    "RedrivePolicy": redrive,
-                },
-            )
-            self._urls[(kind, True)] = dlq_url
-            self._urls[(kind, False)] = main_url
 
     async def _recreating_missing(self, call: Callable[[], Awaitable[_T]]) -> _T:
         """`call()`; if SQS says its queue does not exist and `sqs.create_queues` is on,
@@ -439,7 +269,7 @@ class SqsQueues:
         try:
             return await call()
         except QueueError as exc:
-            if exc.code not in _MISSING_QUEUE_CODES or not self._settings.create_queues:
+            if exc.code not in MISSING_QUEUE_CODES or not self._settings.create_queues:
                 raise
             failed_at = time.time()
             async with self._recreate_lock:
@@ -458,31 +288,13 @@ class SqsQueues:
                         await self._on_recreated(recreating_at)
         return await call()
 
-    async def _ensure_queue(self, name: str, attributes: dict[str, str]) -> str:
-        client = self._require_client()
-        try:
-            resp = await client.create_queue(QueueName=name, Attributes=attributes)
-            return str(resp["QueueUrl"])
-        except _SQS_FAILURES as exc:
-            if _error_code(exc) not in _QUEUE_EXISTS_CODES:
-                _raise_queue_error(f"CreateQueue {name}", exc)
-        # It exists with other attributes: converge. FifoQueue cannot change (and cannot
-        # differ here, the .fifo suffix decides it), so it is left out of the update.
-        async with _sqs_call(f"GetQueueUrl {name}"):
-            url = str((await client.get_queue_url(QueueName=name))["QueueUrl"])
-        mutable = {k: v for k, v in attributes.items() if k != "FifoQueue"}
-        async with _sqs_call(f"SetQueueAttributes {name}"):
-            await client.set_queue_attributes(QueueUrl=url, Attributes=mutable)
-        log.info("sqs_queue_attributes_converged", queue=name, attributes=sorted(mutable))
-        return url
-
     # --- messages ----------------------------------------------------------------------
 
     def queue_url(self, kind: QueueKind, dlq: bool = False) -> str:
         try:
             return self._urls[(kind, dlq)]
         except KeyError:
-            raise QueueError("SQS queues are not resolved: call start() first") from None
+            raise self._unavailable() from None
 
     async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
         """SendMessageBatch. Per-entry failures (including oversize bodies) land in `failed`.
@@ -496,6 +308,8 @@ class SqsQueues:
         fifo = kind == "tasks"
         seen: set[str] = set()
         failed: dict[str, str] = {}
+        sender_fault: dict[str, bool] = {}
+        outage: set[str] = set()
         entries: list[tuple[dict[str, str], int]] = []
         for msg in messages:
             if not _ENTRY_ID.match(msg.entry_id):
@@ -509,11 +323,13 @@ class SqsQueues:
                 size = len(msg.body.encode("utf-8"))
             except UnicodeEncodeError:
                 failed[msg.entry_id] = "InvalidMessageContents: body is not valid UTF-8"
+                sender_fault[msg.entry_id] = True
                 continue
             if size > MAX_MESSAGE_BYTES:
                 failed[msg.entry_id] = (
                     f"MessageTooLong: body is {size} bytes, the limit is {MAX_MESSAGE_BYTES}"
                 )
+                sender_fault[msg.entry_id] = True
                 continue
             entry = {"Id": msg.entry_id, "MessageBody": msg.body}
             if fifo:
@@ -526,7 +342,7 @@ class SqsQueues:
         self.queue_url(kind)  # not started: QueueError before anything else
 
         async def send(chunk: list[dict[str, str]]) -> Any:
-            return await self._call(
+            return await self._plane().call(
                 "SendMessageBatch", {"QueueUrl": self.queue_url(kind), "Entries": chunk}
             )
 
@@ -540,6 +356,9 @@ class SqsQueues:
                 # instead of publishing them a second time.
                 for entry in chunk:
                     failed[entry["Id"]] = str(exc)
+                    sender_fault[entry["Id"]] = not exc.outage
+                    if exc.outage:
+                        outage.add(entry["Id"])
                 continue
             bodies = {entry["Id"]: entry["MessageBody"] for entry in chunk}
             for ok in resp.get("Successful", []):
@@ -548,11 +367,14 @@ class SqsQueues:
                 if md5 is not None and md5 != _md5(bodies.get(entry_id, "")):
                     # What SQS stored is not what we sent: publish it again.
                     failed[entry_id] = "MD5OfMessageBody does not match the body sent"
+                    sender_fault[entry_id] = False
                     continue
                 successful[entry_id] = str(ok["MessageId"])
             for bad in resp.get("Failed", []):
-                failed[str(bad["Id"])] = f"{bad.get('Code', 'Unknown')}: {bad.get('Message', '')}"
-        return BatchResult(successful=successful, failed=failed)
+                entry_id = str(bad["Id"])
+                failed[entry_id] = f"{bad.get('Code', 'Unknown')}: {bad.get('Message', '')}"
+                sender_fault[entry_id] = bool(bad.get("SenderFault", False))
+        return BatchResult(successful, failed, sender_fault, frozenset(outage))
 
     async def receive(
         self,
@@ -599,7 +421,7 @@ class SqsQueues:
         }
         if visibility_timeout_s is not None:
             params["VisibilityTimeout"] = visibility_timeout_s
-        resp = await self._call("ReceiveMessage", params, poll=True)
+        resp = await self._plane(poll=True).call("ReceiveMessage", params)
         return [
             ReceivedMessage(
                 message_id=str(m["MessageId"]),
@@ -612,7 +434,7 @@ class SqsQueues:
 
     async def delete(self, kind: QueueKind, receipt_handle: str) -> None:
         params = {"QueueUrl": self.queue_url(kind), "ReceiptHandle": receipt_handle}
-        await self._call("DeleteMessage", params)
+        await self._plane().call("DeleteMessage", params)
 
     async def change_visibility(self, kind: QueueKind, receipt_handle: str, timeout_s: int) -> None:
         """ChangeMessageVisibility: 0 releases the message now, more extends (heartbeat)."""
@@ -621,15 +443,15 @@ class SqsQueues:
             "ReceiptHandle": receipt_handle,
             "VisibilityTimeout": timeout_s,
         }
-        await self._call("ChangeMessageVisibility", params)
+        await self._plane().call("ChangeMessageVisibility", params)
 
     async def depth(self, kind: QueueKind) -> QueueDepth:
         """Approximate counts (SQS's are eventually consistent, moto's exact)."""
-        main = await self._attributes(
+        main = await self._control.attributes(
             self.queue_url(kind),
             ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
         )
-        dead = await self._attributes(
+        dead = await self._control.attributes(
             self.queue_url(kind, dlq=True), ["ApproximateNumberOfMessages"]
         )
         return QueueDepth(
@@ -639,38 +461,17 @@ class SqsQueues:
         )
 
     async def ping(self) -> None:
-        """One cheap authenticated call on the jobs queue; QueueError if SQS does not answer."""
-        await self._attributes(self.queue_url("jobs"), ["QueueArn"])
+        """One signed GetQueueAttributes on the jobs queue, on the message plane that sends:
+        QueueError unless a message could go out now (not merely botocore reaching SQS)."""
+        params = {"QueueUrl": self.queue_url("jobs"), "AttributeNames": ["QueueArn"]}
+        await self._plane().call("GetQueueAttributes", params)
 
-    async def _attributes(self, url: str, names: list[str]) -> dict[str, Any]:
-        async with _sqs_call("GetQueueAttributes"):
-            resp = await self._require_client().get_queue_attributes(
-                QueueUrl=url, AttributeNames=names
-            )
-        attrs: dict[str, Any] = resp.get("Attributes", {})
-        return attrs
-
-    def _require_client(self) -> Any:
-        if self._client is None:
-            raise QueueError("SQS client is not started: call start() first")
-        return self._client
-
-    async def _call(
-        self, operation: str, params: dict[str, Any], *, poll: bool = False
-    ) -> dict[str, Any]:
-        """One call per message or batch, on the JSON client (the long-poll one for
-        receives, with its longer read timeout and single retry)."""
-        wire = self._poll_wire if poll else self._wire
-        if wire is None:
-            raise QueueError("SQS client is not started: call start() first")
-        retries = POLL_RETRIES if poll else CONTROL_RETRIES
-        async with _sqs_call(operation):
-            return await wire.call(
-                operation,
-                params,
-                read_timeout_s=POLL_READ_TIMEOUT_S if poll else CONTROL_READ_TIMEOUT_S,
-                attempts=int(retries["total_max_attempts"]),
-            )
+    def _plane(self, poll: bool = False) -> SqsMessagePlane:
+        """The sending plane, or the long-poll one (its longer read timeout, one retry)."""
+        plane = self._poller if poll else self._sender
+        if plane is None:
+            raise self._unavailable()
+        return plane
 
 
 def _md5(body: str) -> str:

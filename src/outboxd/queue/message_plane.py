@@ -1,9 +1,13 @@
-"""SQS's JSON protocol (AWS JSON 1.0), signed with Signature Version 4, on one aiohttp session.
+"""The message plane: the calls that carry messages, on SQS's JSON protocol (AWS JSON 1.0),
+signed with Signature Version 4, on one aiohttp session.
 
 The calls made once per message or per batch (SendMessageBatch, ReceiveMessage,
-DeleteMessage, ChangeMessageVisibility) go through here; everything else (the
-credential chain, the region, the endpoint, creating and inspecting queues) stays on
-aiobotocore in `queue/sqs.py`, which is the only caller of this module.
+DeleteMessage, ChangeMessageVisibility, and the readiness ping) go through here;
+everything else (the credential chain, the region, the endpoint and its CA bundle,
+creating and inspecting queues) is the control plane's, on aiobotocore
+(queue/control_plane.py). The control plane hands this module its view of SQS
+(`SqsClientView`), so both planes reach one endpoint, trust one CA bundle and sign with
+one credential chain.
 
 Why: botocore spends about 1.6 ms of CPU on one SendMessageBatch of ten (endpoint rules,
 its event hooks, serialisation, signing, parsing), on the event loop that also answers
@@ -12,17 +16,14 @@ format is small and stable: a POST to the endpoint's `/` with `X-Amz-Target:
 AmazonSQS.<Operation>` and a JSON body, answered with JSON
 (docs/architecture.md, "The SQS wire path").
 
-Retries follow botocore's "standard" mode as the rest of the adapter configures it: a
-connection failure, a timeout, a 5xx or a throttling answer is tried again after a
-jittered backoff (rand x 1 s, then rand x 2 s) up to `attempts` in all.
+Errors and retries are the ones of queue/failures.py, shared with the control plane.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
-import random
+import ssl
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
@@ -33,31 +34,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
+from outboxd.queue.failures import RetryPolicy, SqsFault
+
 CONTENT_TYPE = "application/x-amz-json-1.0"
 SERVICE = "sqs"
 _ALGORITHM = "AWS4-HMAC-SHA256"
-# What botocore's standard retry mode treats as transient, besides transport failures.
-_THROTTLING_CODES = frozenset(
-    {
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "ProvisionedThroughputExceededException",
-        "TransactionInProgressException",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-        "LimitExceededException",
-        "RequestThrottled",
-        "SlowDown",
-        "PriorRequestNotComplete",
-        "EC2ThrottledException",
-        "RequestTimeout",
-        "RequestTimeoutException",
-    }
-)
-_RETRY_STATUSES = frozenset({500, 502, 503, 504})
 _ERROR_TEXT_MAX = 200
 
 _encode = msgspec.json.Encoder().encode
@@ -76,19 +57,16 @@ class Credentials:
 CredentialSource = Callable[[], Awaitable[Credentials]]
 
 
-class SqsFault(Exception):
-    """SQS answered with an error. `code` is the query-protocol code when SQS sent one
-    (the `x-amzn-query-error` header, as botocore reports it), else the JSON type."""
+@dataclass(frozen=True)
+class SqsClientView:
+    """SQS as the control plane resolved it, for the message plane to use as is."""
 
-    def __init__(self, code: str, message: str, status: int) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.status = status
-
-    @property
-    def retryable(self) -> bool:
-        return self.status in _RETRY_STATUSES or self.code in _THROTTLING_CODES
+    endpoint_url: str  # botocore's: sqs.endpoint_url, or the region's
+    region: str
+    credentials: CredentialSource  # the same chain (or loopback dummies) botocore signs with
+    # Verifies an https endpoint against the CA bundle botocore verifies it with
+    # (AWS_CA_BUNDLE, the profile's ca_bundle, else botocore's own); None for http.
+    ssl_context: ssl.SSLContext | None = None
 
 
 def canonical_host(endpoint_url: str) -> str:
@@ -196,40 +174,42 @@ def _fault(status: int, headers: Mapping[str, str], payload: bytes) -> SqsFault:
     return SqsFault(code or f"HTTP {status}", message[:_ERROR_TEXT_MAX], status)
 
 
-def _jittered_backoff_s(attempt: int) -> float:
-    """Before the retry after failed attempt n (1-based): rand x 2^(n-1) s, at most 20 s."""
-    return random.random() * min(20.0, 2.0 ** (attempt - 1))
+class SqsMessagePlane:
+    """Signed JSON calls to the endpoint of `view`, each under `retry`; `close()` after use.
 
-
-class SqsJsonClient:
-    """Signed JSON calls to one SQS endpoint; `close()` after use."""
+    One per kind of call, since a long poll and a send want opposite read timeouts: a
+    receive legitimately waits up to 20 s for the first byte, while a send, delete or
+    visibility change that has not answered in a few seconds is stuck.
+    """
 
     def __init__(
         self,
-        endpoint_url: str,
-        region: str,
-        credentials: CredentialSource,
+        view: SqsClientView,
         *,
         connect_timeout_s: float,
+        read_timeout_s: float,
+        retry: RetryPolicy,
         max_connections: int,
-        backoff_s: Callable[[int], float] | None = None,
     ) -> None:
-        self._url = endpoint_url.rstrip("/") + "/"
-        self._host = canonical_host(endpoint_url)
-        self._region = region
-        self._credentials = credentials
-        self._keys = _SigningKeys(region)
-        self._connect_timeout_s = connect_timeout_s
+        self._url = view.endpoint_url.rstrip("/") + "/"
+        self._host = canonical_host(view.endpoint_url)
+        self._region = view.region
+        self._credentials = view.credentials
+        self._ssl: ssl.SSLContext | bool = view.ssl_context or True
+        self._keys = _SigningKeys(view.region)
+        self._limits = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        )
+        self._retry = retry
         self._max_connections = max_connections
-        self._backoff_s = backoff_s or _jittered_backoff_s
-        self._proxy = proxy_for(endpoint_url)
+        self._proxy = proxy_for(view.endpoint_url)
         self._session: aiohttp.ClientSession | None = None
 
     def _open(self) -> aiohttp.ClientSession:
         # Created on first use, inside the running loop.
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
                 skip_auto_headers=("Accept-Encoding",),
@@ -241,38 +221,14 @@ class SqsJsonClient:
         if session is not None:
             await session.close()
 
-    async def call(
-        self,
-        operation: str,
-        params: Mapping[str, Any],
-        *,
-        read_timeout_s: float,
-        attempts: int,
-    ) -> dict[str, Any]:
-        """One operation; its decoded answer. Raises SqsFault when SQS refused it, and
-        aiohttp.ClientError, TimeoutError or OSError when it could not be reached, once
-        `attempts` are spent on what is worth another try."""
+    async def call(self, operation: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """One operation; its decoded answer. QueueError (queue/failures.py) when SQS refused
+        it or could not be reached, once the retry policy is spent."""
         body = _encode(params)
-        limits = aiohttp.ClientTimeout(
-            total=None, sock_connect=self._connect_timeout_s, sock_read=read_timeout_s
-        )
         target = f"AmazonSQS.{operation}"
-        attempt = 1
-        while True:
-            try:
-                return await self._once(target, body, limits)
-            except SqsFault as exc:
-                if not exc.retryable or attempt >= attempts:
-                    raise
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                if attempt >= attempts:
-                    raise
-            await asyncio.sleep(self._backoff_s(attempt))
-            attempt += 1
+        return await self._retry.run(operation, lambda: self._once(target, body))
 
-    async def _once(
-        self, target: str, body: bytes, limits: aiohttp.ClientTimeout
-    ) -> dict[str, Any]:
+    async def _once(self, target: str, body: bytes) -> dict[str, Any]:
         credentials = await self._credentials()
         amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         headers = signed_headers(
@@ -285,7 +241,7 @@ class SqsJsonClient:
             keys=self._keys,
         )
         async with self._open().post(
-            self._url, data=body, headers=headers, timeout=limits, proxy=self._proxy
+            self._url, data=body, headers=headers, timeout=self._limits, proxy=self._proxy
         ) as resp:
             payload = await resp.read()
             if resp.status != 200:
