@@ -56,6 +56,14 @@ def test_the_scan_sees_the_documents_the_code_cites() -> None:
     """The scan finds citations of each of the three docs (so the checks below are not vacuous)."""
     cited = {c for _, c, _ in _citations()}
     assert {"docs/contract.md", "docs/portal.md", "docs/architecture.md"} <= cited
+    assert {"docs/operations.md", "docs/performance.md", "docs/reliability.md"} <= cited
+
+
+def test_the_readme_opens_with_the_two_commands() -> None:
+    """The landing page starts with how to run the daemon and the tests, before anything else."""
+    head = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:4]
+    assert head[0] == "```sh" and head[3] == "```"
+    assert head[1].startswith("./dev serve ") and head[2].startswith("./dev test ")
 
 
 def test_every_cited_markdown_file_exists() -> None:
