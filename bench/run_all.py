@@ -2,7 +2,7 @@
 
 Called by `bench/run`; each benchmark runs as its own process (`python -m bench.<name>`),
 prints its tables as it goes, and leaves JSON in bench/results/<timestamp>/. The summary
-reads those back: key figures, then one line per goal of the README's Performance section.
+reads those back: key figures, then one line per goal of docs/performance.md.
 
     bench/run [--quick] [--only intake,relay,...] [--sizes N,N,N] [--backends ...]
 """

@@ -1,4 +1,4 @@
-"""The path an operator takes (README "Deploying on a VM"), end to end and offline:
+"""The path an operator takes (docs/operations.md#deploying-on-a-vm), end to end and offline:
 
 build the wheel; install it into a fresh venv from the runtime lock only; check that none of
 the test kit came along; check-config the shipped systemd/outboxd.example.toml; then run

@@ -20,7 +20,7 @@ Jepsen-style:
 At-least-once re-runs that are *not* duplicated effects (a run killed after fetching
 but before storing, then run again) are reported as `refetched` / `ai repeat calls`.
 
-Long profile (documented in the README)::
+Long profile (documented in docs/reliability.md)::
 
     python -m tests.reliability.chaos --backend postgres --cycles 100 --seed 7 --daemons 2
     python -m tests.reliability.chaos --backend sqlite --cycles 100 --seed 7
