@@ -34,6 +34,8 @@ Params = Mapping[str, Any]
 
 _BLOCK_RE = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 _PARAM_RE = re.compile(r"(?<![:\w]):([a-zA-Z_]\w*)")
+# `{name}` in a block stands for the named block's text: SQL written once, used twice.
+_INCLUDE_RE = re.compile(r"\{(\w+)\}")
 # Written once in common.sql as a comment; Postgres claims run it (see load_queries).
 _SKIP_LOCKED = "/* FOR UPDATE SKIP LOCKED */"
 
@@ -54,7 +56,8 @@ class Query:
 
 
 def load_queries(backend: Backend) -> dict[str, Query]:
-    """`sql/common.sql`, then `sql/<backend>.sql` overriding blocks of the same name."""
+    """`sql/common.sql`, then `sql/<backend>.sql` overriding blocks of the same name; a
+    `{name}` in a block is replaced by the block `name` (one level deep)."""
     blocks: dict[str, str] = {}
     pkg = resources.files("outboxd.storage") / "sql"
     for fname in ("common.sql", f"{backend}.sql"):
@@ -63,7 +66,8 @@ def load_queries(backend: Backend) -> dict[str, Query]:
         for i in range(1, len(parts), 2):
             blocks[parts[i]] = parts[i + 1].strip().rstrip(";")
     queries: dict[str, Query] = {}
-    for name, sql in blocks.items():
+    for name, text in blocks.items():
+        sql = _INCLUDE_RE.sub(lambda m: blocks[m.group(1)], text)
         if backend == "postgres":
             sql = sql.replace(_SKIP_LOCKED, _SKIP_LOCKED[3:-3])
             order: list[str] = []
