@@ -27,6 +27,7 @@ the transaction holding its rows committed.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -41,9 +42,9 @@ from outboxd.storage.db import Database, Outcome, TxBody
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-# Items of a group -> a body of one statement (run with `one_statement=True`) answering,
-# per item, its value or None ("run it alone").
-Bulk = Callable[[Sequence[Any]], TxBody[list[Any]]]
+# Items of a group, and the time the statement is sent -> a body of one statement (run
+# with `one_statement=True`) answering, per item, its value or None ("run it alone").
+Bulk = Callable[[Sequence[Any], float], TxBody[list[Any]]]
 
 
 @dataclass
@@ -175,7 +176,7 @@ class GroupCommitter:
         own body runs, so the answer is the one it would get alone."""
         if self._bulk is not None:
             try:
-                values = await self._db.run(self._bulk([item]), one_statement=True)
+                values = await self._db.run(self._bulk([item], time.time()), one_statement=True)
             except StorageUnavailable:
                 raise  # the connection or the database, as `db.run(body)` would meet
             except Exception:
@@ -218,7 +219,8 @@ class GroupCommitter:
         """True once the bulk body committed and its members were answered."""
         assert self._bulk is not None
         try:
-            values = await self._db.run(self._bulk([m.item for m in batch]), one_statement=True)
+            bulk = self._bulk([m.item for m in batch], time.time())
+            values = await self._db.run(bulk, one_statement=True)
         except StorageUnavailable:
             raise  # the connection or the database, not a row: a whole-group failure
         except Exception as exc:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -282,9 +281,10 @@ class SqlStore:
             return await self.db.run(body)
         return await self.group.run(body, (new, now))
 
-    def _intake_bulk(self, items: Sequence[Any]) -> TxBody[list[Any]]:
+    def _intake_bulk(self, items: Sequence[Any], now: float) -> TxBody[list[Any]]:
         """A group's intakes as one statement: per item its JobIntake, or None when its
-        key was taken (the member then runs alone and replays)."""
+        key was taken (the member then runs alone and replays). `now` is the time the
+        statement is sent (its deadline counts from then)."""
         # In key order: two groups taking the same keys wait for each other, never in a cycle.
         news: list[tuple[NewPortalJob, float]] = sorted(
             items, key=lambda item: (item[0].user_id, item[0].idempotency_key)
@@ -292,7 +292,7 @@ class SqlStore:
 
         # The statement commits on its own (run with one_statement=True): one arriving after the
         # caller's statement deadline must not write what the caller answered 503 for.
-        not_after = time.time() + self.db.statement_timeout_s
+        not_after = now + self.db.statement_timeout_s
 
         def body() -> Generator[Op, Any, list[Any]]:
             rows = yield fetch(
@@ -306,7 +306,7 @@ class SqlStore:
                     "fingerprints": [n.fingerprint for n, _ in news],
                     "key_ids": [n.key_id for n, _ in news],
                     "sealed": [n.sealed for n, _ in news],
-                    "nows": [now for _, now in news],
+                    "nows": [at for _, at in news],
                     "claimed_untils": [n.claimed_until for n, _ in news],
                     "not_after": not_after,
                 },
@@ -885,16 +885,16 @@ class SqlStore:
 
         return await self.db.read(body)
 
-    async def pace_states(self) -> list[PaceState]:
+    async def pace_states(self, now: float) -> list[PaceState]:
         def body() -> Generator[Op, Any, list[PaceState]]:
-            rows = yield fetch(self.q["pace_all"], {"now": time.time()})
+            rows = yield fetch(self.q["pace_all"], {"now": now})
             return [_pace_state(r) for r in rows]
 
         return await self.db.read(body)
 
     # ------------------------------------------------------------ cluster pacing
-    # `now` is passed for SQLite (one host: its clock); the Postgres blocks
-    # ignore it and read clock_timestamp() instead.
+    # `now` is the caller's clock, used on SQLite (one host: its clock); the Postgres
+    # blocks ignore it and read clock_timestamp() instead.
 
     async def pace_ensure(self, name: str, lease_slots: int = 0) -> None:
         def body() -> Generator[Op, Any, None]:
@@ -904,9 +904,9 @@ class SqlStore:
 
         await self.db.run(body)
 
-    async def pace_take(self, name: str, delay_s: float) -> PaceSlot:
+    async def pace_take(self, name: str, delay_s: float, now: float) -> PaceSlot:
         def body() -> Generator[Op, Any, PaceSlot]:
-            params = {"name": name, "delay": float(delay_s), "now": time.time()}
+            params = {"name": name, "delay": float(delay_s), "now": now}
             row = yield from self._one("pace_take", params)
             if row is None:  # first use on a database that has not seen this resource
                 yield execute(self.q["pace_ensure"], {"name": name})
@@ -920,9 +920,9 @@ class SqlStore:
 
         return await self.db.run(body)
 
-    async def pace_pause(self, name: str, pause_s: float) -> PaceState:
+    async def pace_pause(self, name: str, pause_s: float, now: float) -> PaceState:
         def body() -> Generator[Op, Any, PaceState]:
-            params = {"name": name, "pause_s": float(pause_s), "now": time.time()}
+            params = {"name": name, "pause_s": float(pause_s), "now": now}
             row = yield from self._one("pace_pause", params)
             if row is None:
                 yield execute(self.q["pace_ensure"], {"name": name})
@@ -934,15 +934,15 @@ class SqlStore:
 
         return await self.db.run(body)
 
-    async def pace_state(self, name: str) -> PaceState | None:
+    async def pace_state(self, name: str, now: float) -> PaceState | None:
         def body() -> Generator[Op, Any, PaceState | None]:
-            row = yield from self._one("pace_read", {"name": name, "now": time.time()})
+            row = yield from self._one("pace_read", {"name": name, "now": now})
             return _pace_state(row) if row else None
 
         return await self.db.read(body)
 
     async def lease_take(
-        self, name: str, holder: str, limit: int, lease_s: float
+        self, name: str, holder: str, limit: int, lease_s: float, now: float
     ) -> PaceLease | None:
         def body() -> Generator[Op, Any, PaceLease | None]:
             row = yield from self._one(
@@ -952,7 +952,7 @@ class SqlStore:
                     "holder": holder,
                     "limit": int(limit),
                     "lease_s": float(lease_s),
-                    "now": time.time(),
+                    "now": now,
                 },
             )
             if row is None:
@@ -961,7 +961,7 @@ class SqlStore:
 
         return await self.db.run(body)
 
-    async def lease_renew(self, lease: PaceLease, lease_s: float) -> bool:
+    async def lease_renew(self, lease: PaceLease, lease_s: float, now: float) -> bool:
         return await self._changed(
             "lease_renew",
             {
@@ -969,7 +969,7 @@ class SqlStore:
                 "slot": lease.slot,
                 "holder": lease.holder,
                 "lease_s": float(lease_s),
-                "now": time.time(),
+                "now": now,
             },
         )
 
