@@ -148,7 +148,7 @@ async def test_a_call_waiting_in_line_past_its_patience_answers_unavailable(
     import asyncpg
 
     from outboxd.errors import StorageUnavailable
-    from outboxd.storage.db import open_database
+    from outboxd.storage.store import open_database
 
     db = await open_database(db_url, tmp_path, 5, 5.0)
     store = SqlStore(db, patience_s=0.2)

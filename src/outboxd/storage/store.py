@@ -3,6 +3,8 @@
 The logic of each transaction is written once; the SQL it runs comes from the
 named blocks of `sql/common.sql`, with per-backend overrides where the dialects
 differ (claims: `FOR UPDATE SKIP LOCKED` on Postgres, `BEGIN IMMEDIATE` on SQLite).
+Where a write is best done differently, the driver's `Features` say how; the store
+never asks which backend it runs on.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from outboxd.storage.db import (
     execute_each,
     fetch,
     load_queries,
-    open_database,
+    sqlite_path,
 )
 from outboxd.storage.group import GroupCommitter
 from outboxd.storage.ports import (
@@ -46,6 +48,8 @@ from outboxd.storage.ports import (
     decode_cursor,
     encode_cursor,
 )
+from outboxd.storage.postgres import PostgresDatabase
+from outboxd.storage.sqlite import SqliteDatabase
 
 T = TypeVar("T")
 
@@ -167,8 +171,8 @@ class SqlStore:
         self.db = db
         self.q = load_queries(db.backend)
         # Intake and registration: concurrent calls share one commit (see storage/group.py).
-        # On Postgres an intake group is first tried as one statement.
-        bulk = self._intake_bulk if db.backend == "postgres" else None
+        # Where the driver can, an intake group is first tried as one statement.
+        bulk = self._intake_bulk if db.features.intake_in_one_statement else None
         self.group = GroupCommitter(db, bulk=bulk, patience_s=patience_s) if group_commit else None
         self.website_group = GroupCommitter(db, patience_s=patience_s) if group_commit else None
 
@@ -479,20 +483,18 @@ class SqlStore:
         def body() -> Generator[Op, Any, list[RelayRow]]:
             return (yield from self._relay_outcome(sent, failures, now))
 
-        if self.db.backend == "postgres" and not failures:
+        if self.db.features.sent_in_one_statement and not failures:
             # One statement (`relay_sent_many`: the rows SENT, their jobs RUNNING, their
             # tasks SENT), atomic on its own: one round trip, no BEGIN or COMMIT. It is
             # cheaper than the relay loop's round statement with nothing to claim (2.5-2.9
-            # against 3.3-4.1 ms for eight rows, on 2 cores). (An intake group on Postgres is
-            # one statement too, committing by itself, so an outcome cannot ride along in its
-            # transaction.)
+            # against 3.3-4.1 ms for eight rows, on 2 cores).
             return await self.db.run(body, one_statement=True)
 
-        if self.group is not None and self.db.backend == "sqlite":
+        if self.group is not None and self.db.features.outcomes_share_commits:
             # A dispatch batch's outcome shares the next intake group's commit with the
             # intakes waiting for it, when writes are in flight (otherwise it runs at once,
-            # alone): on SQLite a commit is an fsync. Safe to rerun: a row SENT by a first
-            # run fails the version match and is left alone.
+            # alone): a commit is an fsync. Safe to rerun: a row SENT by a first run fails
+            # the version match and is left alone.
             return await self.group.run(body)
         return await self.db.run(body)
 
@@ -512,8 +514,10 @@ class SqlStore:
         limit: int,
         lease_s: float,
     ) -> tuple[list[RelayRow], list[RelayRow]]:
+        one_statement = self.db.features.sent_in_one_statement and not failures
+
         def body() -> Generator[Op, Any, tuple[list[RelayRow], list[RelayRow]]]:
-            if self.db.backend == "postgres" and not failures:
+            if one_statement:
                 return (yield from self._relay_sent_and_claim_due(sent, now, limit, lease_s))
             done = yield from self._relay_outcome(sent, failures, now)
             claimed = (yield from self._claim_relay_due(now, limit, lease_s)) if limit > 0 else []
@@ -521,14 +525,14 @@ class SqlStore:
 
         if not sent and not failures and limit <= 0:
             return [], []
-        return await self.db.run(body, one_statement=self.db.backend == "postgres" and not failures)
+        return await self.db.run(body, one_statement=one_statement)
 
     def _relay_sent_and_claim_due(
         self, sent: Sequence[tuple[RelayRow, str]], now: float, limit: int, lease_s: float
     ) -> Generator[Op, Any, tuple[list[RelayRow], list[RelayRow]]]:
-        """Postgres: a round's SENT, its jobs RUNNING and the next claim as one statement
-        (a round with failures takes the general path: they are rare, and each is a
-        guarded update of its own)."""
+        """`sent_in_one_statement`: a round's SENT, its jobs RUNNING and the next claim as
+        one statement (a round with failures takes the general path: they are rare, and
+        each is a guarded update of its own)."""
         rows = yield fetch(
             self.q["relay_sent_and_claim_due"],
             {
@@ -546,9 +550,9 @@ class SqlStore:
 
     @staticmethod
     def _sent_params(sent: Sequence[tuple[RelayRow, str]], now: float) -> dict[str, Any]:
-        """Postgres: the rows to mark SENT, each with its claimed version and its MessageId,
-        as parallel arrays (`id = ANY(:ids)`, planned as primary-key lookups). SQLite marks
-        them one by one (`_relay_sent_each`)."""
+        """`sent_in_one_statement`: the rows to mark SENT, each with its claimed version and
+        its MessageId, as parallel arrays (`id = ANY(:ids)`, planned as primary-key
+        lookups). Otherwise they are marked one by one (`_relay_sent_each`)."""
         return {
             "ids": [r.id for r, _ in sent],
             "versions": [r.version for r, _ in sent],
@@ -561,7 +565,7 @@ class SqlStore:
     ) -> Generator[Op, Any, list[RelayRow]]:
         # Rows a newer holder (or a redrive) owns now fail the version match
         # and are left alone.
-        if self.db.backend == "postgres":
+        if self.db.features.sent_in_one_statement:
             rows = yield fetch(self.q["relay_sent_many"], self._sent_params(sent, now))
             # The same statement set the jobs RUNNING and the tasks SENT.
             return [_relay(r) for r in rows]
@@ -579,10 +583,10 @@ class SqlStore:
     def _relay_sent_each(
         self, sent: Sequence[tuple[RelayRow, str]], now: float
     ) -> Generator[Op, Any, list[RelayRow]]:
-        """SQLite: each row SENT by its own execution of one statement. The rows as
-        committed are the claimed ones with what the update set (every update of the
-        outbox moves `version`, so a row the guard let through had not changed since its
-        claim). Only when the guard refused some are the rows read back, to tell which."""
+        """Each row SENT by its own execution of one statement. The rows as committed are
+        the claimed ones with what the update set (every update of the outbox moves
+        `version`, so a row the guard let through had not changed since its claim). Only
+        when the guard refused some are the rows read back, to tell which."""
         changed = yield execute_each(
             self.q["relay_sent_one"],
             [{"id": r.id, "v": r.version, "m": m, "now": now} for r, m in sent],
@@ -1022,6 +1026,20 @@ def _check(store: SqlStore) -> None:
     _stats: ports.StatsStore = store
     _prune: ports.PruneStore = store
     _pace: ports.PaceStore = store
+
+
+async def open_database(
+    url: str, base_dir: Path, pool_size: int, acquire_timeout_s: float
+) -> SqliteDatabase | PostgresDatabase:
+    """The driver for `url`, open: the one place a URL picks a driver, and with it the
+    `Features` the store and group commit follow."""
+    db: SqliteDatabase | PostgresDatabase
+    if url.startswith("sqlite:///"):
+        db = SqliteDatabase(sqlite_path(url, base_dir), acquire_timeout_s)
+    else:
+        db = PostgresDatabase(url, pool_size, acquire_timeout_s)
+    await db.open()
+    return db
 
 
 async def open_store(

@@ -84,10 +84,11 @@ RETURNING *;
 -- One statement, one round trip: the rows SENT (`relay_mark_sent`), and with them their
 -- jobs RUNNING (when QUEUED) and their task runs SENT (when PENDING), what
 -- `jobs_running_if_queued` and `tasks_sent` do in separate statements on SQLite, which has
--- no UPDATE in a WITH (`SqlStore._relay_sent` skips them on Postgres). The rows are found
--- by `id = ANY(:ids)`, parallel arrays: a join with `jsonb_to_recordset`, which the planner
--- takes for a hundred rows, was planned as a hash join over a sequential scan of the outbox
--- up to tens of thousands of rows, and asyncpg's prepared statement kept it.
+-- no UPDATE in a WITH (`SqlStore._relay_sent` skips them where the driver's features say
+-- the SENT marks are one statement). The rows are found by `id = ANY(:ids)`, parallel
+-- arrays: a join with `jsonb_to_recordset`, which the planner takes for a hundred rows,
+-- was planned as a hash join over a sequential scan of the outbox up to tens of thousands
+-- of rows, and asyncpg's prepared statement kept it.
 -- The jobs are found by primary key from the rows just updated: their status test is
 -- written so that no index could serve it (there is no index on jobs.status since
 -- migration 0003; with stale statistics the planner once read every QUEUED job through
