@@ -1,7 +1,7 @@
 """What the core asks of storage: records, and one Protocol per concern.
 
 `storage.store.SqlStore` implements all of them on SQLite and Postgres; mypy
-checks that it does (see the assignments at the end of store.py).
+checks that it does (see the assignments in storage/store/__init__.py).
 """
 
 from __future__ import annotations

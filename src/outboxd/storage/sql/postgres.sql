@@ -40,7 +40,7 @@ RETURNING *;
 -- recorded and leaves them alone even should their lease have run out (Postgres does not
 -- say which of two updates of one row in one statement takes effect). The rows come back
 -- as one set: `sent` says which part a row is from. A round with failures takes the
--- general path (store.py).
+-- general path (storage/store/relay.py).
 WITH sent AS (
 {relay_mark_sent}
 ), running AS (
