@@ -130,7 +130,8 @@ async def test_an_intake_statement_past_its_deadline_writes_nothing(
     member then falls back to its own transaction and is created."""
     items = [(new_job("late", i), time.time()) for i in range(3)]
     store.db.statement_timeout_s = -1.0
-    assert await store.db.run(store._intake_bulk(items), one_statement=True) == [None, None, None]
+    late = store._intake_bulk(items, time.time())
+    assert await store.db.run(late, one_statement=True) == [None, None, None]
     assert await raw_count(db_url, "jobs") == 0
     results = await asyncio.gather(*(store.create_portal_job(n, now) for n, now in items))
     assert [r.created for r in results] == [True, True, True]
@@ -147,7 +148,7 @@ async def test_a_call_waiting_in_line_past_its_patience_answers_unavailable(
     import asyncpg
 
     from outboxd.errors import StorageUnavailable
-    from outboxd.storage.db import open_database
+    from outboxd.storage.store import open_database
 
     db = await open_database(db_url, tmp_path, 5, 5.0)
     store = SqlStore(db, patience_s=0.2)

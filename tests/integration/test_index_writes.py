@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from outboxd.ids import new_id
-from outboxd.storage.db import Op, PostgresDatabase, Query, Row, execute, fetch
+from outboxd.storage.db import Op, Query, Row, execute, fetch
+from outboxd.storage.postgres import PostgresDatabase
 from outboxd.storage.store import SqlStore
 from tests.support.db import raw_db
 from tests.support.group_crash import portal_job

@@ -82,31 +82,34 @@ async def categories(store: SqlStore, domains: list[str]) -> dict[str, str | Non
 async def test_slots_are_handed_out_delay_apart_across_two_stores(
     store: SqlStore, other: SqlStore
 ) -> None:
-    first = await store.pace_take("r", 0.5)
+    first = await store.pace_take("r", 0.5, time.time())
     assert first.wait_s == 0  # an unused pace starts now
     slots = await asyncio.gather(
-        *(s.pace_take("r", 0.5) for s in itertools.islice(itertools.cycle([store, other]), 8))
+        *(
+            s.pace_take("r", 0.5, time.time())
+            for s in itertools.islice(itertools.cycle([store, other]), 8)
+        )
     )
     starts = sorted([first.slot, *(s.slot for s in slots)])
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(abs(g - 0.5) < 1e-6 for g in gaps), gaps
-    state = await other.pace_state("r")
+    state = await other.pace_state("r", time.time())
     assert state is not None
     assert state.last_at == starts[-1]
     assert abs(state.next_at - (starts[-1] + 0.5)) < 1e-6
 
 
 async def test_a_pause_holds_every_later_slot_back(store: SqlStore, other: SqlStore) -> None:
-    await store.pace_take("r", 0.1)
-    state = await store.pace_pause("r", 2.0)
+    await store.pace_take("r", 0.1, time.time())
+    state = await store.pace_pause("r", 2.0, time.time())
     assert 1.9 < state.paused_for_s <= 2.0
-    seen = await other.pace_state("r")
+    seen = await other.pace_state("r", time.time())
     assert seen is not None and seen.paused_for_s > 1.8
-    slot = await other.pace_take("r", 0.1)
+    slot = await other.pace_take("r", 0.1, time.time())
     assert slot.slot >= state.paused_until
     assert 1.8 < slot.wait_s <= 2.0
     # A shorter pause never shortens the one in force.
-    again = await other.pace_pause("r", 0.5)
+    again = await other.pace_pause("r", 0.5, time.time())
     assert again.paused_until == state.paused_until
 
 
@@ -114,13 +117,13 @@ async def test_session_leases_hold_the_limit_expire_and_come_back(
     store: SqlStore, other: SqlStore
 ) -> None:
     await store.pace_ensure("p", 2)
-    a = await store.lease_take("p", "a", 2, 30.0)
-    b = await other.lease_take("p", "b", 2, 0.5)
+    a = await store.lease_take("p", "a", 2, 30.0, time.time())
+    b = await other.lease_take("p", "b", 2, 0.5, time.time())
     assert a is not None and b is not None and a.slot != b.slot
-    assert await other.lease_take("p", "c", 2, 30.0) is None  # both sessions are held
+    assert await other.lease_take("p", "c", 2, 30.0, time.time()) is None  # both sessions are held
     # The limit is the caller's: with max_concurrency = 1 the second row is never used.
-    assert await store.lease_take("p", "c", 1, 30.0) is None
-    states = {s.name: s for s in await store.pace_states()}
+    assert await store.lease_take("p", "c", 1, 30.0, time.time()) is None
+    states = {s.name: s for s in await store.pace_states(time.time())}
     assert states["p"].sessions == 2
     # b's holder dies: its lease ends by itself.
     deadline = time.monotonic() + 10
@@ -128,13 +131,13 @@ async def test_session_leases_hold_the_limit_expire_and_come_back(
     while c is None:
         assert time.monotonic() < deadline, "the expired lease never came back"
         await asyncio.sleep(0.1)
-        c = await store.lease_take("p", "c", 2, 30.0)
+        c = await store.lease_take("p", "c", 2, 30.0, time.time())
     assert c.slot == b.slot
     assert not await other.lease_release(b)  # no longer b's to give back
-    assert not await other.lease_renew(b, 30.0)
-    assert await store.lease_renew(a, 30.0)
+    assert not await other.lease_renew(b, 30.0, time.time())
+    assert await store.lease_renew(a, 30.0, time.time())
     assert await store.lease_release(a)
-    d = await other.lease_take("p", "d", 2, 30.0)
+    d = await other.lease_take("p", "d", 2, 30.0, time.time())
     assert d is not None and d.slot == a.slot
 
 
@@ -165,7 +168,7 @@ async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
     await asyncio.sleep(4 * delay)
     stop.set()
     await asyncio.wait_for(asyncio.gather(*idle), 10)
-    state = await store.pace_state(AI_PACE)
+    state = await store.pace_state(AI_PACE, time.time())
     assert state is None or state.last_at is None, state
 
     domains = [f"site{i}.example" for i in range(8)]
@@ -214,7 +217,7 @@ async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
 ) -> None:
     # Another instance holds the next ten slots of 0.5 s: this one's slot is 5 s away.
     for _ in range(10):
-        await other.pace_take(AI_PACE, 0.5)
+        await other.pace_take(AI_PACE, 0.5, time.time())
     await register(store, "waiting.example")
     claimer = cluster_claimer(store, ai, fixed_delay_s=0.5)
     stop = asyncio.Event()
@@ -263,7 +266,7 @@ async def test_portal_pacing_spaces_requests_and_limits_sessions_across_instance
     starts.sort()
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert len(starts) == 12 and min(gaps) >= 0.09, gaps
-    states = {s.name: s for s in await store.pace_states()}
+    states = {s.name: s for s in await store.pace_states(time.time())}
     assert states["suwon"].sessions == 0  # every session given back
 
 
@@ -277,12 +280,12 @@ async def test_metrics_admin_stats_and_status_show_the_pace(
 
     from tests.support.ops import run_cli, write_config
 
-    await store.pace_take(AI_PACE, 0.5)
-    await store.pace_take(AI_PACE, 0.5)
-    await store.pace_pause(AI_PACE, 30.0)
+    await store.pace_take(AI_PACE, 0.5, time.time())
+    await store.pace_take(AI_PACE, 0.5, time.time())
+    await store.pace_pause(AI_PACE, 30.0, time.time())
     await store.pace_ensure("suwon", 2)
-    assert await store.lease_take("suwon", "someone", 2, 60.0) is not None
-    ai_state = await store.pace_state(AI_PACE)
+    assert await store.lease_take("suwon", "someone", 2, 60.0, time.time()) is not None
+    ai_state = await store.pace_state(AI_PACE, time.time())
     assert ai_state is not None and ai_state.last_at is not None
 
     text = await (await api.get("/metrics")).text()

@@ -21,7 +21,7 @@ from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics, configure_logging
 from outboxd.security import KeyRing, Sealed
-from outboxd.storage.db import SqliteDatabase
+from outboxd.storage.sqlite import SqliteDatabase
 from outboxd.storage.store import SqlStore
 from tests.support import postgres as pg
 from tests.support.ops import sealing_key_id

@@ -593,7 +593,8 @@ async def test_a_storage_error_after_the_commit_still_answers_202(
 @pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_a_connection_killed_in_the_pool_is_storage_unavailable(db_url: str) -> None:
     from outboxd.errors import StorageUnavailable
-    from outboxd.storage.db import Op, PostgresDatabase, Query, fetch
+    from outboxd.storage.db import Op, Query, fetch
+    from outboxd.storage.postgres import PostgresDatabase
 
     def select_one() -> Generator[Op, Any, Any]:
         return (yield fetch(Query("one", "SELECT 1", ()), {}))

@@ -22,7 +22,8 @@ import pytest
 
 from outboxd.config import SqsSettings
 from outboxd.queue.sqs import QueueDepth, SqsQueues
-from outboxd.storage.db import Op, PostgresDatabase, Query, fetch
+from outboxd.storage.db import Op, Query, fetch
+from outboxd.storage.postgres import PostgresDatabase
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import Db, Fakes, http, log_events, student_number, wait_until
 from tests.support.daemon import DaemonProcess

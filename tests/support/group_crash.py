@@ -43,7 +43,7 @@ async def warm_connections(store: SqlStore) -> None:
     started after another of them commits (an intake is one round trip once prepared)."""
     if store.backend != "postgres" or store.group is None:
         return
-    bulk = store._intake_bulk([])  # no rows: prepares the statement, writes nothing
+    bulk = store._intake_bulk([], time.time())  # no rows: prepares the statement, writes nothing
     await asyncio.gather(
         *(store.db.run(bulk, one_statement=True) for _ in range(store.group.max_groups))
     )

@@ -84,11 +84,49 @@ def test_the_http_side_and_the_workers_do_not_import_each_other(path: Path) -> N
     assert crossing == [], f"{_module_name(path)} imports {crossing}"
 
 
+def _within(module: str, packages: set[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+DRIVERS = {"storage.sqlite", "storage.postgres"}
+
+
 def test_core_sees_storage_through_ports_only() -> None:
     """Services and the HTTP side use storage/ports.py, never the store or the drivers."""
+    hidden = {"storage.store", "storage.db", *DRIVERS}
     offenders = {
-        _module_name(p): sorted(m for m in _imports(p) if m in {"storage.store", "storage.db"})
+        _module_name(p): sorted(m for m in _imports(p) if _within(m, hidden))
         for p in MODULES
         if _module_name(p).startswith(("services.", "http."))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_nothing_above_storage_imports_a_driver() -> None:
+    """The wiring opens a store (`storage.store.open_store`); which driver a URL gets is
+    decided inside storage, so no module above it names one."""
+    offenders = {
+        _module_name(p): sorted(m for m in _imports(p) if _within(m, DRIVERS))
+        for p in MODULES
+        if _layer(_module_name(p)) > LAYERS["storage"]
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def _library_imports(path: Path) -> set[str]:
+    """The top-level names of every module `path` imports (any library)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+    return found
+
+
+def test_each_database_library_is_imported_by_its_driver_only() -> None:
+    importers = {
+        lib: sorted(_module_name(p) for p in MODULES if lib in _library_imports(p))
+        for lib in ("sqlite3", "asyncpg")
+    }
+    assert importers == {"sqlite3": ["storage.sqlite"], "asyncpg": ["storage.postgres"]}

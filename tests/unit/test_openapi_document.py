@@ -476,7 +476,7 @@ class _Counts:
             StatusCount("relay_outbox", "RETRYABLE_FAILED", 1, _T0 + 3),
         ]
 
-    async def pace_states(self) -> list[PaceState]:
+    async def pace_states(self, now: float) -> list[PaceState]:
         return [PaceState("ai", _T0, _T0 + 1, _T0 + 3, _T0 + 0.5, 0)]
 
 

@@ -82,7 +82,7 @@ async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[st
             for t in tables
             for ts in [oldest.get(t)]
         },
-        "pace": {p.name: pace_item(p) for p in await store.pace_states()},
+        "pace": {p.name: pace_item(p) for p in await store.pace_states(now)},
         "queues": None,
     }
     if queues is not None:

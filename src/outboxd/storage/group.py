@@ -8,25 +8,27 @@ them (up to `max_members`) in one transaction:
 
 - the savepoint path (`Database.run_group`): one BEGIN, a savepoint per member, one
   COMMIT; on SQLite the whole group is one thread hop and one fsync;
-- optionally a set-based `bulk` body first (intake on Postgres): the whole group in
-  one statement, one round trip. Should it fail on a member's row (a constraint),
-  the group is written again on the savepoint path.
+- optionally a set-based `bulk` body first (intake, where the driver's `Features` offer
+  it: Postgres): the whole group in one statement, one round trip. Should it fail on a
+  member's row (a constraint), the group is written again on the savepoint path.
 
 A member that raises is rolled back to its savepoint; the others commit. After the
 commit it runs again alone, so its answer is exactly the one it would get alone (an
 idempotency replay, a constraint's error). When the group as a whole fails (begin or
-commit, a lost connection) each member runs alone; on SQLite a file that is
-locked or failing answers every member with the group's error at once, since each
-would meet the same file alone after waiting the busy timeout again. Bodies given here
-must therefore be safe to run twice: when a commit's outcome is unknown the rows may
-already be there, and the rerun must find them (intake and registration are keyed on
-the idempotency key and the domain, so it does). Each caller is answered only after
-the transaction holding its rows committed.
+commit, a lost connection) each member runs alone; but where the driver says a database
+out of reach is out of reach for every member (`Features.rerun_unavailable` off: on
+SQLite, a file that is locked or failing, which each member alone would meet after
+waiting the busy timeout again), every member is answered with the group's error at
+once. Bodies given here must therefore be safe to run twice: when a commit's outcome is
+unknown the rows may already be there, and the rerun must find them (intake and
+registration are keyed on the idempotency key and the domain, so it does). Each caller
+is answered only after the transaction holding its rows committed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -41,9 +43,9 @@ from outboxd.storage.db import Database, Outcome, TxBody
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-# Items of a group -> a body of one statement (run with `one_statement=True`) answering,
-# per item, its value or None ("run it alone").
-Bulk = Callable[[Sequence[Any]], TxBody[list[Any]]]
+# Items of a group, and the time the statement is sent -> a body of one statement (run
+# with `one_statement=True`) answering, per item, its value or None ("run it alone").
+Bulk = Callable[[Sequence[Any], float], TxBody[list[Any]]]
 
 
 @dataclass
@@ -81,13 +83,10 @@ class GroupCommitter:
         self._patience_s = patience_s
         self._bulk = bulk
         self._max_members = max(1, max_members)
-        # SQLite has one writer: one write in flight, the next group gathering meanwhile.
-        # Postgres writes side by side, but two at a time, so that groups form: with four,
-        # HTTP intake at concurrency 16 wrote smaller groups and spent about a fifth more
-        # CPU per request (docs/architecture.md, "Group commit").
-        self.max_groups = max_groups or (1 if db.backend == "sqlite" else 2)
-        # A lost Postgres connection says nothing of the next one: rerun alone.
-        self._rerun_unavailable = db.backend != "sqlite"
+        # How many groups write at once, and whether a group that could not reach the
+        # database reruns its members alone: the driver's to say (its `Features`).
+        self.max_groups = max_groups or db.features.group_writers
+        self._rerun_unavailable = db.features.rerun_unavailable
         self._pending: deque[_Member] = deque()
         self._writers = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -175,7 +174,7 @@ class GroupCommitter:
         own body runs, so the answer is the one it would get alone."""
         if self._bulk is not None:
             try:
-                values = await self._db.run(self._bulk([item]), one_statement=True)
+                values = await self._db.run(self._bulk([item], time.time()), one_statement=True)
             except StorageUnavailable:
                 raise  # the connection or the database, as `db.run(body)` would meet
             except Exception:
@@ -218,7 +217,8 @@ class GroupCommitter:
         """True once the bulk body committed and its members were answered."""
         assert self._bulk is not None
         try:
-            values = await self._db.run(self._bulk([m.item for m in batch]), one_statement=True)
+            bulk = self._bulk([m.item for m in batch], time.time())
+            values = await self._db.run(bulk, one_statement=True)
         except StorageUnavailable:
             raise  # the connection or the database, not a row: a whole-group failure
         except Exception as exc:

@@ -94,7 +94,7 @@ class Claimer:
 
     async def tick(self, stop: asyncio.Event | None = None) -> TickOutcome:
         if self._pace is not None:
-            state = await self._pace.pace_state(AI_PACE)
+            state = await self._pace.pace_state(AI_PACE, time.time())
             if state is not None and state.paused_for_s > 0:
                 # Every instance sees the pause: claim nothing until it ends.
                 self._paused_until = self._clock() + state.paused_for_s
@@ -135,7 +135,7 @@ class Claimer:
         except RateLimited as exc:
             self._paused_until = self._clock() + exc.retry_after_s
             if self._pace is not None:
-                state = await self._pace.pace_pause(AI_PACE, exc.retry_after_s)
+                state = await self._pace.pace_pause(AI_PACE, exc.retry_after_s, time.time())
                 self._paused_until = self._clock() + state.paused_for_s
             await self._store.give_back_work(row)
             log.warning("claimer_rate_limited", retry_after_s=exc.retry_after_s, **bind)
@@ -178,7 +178,7 @@ class Claimer:
             _slot, deadline = await self._db_clock.take(self._pace, AI_PACE, delay_s)
             if await _sleep_or_stop(stop, deadline - lead_s - time.monotonic()):
                 return "stopped"
-            state = await self._pace.pace_state(AI_PACE)
+            state = await self._pace.pace_state(AI_PACE, time.time())
             if state is not None and state.paused_for_s > 0:
                 self._paused_until = self._clock() + state.paused_for_s
                 return "paused"

@@ -1,7 +1,8 @@
 -- Named statements shared by both backends; `<backend>.sql` overrides a block
 -- of the same name. Parameters are `:name`, always bound, never formatted in.
 -- A claim's `/* FOR UPDATE SKIP LOCKED */` is a comment on SQLite (BEGIN IMMEDIATE
--- already excludes competitors) and the clause itself on Postgres (storage/db.py).
+-- already excludes competitors) and the clause itself on Postgres (storage/db.py). A block
+-- named in braces inside another is replaced by its text (written once, used twice).
 
 -- ---------------------------------------------------------------- jobs
 

@@ -17,26 +17,32 @@ UPDATE relay_outbox
                        FOR UPDATE SKIP LOCKED))
 RETURNING *;
 
+-- name: relay_mark_sent
+-- A round's rows SENT, written once: the `sent` part of `relay_sent_many` and of
+-- `relay_sent_and_claim_due`, which name it in braces (the loader puts this text there).
+-- The version guard refuses a row a newer holder (or a redrive) owns since. :ids, :versions
+-- and :message_ids are parallel arrays; a row finds its own by array_position, and
+-- `id = ANY(:ids)` is planned as a lookup of a few rows by primary key.
+UPDATE relay_outbox
+   SET status = 'SENT', sent_at = :now, claimed_until = NULL, last_error = NULL,
+       queue_message_id = (CAST(:message_ids AS text[]))[
+           array_position(CAST(:ids AS text[]), id)],
+       version = version + 1
+ WHERE id = ANY(CAST(:ids AS text[]))
+   AND version = (CAST(:versions AS integer[]))[array_position(CAST(:ids AS text[]), id)]
+RETURNING *;
+
 -- name: relay_sent_and_claim_due
 -- The relay loop's transaction per round in one statement: the round that was sent is
--- marked SENT (the version guard refuses a stale holder), its jobs RUNNING and its
--- tasks SENT, and the next round is claimed. One round trip instead of five (BEGIN, three
--- statements, COMMIT), and one executor start. :ids, :versions and :message_ids are
--- parallel arrays; a row finds its own by array_position, so the rows are found by
--- primary key where the table is large enough for that to pay. The parts share one
--- snapshot, so the claim is told which rows are being recorded and leaves them alone
--- even should their lease have run out (Postgres does not say which of two updates of
--- one row in one statement takes effect). The rows come back as one set: `sent` says
--- which part a row is from. A round with failures takes the general path (store.py).
+-- marked SENT (`relay_mark_sent`), its jobs RUNNING and its tasks SENT, and the next round
+-- is claimed. One round trip instead of five (BEGIN, three statements, COMMIT), and one
+-- executor start. The parts share one snapshot, so the claim is told which rows are being
+-- recorded and leaves them alone even should their lease have run out (Postgres does not
+-- say which of two updates of one row in one statement takes effect). The rows come back
+-- as one set: `sent` says which part a row is from. A round with failures takes the
+-- general path (storage/store/relay.py).
 WITH sent AS (
-    UPDATE relay_outbox
-       SET status = 'SENT', sent_at = :now, claimed_until = NULL, last_error = NULL,
-           queue_message_id = (CAST(:message_ids AS text[]))[
-               array_position(CAST(:ids AS text[]), id)],
-           version = version + 1
-     WHERE id = ANY(CAST(:ids AS text[]))
-       AND version = (CAST(:versions AS integer[]))[array_position(CAST(:ids AS text[]), id)]
-    RETURNING *
+{relay_mark_sent}
 ), running AS (
     UPDATE jobs SET status = 'RUNNING', updated_at = :now
      WHERE status = 'QUEUED' AND id = ANY(ARRAY(SELECT job_id FROM sent))
@@ -75,14 +81,14 @@ UPDATE relay_outbox
 RETURNING *;
 
 -- name: relay_sent_many
--- One statement, one round trip: the rows SENT, and with them their jobs RUNNING (when
--- QUEUED) and their task runs SENT (when PENDING), what `jobs_running_if_queued` and
--- `tasks_sent` do in separate statements on SQLite, which has no UPDATE in a WITH
--- (`SqlStore._relay_sent` skips them on Postgres). :ids, :versions and :message_ids are
--- parallel arrays, as in `relay_sent_and_claim_due`: `id = ANY(:ids)` is planned as a
--- lookup of a few rows by primary key. (A join with `jsonb_to_recordset`, which the
--- planner takes for a hundred rows, was planned as a hash join over a sequential scan of
--- the outbox up to tens of thousands of rows, and asyncpg's prepared statement kept it.)
+-- One statement, one round trip: the rows SENT (`relay_mark_sent`), and with them their
+-- jobs RUNNING (when QUEUED) and their task runs SENT (when PENDING), what
+-- `jobs_running_if_queued` and `tasks_sent` do in separate statements on SQLite, which has
+-- no UPDATE in a WITH (`SqlStore._relay_sent` skips them where the driver's features say
+-- the SENT marks are one statement). The rows are found by `id = ANY(:ids)`, parallel
+-- arrays: a join with `jsonb_to_recordset`, which the planner takes for a hundred rows,
+-- was planned as a hash join over a sequential scan of the outbox up to tens of thousands
+-- of rows, and asyncpg's prepared statement kept it.
 -- The jobs are found by primary key from the rows just updated: their status test is
 -- written so that no index could serve it (there is no index on jobs.status since
 -- migration 0003; with stale statistics the planner once read every QUEUED job through
@@ -97,14 +103,7 @@ RETURNING *;
 -- Dispatch to the stub at 16 clients: faster in 8 of 9 interleaved pairs, median +7%
 -- (docs/architecture.md, "What bounds dispatch on Postgres").
 WITH sent AS (
-UPDATE relay_outbox
-   SET status = 'SENT', sent_at = :now, claimed_until = NULL, last_error = NULL,
-       queue_message_id = (CAST(:message_ids AS text[]))[
-           array_position(CAST(:ids AS text[]), id)],
-       version = version + 1
- WHERE id = ANY(CAST(:ids AS text[]))
-   AND version = (CAST(:versions AS integer[]))[array_position(CAST(:ids AS text[]), id)]
-RETURNING *
+{relay_mark_sent}
 ), running AS (
 UPDATE jobs SET status = 'RUNNING', updated_at = :now
   FROM sent

@@ -1,0 +1,85 @@
+"""`SqlStore`: every storage Protocol, on either database driver.
+
+The logic of each transaction is written once, as a generator body; the SQL it runs
+comes from the named blocks of `sql/common.sql`, with per-backend overrides where the
+dialects differ (claims: `FOR UPDATE SKIP LOCKED` on Postgres, `BEGIN IMMEDIATE` on
+SQLite). Where a write is best done differently, the driver's `Features` say how; no
+part of the store asks which backend it runs on. One module per concern of
+storage/ports.py: jobs, relay, tasks, websites, pace, stats (with pruning).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from outboxd.storage import ports
+from outboxd.storage.db import Database, load_queries, sqlite_path
+from outboxd.storage.group import GroupCommitter
+from outboxd.storage.postgres import PostgresDatabase
+from outboxd.storage.sqlite import SqliteDatabase
+from outboxd.storage.store.jobs import SqlJobs
+from outboxd.storage.store.pace import SqlPace
+from outboxd.storage.store.relay import SqlRelay
+from outboxd.storage.store.stats import SqlStats
+from outboxd.storage.store.tasks import SqlTasks
+from outboxd.storage.store.websites import SqlWebsites
+
+__all__ = ["SqlStore", "open_database", "open_store"]
+
+
+class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
+    """Every storage port. Each method is one transaction body (see `db.TxBody`),
+    so SQLite runs it in one thread hop and Postgres on one connection."""
+
+    def __init__(
+        self, db: Database, group_commit: bool = True, patience_s: float | None = None
+    ) -> None:
+        self.db = db
+        self.q = load_queries(db.backend)
+        # Intake and registration: concurrent calls share one commit (see storage/group.py).
+        # Where the driver can, an intake group is first tried as one statement.
+        bulk = self._intake_bulk if db.features.intake_in_one_statement else None
+        self.group = GroupCommitter(db, bulk=bulk, patience_s=patience_s) if group_commit else None
+        self.website_group = GroupCommitter(db, patience_s=patience_s) if group_commit else None
+
+    @property
+    def backend(self) -> str:
+        return self.db.backend
+
+    async def close(self) -> None:
+        for group in (self.group, self.website_group):
+            if group is not None:
+                await group.drain()
+        await self.db.close()
+
+
+def _check(store: SqlStore) -> None:
+    """mypy proves here that SqlStore satisfies every port."""
+    _jobs: ports.JobStore = store
+    _relay_store: ports.RelayStore = store
+    _tasks: ports.TaskStore = store
+    _websites: ports.WebsiteStore = store
+    _stats: ports.StatsStore = store
+    _prune: ports.PruneStore = store
+    _pace: ports.PaceStore = store
+
+
+async def open_database(
+    url: str, base_dir: Path, pool_size: int, acquire_timeout_s: float
+) -> SqliteDatabase | PostgresDatabase:
+    """The driver for `url`, open: the one place a URL picks a driver, and with it the
+    `Features` the store and group commit follow."""
+    db: SqliteDatabase | PostgresDatabase
+    if url.startswith("sqlite:///"):
+        db = SqliteDatabase(sqlite_path(url, base_dir), acquire_timeout_s)
+    else:
+        db = PostgresDatabase(url, pool_size, acquire_timeout_s)
+    await db.open()
+    return db
+
+
+async def open_store(
+    url: str, base_dir: Path, pool_size: int, acquire_timeout_s: float
+) -> SqlStore:
+    db = await open_database(url, base_dir, pool_size, acquire_timeout_s)
+    return SqlStore(db, patience_s=acquire_timeout_s)

@@ -1,0 +1,117 @@
+"""Rows as the records of storage/ports.py, and JSON columns in and out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from outboxd.storage.db import Row
+from outboxd.storage.ports import JobRecord, PaceState, RelayRow, TaskRun, Website, WorkRow
+
+
+def json_or_none(text: Any) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    value = json.loads(text)
+    return value if isinstance(value, dict) else None
+
+
+def dump(value: Mapping[str, Any] | None) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def job_record(r: Row) -> JobRecord:
+    sealed = r["sealed"]
+    return JobRecord(
+        id=r["id"],
+        kind=r["kind"],
+        portal=r["portal"],
+        user_id=r["user_id"],
+        idempotency_key=r["idempotency_key"],
+        fingerprint=r["fingerprint"],
+        status=r["status"],
+        attempts=int(r["attempts"]),
+        key_id=r["key_id"],
+        sealed=bytes(sealed) if sealed is not None else None,
+        lease_until=r["lease_until"],
+        progress=json_or_none(r["progress"]),
+        error_code=r["error_code"],
+        error_message=r["error_message"],
+        result=json_or_none(r["result"]),
+        created_at=float(r["created_at"]),
+        updated_at=float(r["updated_at"]),
+        finished_at=r["finished_at"],
+        version=int(r["version"]),
+    )
+
+
+def relay_record(r: Row) -> RelayRow:
+    return RelayRow(
+        id=r["id"],
+        kind=r["kind"],
+        job_id=r["job_id"],
+        task_id=r["task_id"],
+        status=r["status"],
+        attempt_count=int(r["attempt_count"]),
+        next_attempt_at=float(r["next_attempt_at"]),
+        last_error=r["last_error"],
+        queue_message_id=r["queue_message_id"],
+        dedup_id=r["dedup_id"],
+        created_at=float(r["created_at"]),
+        sent_at=r["sent_at"],
+        claimed_until=r["claimed_until"],
+        version=int(r["version"]),
+    )
+
+
+def task_record(r: Row) -> TaskRun:
+    return TaskRun(
+        id=r["id"],
+        type=r["type"],
+        payload=json_or_none(r["payload"]) or {},
+        dedup_id=r["dedup_id"],
+        status=r["status"],
+        error=r["error"],
+        enqueued_at=float(r["enqueued_at"]),
+        finished_at=r["finished_at"],
+        version=int(r["version"]),
+    )
+
+
+def website_record(r: Row) -> Website:
+    return Website(
+        id=r["id"],
+        domain=r["domain"],
+        favicon_url=r["favicon_url"],
+        category=r["category"],
+        created_at=float(r["created_at"]),
+        work_status=r.get("work_status"),
+        work_attempts=int(r.get("work_attempts") or 0),
+        work_last_error=r.get("work_last_error"),
+    )
+
+
+def work_record(r: Row) -> WorkRow:
+    return WorkRow(
+        id=r["id"],
+        website_id=r["website_id"],
+        status=r["status"],
+        attempt_count=int(r["attempt_count"]),
+        attempted_at=r["attempted_at"],
+        last_error=r["last_error"],
+        created_at=float(r["created_at"]),
+        version=int(r["version"]),
+    )
+
+
+def pace_state_record(r: Row) -> PaceState:
+    last = r["last_at"]
+    return PaceState(
+        name=r["name"],
+        last_at=float(last) if last is not None else None,
+        next_at=float(r["next_at"]),
+        paused_until=float(r["paused_until"]),
+        now=float(r["now"]),
+        sessions=int(r.get("sessions") or 0),
+    )
