@@ -23,12 +23,12 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from outboxd.config import RelaySettings
-from outboxd.daemon.app import Readiness
-from outboxd.daemon.relay import Relay
+from outboxd.daemon.readiness import Readiness
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import OutgoingMessage, QueueError, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
+from outboxd.workers.relay import Relay
 from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
 from tests.support.sqs_proxy import forward, queue_settings, serve
