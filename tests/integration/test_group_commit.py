@@ -352,7 +352,7 @@ async def test_an_outcome_finds_its_jobs_by_key_whatever_the_backlog(store: SqlS
     else:
         q = store.q["relay_sent_many"]  # on Postgres it sets the jobs RUNNING itself
         explain = Query(q.name, f"EXPLAIN {q.sql}", q.param_names)
-        params = {"ids": [], "versions": [], "message_ids": [], "now": 0.0}
+        params = {"ids": [], "versions": [], "message_ids": [], "now": 0.0, "ev_instance": "i"}
 
     def body() -> Generator[Op, Any, list[Row]]:
         rows: list[Row] = yield fetch(explain, params)

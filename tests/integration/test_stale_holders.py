@@ -169,7 +169,7 @@ async def test_a_stale_runs_late_outcome_cannot_overwrite_the_current_runs(
     assert await store.finish_job(stale, "FAILED", 112.0, error=("PORTAL_AUTH_FAILED", "x")) is None
     assert await store.finish_job(stale, "SUCCEEDED", 112.0, result={"from": "stale"}) is None
     assert await store.extend_job_lease(stale, 500.0) is False
-    assert await store.update_job_progress(stale, {"step": "STALE"}, 112.0) is False
+    assert await store.update_job_progress(stale, {"step": "STALE"}, 112.0) is None
     assert await store.job_retry_later(stale, ("PORTAL_UNAVAILABLE", "x"), 112.0) is None
     assert await store.release_job_lease(stale, 112.0) is False
 

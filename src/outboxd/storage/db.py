@@ -11,12 +11,15 @@ store reads those, never the backend's name.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
+
+from outboxd.storage.ports import Listening
 
 Backend = Literal["sqlite", "postgres"]
 Row = dict[str, Any]
@@ -212,6 +215,12 @@ class Features:
     # A group that failed as unavailable runs again member by member (a lost connection
     # says nothing of the next one); otherwise every member is answered with its error.
     rerun_unavailable: bool
+    # A job change and its timeline event are one statement (`<name>_ev`, a WITH around the
+    # change); otherwise the event is a second statement in the change's transaction.
+    events_in_statement: bool = False
+    # The database pushes notifications to a listening connection (`Database.listen`);
+    # otherwise other processes' changes are found by polling.
+    notifies: bool = False
 
     def __post_init__(self) -> None:
         if self.outcomes_share_commits and self.intake_in_one_statement:
@@ -244,6 +253,12 @@ class Database(Protocol):
         its Outcome; the others commit. Raises (nothing committed, as far as the caller
         can tell) when the group as a whole fails: begin, commit, a lost connection.
         """
+        ...
+
+    def listen(
+        self, channel: str, on_payload: Callable[[str], None]
+    ) -> contextlib.AbstractAsyncContextManager[Listening]:
+        """A connection of its own LISTENing on `channel` (where `features.notifies`)."""
         ...
 
     async def migrate(self) -> list[str]: ...

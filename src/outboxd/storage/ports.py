@@ -6,23 +6,43 @@ checks that it does (see the assignments in storage/store/__init__.py).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar, get_args
 
-JobStatus = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"]
+JobStatus = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD", "CANCELLED"]
 RelayStatus = Literal["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"]
 WorkStatus = Literal["PENDING", "PROCESSING", "COMPLETED", "FAILED"]
 TaskStatus = Literal["PENDING", "SENT", "SUCCEEDED", "FAILED", "DEAD"]
+# What a job's timeline records (GET /v1/jobs/{id}/events): one event per change of the job,
+# committed with the change.
+JobEventType = Literal[
+    "accepted",
+    "dispatched",
+    "dispatch_failed",
+    "started",
+    "progress",
+    "retry_scheduled",
+    "released",
+    "succeeded",
+    "failed",
+    "dead",
+    "redriven",
+    "cancel_requested",
+    "cancelled",
+]
 # The one spelling of each status set: the API's filters, the OpenAPI enums and the
 # CLI's choices all read these tuples.
 JOB_STATUSES: Final[tuple[JobStatus, ...]] = get_args(JobStatus)
 RELAY_STATUSES: Final[tuple[RelayStatus, ...]] = get_args(RelayStatus)
 WORK_STATUSES: Final[tuple[WorkStatus, ...]] = get_args(WorkStatus)
 TASK_STATUSES: Final[tuple[TaskStatus, ...]] = get_args(TaskStatus)
-TERMINAL_JOB_STATUSES: Final[tuple[JobStatus, ...]] = ("SUCCEEDED", "FAILED", "DEAD")
+JOB_EVENT_TYPES: Final[tuple[JobEventType, ...]] = get_args(JobEventType)
+TERMINAL_JOB_STATUSES: Final[tuple[JobStatus, ...]] = ("SUCCEEDED", "FAILED", "DEAD", "CANCELLED")
 TERMINAL_TASK_STATUSES: Final[tuple[TaskStatus, ...]] = ("SUCCEEDED", "FAILED", "DEAD")
 # Relay rows not on the queue yet: the ones a publish (now or by the relay loop) takes.
 RELAY_UNSENT_STATUSES: Final[tuple[RelayStatus, ...]] = ("PENDING", "RETRYABLE_FAILED")
@@ -50,6 +70,10 @@ class JobRecord:
     updated_at: float
     finished_at: float | None
     version: int
+    # Set by a cancel; a worker holding the job stops at its next portal request.
+    cancel_requested: bool = False
+    # W3C trace context (`traceparent`) the job was accepted with, or the one it started.
+    traceparent: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -72,6 +96,8 @@ class RelayRow:
     sent_at: float | None
     claimed_until: float | None
     version: int
+    # The job's trace context, sent with the message as an SQS message attribute.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +115,7 @@ class NewPortalJob:
     # needs no claim transaction. A crash before the publish leaves the lease to expire
     # and the row to the relay loop.
     claimed_until: float | None = None
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,43 @@ class JobIntake:
     job: JobRecord
     outbox: RelayRow | None
     created: bool
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One entry of a job's timeline: what happened, and the job's status and attempts after it."""
+
+    job_id: str
+    seq: int  # orders a job's events; increasing, not contiguous
+    at: float
+    type: JobEventType
+    status: JobStatus
+    attempt: int
+    instance: str  # the daemon (daemon.instance_id) that recorded it
+    detail: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to record with a job change; status and attempt come from the changed row."""
+
+    type: JobEventType
+    at: float
+    detail: Mapping[str, Any] | None = None
+
+
+CancelOutcome = Literal["cancelled", "requested", "unchanged"]
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """The admin's search over jobs; each field applies when set (created times: [from, to))."""
+
+    status: str | None = None
+    user_id: str | None = None
+    error_code: str | None = None
+    created_from: float | None = None
+    created_to: float | None = None
 
 
 @dataclass(frozen=True)
@@ -242,11 +306,17 @@ class JobStore(Protocol):
         """A job and one of its outbox rows, read together (one hop, one snapshot)."""
         ...
 
-    async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None: ...
+    async def start_job_run(
+        self, job_id: str, now: float, lease_s: float, receive_count: int | None = None
+    ) -> JobRecord | None: ...
     async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool: ...
     async def update_job_progress(
         self, job: JobRecord, progress: Mapping[str, Any], now: float
-    ) -> bool: ...
+    ) -> JobRecord | None:
+        """The job after the write (`cancel_requested` tells a worker to stop); None when the
+        guard refused it."""
+        ...
+
     async def finish_job(
         self,
         job: JobRecord,
@@ -256,16 +326,60 @@ class JobStore(Protocol):
         error: tuple[str, str] | None = None,
     ) -> JobRecord | None: ...
     async def job_retry_later(
-        self, job: JobRecord, error: tuple[str, str], now: float
+        self, job: JobRecord, error: tuple[str, str], now: float, delay_s: float | None = None
     ) -> JobRecord | None: ...
     async def release_job_lease(self, job: JobRecord, now: float) -> bool: ...
     async def mark_job_dead(
         self, job_id: str, error: tuple[str, str], now: float
     ) -> JobRecord | None: ...
     async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord: ...
+    async def cancel_job(
+        self, job_id: str, now: float, by: str
+    ) -> tuple[JobRecord, CancelOutcome]:
+        """Cancel a job at once when nobody runs it (QUEUED, or RUNNING without a live lease:
+        its unsent outbox rows deleted, its credentials erased), else flag it for the worker
+        holding it. NotFound; InvalidState for a job that finished otherwise."""
+        ...
+
+    async def finish_cancelled(self, job: JobRecord, now: float) -> JobRecord | None:
+        """The worker holding a job whose cancel was requested stopped: CANCELLED."""
+        ...
+
+    async def job_events(
+        self, job_id: str, after: int = 0, limit: int = 1000
+    ) -> list[JobEvent]: ...
     async def list_jobs(
-        self, status: str | None, limit: int, cursor: str | None
+        self, status: str | None, limit: int, cursor: str | None, where: JobFilter | None = None
     ) -> Page[JobRecord]: ...
+
+
+class JobChangeStore(Protocol):
+    """What a daemon needs to learn that jobs changed in another process."""
+
+    async def job_event_marks(self, job_ids: Sequence[str]) -> dict[str, int]:
+        """The newest event's seq of each of `job_ids` that has events."""
+        ...
+
+    def listen_job_changes(
+        self, on_change: Callable[[str], None]
+    ) -> contextlib.AbstractAsyncContextManager[Listening] | None:
+        """Where the database pushes changes (Postgres LISTEN): a context holding one
+        listening connection that calls `on_change(job_id)` per notification. None where
+        it cannot (SQLite: poll instead)."""
+        ...
+
+
+class Listening(Protocol):
+    """One listening connection, as `JobChangeStore.listen_job_changes` holds it."""
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set once the connection is gone (its notifications with it)."""
+        ...
+
+    async def ping(self) -> None:
+        """A round trip on the connection: StorageUnavailable (and `lost` set) if it is dead."""
+        ...
 
 
 class RelayStore(Protocol):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -107,6 +107,22 @@ YOUNG_TABLE_CHANGES = 100
 _OWN_TABLES = ["jobs", "relay_outbox", "task_runs", "websites", "work_outbox"]
 
 
+class _Listening:
+    """The listening connection of `PostgresDatabase.listen`."""
+
+    def __init__(self, conn: Any, timeout_s: float) -> None:
+        self._conn = conn
+        self._timeout_s = timeout_s
+        self.lost = asyncio.Event()
+
+    async def ping(self) -> None:
+        try:
+            await self._conn.fetchval("SELECT 1", timeout=self._timeout_s)
+        except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
+            self.lost.set()
+            raise _pg_error(exc) from exc
+
+
 class PostgresDatabase:
     backend: Backend = "postgres"
     features = Features(
@@ -118,6 +134,8 @@ class PostgresDatabase:
         # more CPU per request (docs/architecture.md, "Group commit").
         group_writers=2,
         rerun_unavailable=True,
+        events_in_statement=True,
+        notifies=True,
     )
 
     def __init__(self, dsn: str, pool_size: int, acquire_timeout_s: float) -> None:
@@ -271,6 +289,39 @@ class PostgresDatabase:
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
             return out
+
+    @contextlib.asynccontextmanager
+    async def listen(
+        self, channel: str, on_payload: Callable[[str], None]
+    ) -> AsyncIterator[_Listening]:
+        """A connection of its own, outside the pool (a LISTEN is session state, and the
+        pool's reset of a connection given back would drop it), with `on_payload` called per
+        notification on `channel`."""
+        try:
+            conn = await asyncpg.connect(
+                self._dsn, timeout=self._timeout_s, command_timeout=self._timeout_s
+            )
+        except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
+            raise _pg_error(exc) from exc
+        listening = _Listening(conn, self._timeout_s)
+
+        def notified(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+            on_payload(payload)
+
+        try:
+            conn.add_termination_listener(lambda _conn: listening.lost.set())
+            await conn.add_listener(channel, notified)
+        except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
+            conn.terminate()
+            raise _pg_error(exc) from exc
+        try:
+            yield listening
+        finally:
+            listening.lost.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(conn.close()), 2.0)
+            except (TimeoutError, Exception):
+                conn.terminate()
 
     async def migrate(self) -> list[str]:
         applied: list[str] = []

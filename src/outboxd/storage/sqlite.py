@@ -26,6 +26,7 @@ from outboxd.storage.db import (
     load_migrations,
     next_step,
 )
+from outboxd.storage.ports import Listening
 
 T = TypeVar("T")
 
@@ -234,6 +235,11 @@ class SqliteDatabase:
         finally:
             self._write_lock.release()
 
+    def listen(
+        self, channel: str, on_payload: Callable[[str], None]
+    ) -> contextlib.AbstractAsyncContextManager[Listening]:
+        raise NotImplementedError("SQLite has no notifications: poll (features.notifies)")
+
     async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
         async with self._write_turn():
             return await self._writer.call(_write_tx(body))
@@ -249,6 +255,16 @@ class SqliteDatabase:
 
     async def migrate(self) -> list[str]:
         def apply(conn: sqlite3.Connection) -> list[str]:
+            # Off for the migrations (a no-op inside a transaction, so before BEGIN): a
+            # table rebuilt by copy-drop-rename must not take the rows referencing it
+            # along when the old one is dropped. Checked before the commit instead.
+            conn.execute("PRAGMA foreign_keys=OFF")
+            try:
+                return migrate_in_transaction(conn)
+            finally:
+                conn.execute("PRAGMA foreign_keys=ON")
+
+        def migrate_in_transaction(conn: sqlite3.Connection) -> list[str]:
             applied: list[str] = []
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -267,6 +283,9 @@ class SqliteDatabase:
                         (version, name),
                     )
                     applied.append(name)
+                broken = conn.execute("PRAGMA foreign_key_check").fetchall() if applied else []
+                if broken:
+                    raise sqlite3.IntegrityError(f"migrations broke foreign keys: {broken[:3]}")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise

@@ -8,9 +8,9 @@
 
 -- name: insert_job
 INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
-                  key_id, sealed, created_at, updated_at)
+                  key_id, sealed, created_at, updated_at, traceparent)
 VALUES (:id, :kind, :portal, :user_id, :idempotency_key, :fingerprint, 'QUEUED',
-        :key_id, :sealed, :now, :now)
+        :key_id, :sealed, :now, :now, :traceparent)
 ON CONFLICT (user_id, idempotency_key) DO NOTHING
 RETURNING *;
 
@@ -18,9 +18,9 @@ RETURNING *;
 -- :claimed_until set: the row is inserted claimed (attempt 1, leased) by the request that
 -- publishes it right after the commit.
 INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id, created_at,
-                          claimed_until, attempt_count)
+                          claimed_until, attempt_count, traceparent)
 VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :now, :dedup_id, :now,
-        :claimed_until, :attempt_count)
+        :claimed_until, :attempt_count, :traceparent)
 RETURNING *;
 
 -- name: select_job
@@ -36,11 +36,13 @@ SELECT * FROM relay_outbox WHERE job_id = :job_id ORDER BY created_at DESC, id D
 SELECT * FROM relay_outbox WHERE id = :id;
 
 -- name: start_job_run
+-- A job whose cancel was requested is not started again: the consumer cancels it instead.
 UPDATE jobs
    SET status = 'RUNNING', attempts = attempts + 1, lease_until = :lease_until,
        updated_at = :now, version = version + 1, error_code = NULL, error_message = NULL
  WHERE id = :id AND status IN ('QUEUED', 'RUNNING')
    AND (lease_until IS NULL OR lease_until < :now)
+   AND NOT cancel_requested
 RETURNING *;
 
 -- name: extend_job_lease
@@ -49,7 +51,8 @@ UPDATE jobs SET lease_until = :lease_until
 
 -- name: update_job_progress
 UPDATE jobs SET progress = :progress, updated_at = :now
- WHERE id = :id AND version = :version AND status = 'RUNNING';
+ WHERE id = :id AND version = :version AND status = 'RUNNING'
+RETURNING *;
 
 -- name: finish_job
 UPDATE jobs
@@ -75,14 +78,80 @@ RETURNING *;
 
 -- name: release_job_lease
 UPDATE jobs SET lease_until = NULL, updated_at = :now, version = version + 1
- WHERE id = :id AND version = :version AND status = 'RUNNING';
+ WHERE id = :id AND version = :version AND status = 'RUNNING'
+RETURNING *;
 
 -- name: redrive_job
 UPDATE jobs
    SET status = 'QUEUED', error_code = NULL, error_message = NULL, finished_at = NULL,
-       lease_until = NULL, progress = NULL, updated_at = :now, version = version + 1
+       lease_until = NULL, progress = NULL, updated_at = :now, version = version + 1,
+       cancel_requested = FALSE
  WHERE id = :id AND status = 'DEAD' AND sealed IS NOT NULL
 RETURNING *;
+
+-- name: job_cancel_now
+-- A cancel that needs no worker's help: a QUEUED job (its unsent outbox rows are deleted in
+-- the same transaction, so it is never published), or a RUNNING one nobody holds (its
+-- message waits on the queue, to be deleted unrun). Its credentials go at once.
+UPDATE jobs
+   SET status = 'CANCELLED', cancel_requested = TRUE, finished_at = :now, updated_at = :now,
+       lease_until = NULL, sealed = NULL, key_id = NULL, version = version + 1
+ WHERE id = :id
+   AND (status = 'QUEUED' OR (status = 'RUNNING' AND (lease_until IS NULL OR lease_until < :now)))
+RETURNING *;
+
+-- name: job_cancel_request
+-- A RUNNING job a worker holds: flagged, and the worker stops at its next portal request.
+-- `version` stays, so the worker's guarded writes (heartbeat, progress, its outcome) go on.
+UPDATE jobs SET cancel_requested = TRUE, updated_at = :now
+ WHERE id = :id AND status = 'RUNNING' AND NOT cancel_requested
+RETURNING *;
+
+-- name: job_cancelled_by_worker
+-- The worker holding a job whose cancel was requested stopped: CANCELLED, credentials erased.
+UPDATE jobs
+   SET status = 'CANCELLED', finished_at = :now, updated_at = :now, lease_until = NULL,
+       sealed = NULL, key_id = NULL, version = version + 1
+ WHERE id = :id AND version = :version AND status = 'RUNNING' AND cancel_requested
+RETURNING *;
+
+-- name: delete_unsent_relay_if_cancellable
+-- Runs before job_cancel_now, so a cancel takes the outbox rows' locks before the job's, in
+-- the order the relay's SENT marks take them (Postgres: no deadlock between the two). A row a
+-- publish holds right now is deleted too: its SENT mark then finds no row, and the message,
+-- if it went out, is deleted unrun by the consumer.
+DELETE FROM relay_outbox
+ WHERE job_id = :id AND status IN ('PENDING', 'RETRYABLE_FAILED')
+   AND EXISTS (SELECT 1 FROM jobs
+                WHERE jobs.id = :id
+                  AND (jobs.status = 'QUEUED'
+                       OR (jobs.status = 'RUNNING'
+                           AND (jobs.lease_until IS NULL OR jobs.lease_until < :now))));
+
+-- ---------------------------------------------------------------- job events
+
+-- name: insert_job_event
+-- One event of a job, with the status and attempts the change it records left (the row its
+-- statement returned), in that change's transaction. Postgres folds it into the change's own
+-- statement instead (the `<name>_ev` blocks of postgres.sql).
+INSERT INTO job_events (job_id, at, type, status, attempt, instance, detail)
+VALUES (:job_id, :ev_at, :ev_type, :ev_status, :ev_attempt, :ev_instance, :ev_detail);
+
+-- name: insert_job_event_as_is
+-- One event of a job as the job is now, read in the same transaction: a publish that failed
+-- (the job unchanged), or a row SENT on SQLite (one execution per row of a round, after
+-- jobs_running_if_queued).
+INSERT INTO job_events (job_id, at, type, status, attempt, instance, detail)
+SELECT id, :ev_at, :ev_type, status, attempts, :ev_instance, :ev_detail FROM jobs WHERE id = :job_id;
+
+-- name: select_job_events
+SELECT * FROM job_events WHERE job_id = :job_id AND seq > :after ORDER BY seq LIMIT :limit;
+
+-- name: job_event_marks
+-- The newest event of each job a held request waits on: one query per poll for all of them.
+SELECT job_id, MAX(seq) AS seq FROM job_events
+ WHERE job_id IN (SELECT value FROM json_each(:ids))
+ GROUP BY job_id;
 
 -- ---------------------------------------------------------------- relay outbox
 
@@ -171,8 +240,9 @@ UPDATE task_runs SET status = 'PENDING', error = NULL, finished_at = NULL, versi
 -- name: job_requeue_if_dead
 UPDATE jobs
    SET status = 'QUEUED', error_code = NULL, error_message = NULL, finished_at = NULL,
-       lease_until = NULL, updated_at = :now, version = version + 1
- WHERE id = :id AND status = 'DEAD';
+       lease_until = NULL, updated_at = :now, version = version + 1, cancel_requested = FALSE
+ WHERE id = :id AND status = 'DEAD'
+RETURNING *;
 
 -- name: list_relay
 SELECT * FROM relay_outbox
@@ -197,8 +267,13 @@ SELECT * FROM relay_outbox
 SELECT * FROM relay_outbox WHERE job_id = :job_id ORDER BY created_at DESC, id DESC LIMIT :limit;
 
 -- name: list_jobs
+-- The admin's search: each filter applies when given; newest first along jobs_created.
 SELECT * FROM jobs
  WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+   AND (CAST(:user_id AS TEXT) IS NULL OR user_id = :user_id)
+   AND (CAST(:error_code AS TEXT) IS NULL OR error_code = :error_code)
+   AND (CAST(:created_from AS DOUBLE PRECISION) IS NULL OR created_at >= :created_from)
+   AND (CAST(:created_to AS DOUBLE PRECISION) IS NULL OR created_at < :created_to)
    AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
         OR (created_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
  ORDER BY created_at DESC, id DESC
@@ -394,7 +469,7 @@ DELETE FROM relay_outbox WHERE id IN (
       LEFT JOIN jobs j ON r.job_id = j.id
       LEFT JOIN task_runs t ON r.task_id = t.id
      WHERE r.status = 'SENT' AND r.sent_at < :before
-       AND (   (j.status IN ('SUCCEEDED', 'FAILED') AND j.finished_at < :before)
+       AND (   (j.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND j.finished_at < :before)
             OR (j.status = 'DEAD' AND j.finished_at < :dead_before)
             OR (t.status IN ('SUCCEEDED', 'FAILED') AND t.finished_at < :before)
             OR (t.status = 'DEAD' AND t.finished_at < :dead_before))
@@ -414,7 +489,13 @@ UPDATE jobs SET sealed = NULL, key_id = NULL, version = version + 1
  WHERE id IN (SELECT id FROM jobs WHERE status = 'DEAD' AND sealed IS NOT NULL
                  AND finished_at < :before LIMIT :limit);
 
--- name: prune_finished_jobs
-DELETE FROM jobs WHERE id IN (
-    SELECT id FROM jobs WHERE status IN ('SUCCEEDED', 'FAILED') AND finished_at < :before
-     LIMIT :limit);
+-- name: prunable_jobs
+SELECT id FROM jobs WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND finished_at < :before
+ LIMIT :limit;
+
+-- name: delete_job_events_of
+-- :ids is a JSON array of job ids: their timelines go with them (prune).
+DELETE FROM job_events WHERE job_id IN (SELECT value FROM json_each(:ids));
+
+-- name: delete_jobs_of
+DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids));

@@ -46,7 +46,8 @@ WITH sent AS (
 ), running AS (
     UPDATE jobs SET status = 'RUNNING', updated_at = :now
      WHERE status = 'QUEUED' AND id = ANY(ARRAY(SELECT job_id FROM sent))
-), tasks AS (
+    RETURNING id, status, attempts
+), {dispatched_events}, tasks AS (
     UPDATE task_runs SET status = 'SENT'
      WHERE status = 'PENDING' AND id = ANY(ARRAY(SELECT task_id FROM sent))
 ), claimed AS (
@@ -108,7 +109,8 @@ WITH sent AS (
 UPDATE jobs SET status = 'RUNNING', updated_at = :now
   FROM sent
  WHERE jobs.id = sent.job_id AND (jobs.status = 'QUEUED') IS TRUE
-), tasks AS (
+RETURNING jobs.id, jobs.status, jobs.attempts
+), {dispatched_events}, tasks AS (
 UPDATE task_runs SET status = 'SENT'
   FROM sent
  WHERE task_runs.id = sent.task_id AND task_runs.status = 'PENDING'
@@ -118,6 +120,77 @@ SELECT sent.*
 
 -- (`jobs_running_if_queued` and `tasks_sent` have no Postgres version: `relay_sent_many`
 -- does their work there.)
+
+-- name: dispatched_events
+-- The `dispatched` event of each job row just SENT, part of `relay_sent_many` and
+-- `relay_sent_and_claim_due` (named in braces there), so the timeline commits with the SENT
+-- mark. Its status is the job's after the statement: RUNNING when `running` moved it; else
+-- (a row published again, a job the consumer moved meanwhile) the job's latest committed
+-- status, read with a lock so it is not an older snapshot's.
+dispatched AS (
+    INSERT INTO job_events (job_id, at, type, status, attempt, instance, detail)
+    SELECT sent.job_id, :now, 'dispatched', COALESCE(running.status, other.status),
+           COALESCE(running.attempts, other.attempts), :ev_instance,
+           json_build_object('messageId', sent.queue_message_id, 'outboxId', sent.id)::text
+      FROM sent
+      LEFT JOIN running ON running.id = sent.job_id
+      LEFT JOIN LATERAL (SELECT j.status, j.attempts FROM jobs j
+                          WHERE j.id = sent.job_id AND running.id IS NULL
+                          FOR SHARE) AS other ON TRUE
+     WHERE sent.job_id IS NOT NULL
+)
+
+-- name: event_of_changed
+-- The event of a job change in the change's own statement: `WITH changed AS (<the UPDATE
+-- ... RETURNING *>), {event_of_changed} SELECT * FROM changed` (the `<name>_ev` blocks).
+ev AS (
+    INSERT INTO job_events (job_id, at, type, status, attempt, instance, detail)
+    SELECT id, :ev_at, :ev_type, status, attempts, :ev_instance, :ev_detail FROM changed
+)
+
+-- name: start_job_run_ev
+WITH changed AS ({start_job_run}), {event_of_changed} SELECT * FROM changed;
+
+-- name: update_job_progress_ev
+WITH changed AS ({update_job_progress}), {event_of_changed} SELECT * FROM changed;
+
+-- name: finish_job_ev
+WITH changed AS ({finish_job}), {event_of_changed} SELECT * FROM changed;
+
+-- name: job_retry_later_ev
+WITH changed AS ({job_retry_later}), {event_of_changed} SELECT * FROM changed;
+
+-- name: release_job_lease_ev
+WITH changed AS ({release_job_lease}), {event_of_changed} SELECT * FROM changed;
+
+-- name: job_dead_ev
+WITH changed AS ({job_dead}), {event_of_changed} SELECT * FROM changed;
+
+-- name: redrive_job_ev
+WITH changed AS ({redrive_job}), {event_of_changed} SELECT * FROM changed;
+
+-- name: job_requeue_if_dead_ev
+WITH changed AS ({job_requeue_if_dead}), {event_of_changed} SELECT * FROM changed;
+
+-- name: job_cancel_now_ev
+WITH changed AS ({job_cancel_now}), {event_of_changed} SELECT * FROM changed;
+
+-- name: job_cancel_request_ev
+WITH changed AS ({job_cancel_request}), {event_of_changed} SELECT * FROM changed;
+
+-- name: job_cancelled_by_worker_ev
+WITH changed AS ({job_cancelled_by_worker}), {event_of_changed} SELECT * FROM changed;
+
+-- name: job_event_marks
+SELECT job_id, MAX(seq) AS seq FROM job_events
+ WHERE job_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)))
+ GROUP BY job_id;
+
+-- name: delete_job_events_of
+DELETE FROM job_events WHERE job_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
+
+-- name: delete_jobs_of
+DELETE FROM jobs WHERE id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
 
 -- Cluster pacing takes the time from the database, so instances on VMs whose
 -- clocks disagree still keep one pace. The row lock of the UPDATE queues
@@ -184,28 +257,32 @@ WITH j AS (
                   CAST(:user_ids AS text[]), CAST(:keys AS text[]),
                   CAST(:fingerprints AS text[]), CAST(:key_ids AS text[]),
                   CAST(:sealed AS bytea[]), CAST(:nows AS double precision[]),
-                  CAST(:claimed_untils AS double precision[]))
+                  CAST(:claimed_untils AS double precision[]), CAST(:traceparents AS text[]))
            AS t(id, outbox_id, portal, user_id, idempotency_key, fingerprint, key_id, sealed, ts,
-                claimed_until)
+                claimed_until, traceparent)
      -- Run outside an explicit transaction, the statement commits itself: should it reach
      -- the server only after the client gave up on it (a network that held it past the
      -- command timeout, the caller answered 503), it writes nothing.
      WHERE extract(epoch FROM clock_timestamp()) < :not_after
 ), job AS (
     INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
-                      key_id, sealed, created_at, updated_at)
+                      key_id, sealed, created_at, updated_at, traceparent)
     SELECT id, 'portal_link', portal, user_id, idempotency_key, fingerprint, 'QUEUED',
-           key_id, sealed, ts, ts
+           key_id, sealed, ts, ts, traceparent
       FROM j
     ON CONFLICT (user_id, idempotency_key) DO NOTHING
     RETURNING *
 ), relay AS (
     INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id,
-                              created_at, claimed_until, attempt_count)
+                              created_at, claimed_until, attempt_count, traceparent)
     SELECT j.outbox_id, 'job', job.id, NULL, 'PENDING', j.ts, job.id, j.ts,
-           j.claimed_until, CASE WHEN j.claimed_until IS NULL THEN 0 ELSE 1 END
+           j.claimed_until, CASE WHEN j.claimed_until IS NULL THEN 0 ELSE 1 END, j.traceparent
       FROM job JOIN j ON j.id = job.id
     RETURNING *
+), accepted AS (
+    -- Each new job's first event, in the statement that makes the job.
+    INSERT INTO job_events (job_id, at, type, status, attempt, instance, detail)
+    SELECT id, created_at, 'accepted', status, attempts, :ev_instance, NULL FROM job
 )
 SELECT job.*,
        relay.id AS relay_id, relay.kind AS relay_kind, relay.job_id AS relay_job_id,
@@ -214,5 +291,6 @@ SELECT job.*,
        relay.next_attempt_at AS relay_next_attempt_at, relay.last_error AS relay_last_error,
        relay.queue_message_id AS relay_queue_message_id, relay.dedup_id AS relay_dedup_id,
        relay.created_at AS relay_created_at, relay.sent_at AS relay_sent_at,
-       relay.claimed_until AS relay_claimed_until, relay.version AS relay_version
+       relay.claimed_until AS relay_claimed_until, relay.version AS relay_version,
+       relay.traceparent AS relay_traceparent
   FROM job JOIN relay ON relay.job_id = job.id;

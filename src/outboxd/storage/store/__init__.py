@@ -10,9 +10,12 @@ storage/ports.py: jobs, relay, tasks, websites, pace, stats (with pruning).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 from outboxd.storage import ports
+from outboxd.storage.changes import JobChanges, default_instance
 from outboxd.storage.db import Database, load_queries, sqlite_path
 from outboxd.storage.group import GroupCommitter
 from outboxd.storage.postgres import PostgresDatabase
@@ -24,7 +27,10 @@ from outboxd.storage.store.stats import SqlStats
 from outboxd.storage.store.tasks import SqlTasks
 from outboxd.storage.store.websites import SqlWebsites
 
-__all__ = ["SqlStore", "open_database", "open_store"]
+__all__ = ["JOB_CHANNEL", "SqlStore", "open_database", "open_store"]
+
+# The channel job_events' trigger notifies (storage/migrations/postgres/0007_job_events.sql).
+JOB_CHANNEL = "outboxd_jobs"
 
 
 class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
@@ -32,10 +38,16 @@ class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
     so SQLite runs it in one thread hop and Postgres on one connection."""
 
     def __init__(
-        self, db: Database, group_commit: bool = True, patience_s: float | None = None
+        self,
+        db: Database,
+        group_commit: bool = True,
+        patience_s: float | None = None,
+        instance: str | None = None,
     ) -> None:
         self.db = db
         self.q = load_queries(db.backend)
+        self.instance = instance or default_instance()
+        self.changes = JobChanges()
         # Intake and registration: concurrent calls share one commit (see storage/group.py).
         # Where the driver can, an intake group is first tried as one statement.
         bulk = self._intake_bulk if db.features.intake_in_one_statement else None
@@ -45,6 +57,13 @@ class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
     @property
     def backend(self) -> str:
         return self.db.backend
+
+    def listen_job_changes(
+        self, on_change: Callable[[str], None]
+    ) -> contextlib.AbstractAsyncContextManager[ports.Listening] | None:
+        if not self.db.features.notifies:
+            return None
+        return self.db.listen(JOB_CHANNEL, on_change)
 
     async def close(self) -> None:
         for group in (self.group, self.website_group):
@@ -62,6 +81,7 @@ def _check(store: SqlStore) -> None:
     _stats: ports.StatsStore = store
     _prune: ports.PruneStore = store
     _pace: ports.PaceStore = store
+    _changes: ports.JobChangeStore = store
 
 
 async def open_database(

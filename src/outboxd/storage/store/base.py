@@ -6,10 +6,18 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, TypeVar
 
+from outboxd.storage.changes import JobChanges
 from outboxd.storage.db import Database, Op, Query, Row, execute, fetch
 from outboxd.storage.group import GroupCommitter
-from outboxd.storage.ports import Page, RelayRow, decode_cursor, encode_cursor
-from outboxd.storage.store.records import relay_record
+from outboxd.storage.ports import (
+    JobRecord,
+    NewEvent,
+    Page,
+    RelayRow,
+    decode_cursor,
+    encode_cursor,
+)
+from outboxd.storage.store.records import dump, job_record, relay_record
 
 T = TypeVar("T")
 
@@ -22,6 +30,10 @@ class StoreBase:
     # Intake and registration: concurrent calls share one commit (see storage/group.py).
     group: GroupCommitter | None
     website_group: GroupCommitter | None
+    # Names this daemon in the events it records (daemon.instance_id).
+    instance: str
+    # Told after each commit that changed a job: the requests held on it look again.
+    changes: JobChanges
 
     def _one(self, name: str, params: Mapping[str, Any]) -> Generator[Op, Any, Row | None]:
         rows = yield fetch(self.q[name], params)
@@ -30,6 +42,46 @@ class StoreBase:
     def _count(self, name: str, params: Mapping[str, Any]) -> Generator[Op, Any, int]:
         n: int = yield execute(self.q[name], params)
         return n
+
+    def _event_params(self, event: NewEvent) -> dict[str, Any]:
+        return {
+            "ev_at": event.at,
+            "ev_type": event.type,
+            "ev_instance": self.instance,
+            "ev_detail": dump(event.detail),
+        }
+
+    def _job_change(
+        self, name: str, params: Mapping[str, Any], event: NewEvent
+    ) -> Generator[Op, Any, Row | None]:
+        """The job row block `name` changes and returns (None: its guard refused), with
+        `event` in its timeline: in the same statement where the driver can
+        (`events_in_statement`: the block `<name>_ev`), else right after it."""
+        ev = self._event_params(event)
+        if self.db.features.events_in_statement:
+            return (yield from self._one(f"{name}_ev", {**params, **ev}))
+        row = yield from self._one(name, params)
+        if row is not None:
+            yield execute(
+                self.q["insert_job_event"],
+                {**ev, "job_id": row["id"], "ev_status": row["status"], "ev_attempt": row["attempts"]},
+            )
+        return row
+
+    async def _job_write(
+        self, name: str, params: Mapping[str, Any], event: NewEvent
+    ) -> JobRecord | None:
+        """`_job_change` as a transaction of its own (one statement where the event is part
+        of it); the job as changed, None when the guard refused."""
+
+        def body() -> Generator[Op, Any, JobRecord | None]:
+            row = yield from self._job_change(name, params, event)
+            return job_record(row) if row is not None else None
+
+        job = await self.db.run(body, one_statement=self.db.features.events_in_statement)
+        if job is not None:
+            self.changes.publish((job.id,))
+        return job
 
     def _relay_row(self, job_id: str) -> Generator[Op, Any, RelayRow | None]:
         row = yield from self._one("select_latest_relay_for_job", {"job_id": job_id})
@@ -44,6 +96,7 @@ class StoreBase:
         dedup_id: str,
         now: float,
         claimed_until: float | None = None,
+        traceparent: str | None = None,
     ) -> Generator[Op, Any, RelayRow]:
         row = yield from self._one(
             "insert_relay_row",
@@ -56,6 +109,7 @@ class StoreBase:
                 "now": now,
                 "claimed_until": claimed_until,
                 "attempt_count": 0 if claimed_until is None else 1,
+                "traceparent": traceparent,
             },
         )
         assert row is not None

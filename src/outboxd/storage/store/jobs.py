@@ -1,16 +1,31 @@
 """Jobs (`ports.JobStore`): intake, alone or as one statement per group, runs and leases,
-outcomes, redrive."""
+outcomes, redrive, cancel, and each job's timeline.
+
+Every write that changes a job records its event in the same transaction (in the same
+statement where the driver's `Features` say so): a job's timeline never disagrees with it.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Literal
 
 from outboxd.errors import InvalidState, NotFound
-from outboxd.storage.db import Op, TxBody, fetch
-from outboxd.storage.ports import JobIntake, JobRecord, NewPortalJob, Page, RelayRow
+from outboxd.storage.db import Op, TxBody, execute, fetch
+from outboxd.storage.ports import (
+    CancelOutcome,
+    JobEvent,
+    JobFilter,
+    JobIntake,
+    JobRecord,
+    NewEvent,
+    NewPortalJob,
+    Page,
+    RelayRow,
+)
 from outboxd.storage.store.base import StoreBase
-from outboxd.storage.store.records import dump, job_record, relay_record
+from outboxd.storage.store.records import dump, job_event_record, job_record, relay_record
 
 
 class SqlJobs(StoreBase):
@@ -28,11 +43,28 @@ class SqlJobs(StoreBase):
                     "key_id": new.key_id,
                     "sealed": new.sealed,
                     "now": now,
+                    "traceparent": new.traceparent,
                 },
             )
             if inserted is not None:
                 outbox = yield from self._insert_relay(
-                    new.outbox_id, "job", new.job_id, None, new.job_id, now, new.claimed_until
+                    new.outbox_id,
+                    "job",
+                    new.job_id,
+                    None,
+                    new.job_id,
+                    now,
+                    new.claimed_until,
+                    new.traceparent,
+                )
+                yield execute(
+                    self.q["insert_job_event"],
+                    {
+                        **self._event_params(NewEvent("accepted", now)),
+                        "job_id": new.job_id,
+                        "ev_status": inserted["status"],
+                        "ev_attempt": inserted["attempts"],
+                    },
                 )
                 return JobIntake(job=job_record(inserted), outbox=outbox, created=True)
             row = yield from self._one(
@@ -44,6 +76,7 @@ class SqlJobs(StoreBase):
             latest = yield from self._relay_row(row["id"])
             return JobIntake(job=job_record(row), outbox=latest, created=False)
 
+        # No one can be waiting on a job that did not exist: nothing to publish.
         if self.group is None:
             return await self.db.run(body)
         return await self.group.run(body, (new, now))
@@ -75,7 +108,9 @@ class SqlJobs(StoreBase):
                     "sealed": [n.sealed for n, _ in news],
                     "nows": [at for _, at in news],
                     "claimed_untils": [n.claimed_until for n, _ in news],
+                    "traceparents": [n.traceparent for n, _ in news],
                     "not_after": not_after,
+                    "ev_instance": self.instance,
                 },
             )
             made: dict[str, JobIntake] = {}
@@ -106,9 +141,14 @@ class SqlJobs(StoreBase):
 
         return await self.db.read(body)
 
-    async def start_job_run(self, job_id: str, now: float, lease_s: float) -> JobRecord | None:
-        return await self._record(
-            "start_job_run", {"id": job_id, "now": now, "lease_until": now + lease_s}, job_record
+    async def start_job_run(
+        self, job_id: str, now: float, lease_s: float, receive_count: int | None = None
+    ) -> JobRecord | None:
+        detail = None if receive_count is None else {"receiveCount": receive_count}
+        return await self._job_write(
+            "start_job_run",
+            {"id": job_id, "now": now, "lease_until": now + lease_s},
+            NewEvent("started", now, detail),
         )
 
     async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool:
@@ -118,10 +158,11 @@ class SqlJobs(StoreBase):
 
     async def update_job_progress(
         self, job: JobRecord, progress: Mapping[str, Any], now: float
-    ) -> bool:
-        return await self._changed(
+    ) -> JobRecord | None:
+        return await self._job_write(
             "update_job_progress",
             {"id": job.id, "version": job.version, "progress": dump(progress), "now": now},
+            NewEvent("progress", now, dict(progress)),
         )
 
     async def finish_job(
@@ -132,7 +173,12 @@ class SqlJobs(StoreBase):
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
     ) -> JobRecord | None:
-        return await self._record(
+        event = (
+            NewEvent("succeeded", now)
+            if status == "SUCCEEDED"
+            else NewEvent("failed", now, {"code": error[0] if error else None})
+        )
+        return await self._job_write(
             "finish_job",
             {
                 "id": job.id,
@@ -143,13 +189,13 @@ class SqlJobs(StoreBase):
                 "error_message": error[1] if error else None,
                 "now": now,
             },
-            job_record,
+            event,
         )
 
     async def job_retry_later(
-        self, job: JobRecord, error: tuple[str, str], now: float
+        self, job: JobRecord, error: tuple[str, str], now: float, delay_s: float | None = None
     ) -> JobRecord | None:
-        return await self._record(
+        return await self._job_write(
             "job_retry_later",
             {
                 "id": job.id,
@@ -158,26 +204,33 @@ class SqlJobs(StoreBase):
                 "error_message": error[1],
                 "now": now,
             },
-            job_record,
+            NewEvent("retry_scheduled", now, {"code": error[0], "delayS": delay_s}),
         )
 
     async def release_job_lease(self, job: JobRecord, now: float) -> bool:
-        return await self._changed(
-            "release_job_lease", {"id": job.id, "version": job.version, "now": now}
+        released = await self._job_write(
+            "release_job_lease",
+            {"id": job.id, "version": job.version, "now": now},
+            NewEvent("released", now),
         )
+        return released is not None
 
     async def mark_job_dead(
         self, job_id: str, error: tuple[str, str], now: float
     ) -> JobRecord | None:
-        return await self._record(
+        return await self._job_write(
             "job_dead",
             {"id": job_id, "error_code": error[0], "error_message": error[1], "now": now},
-            job_record,
+            NewEvent("dead", now, {"code": error[0]}),
         )
 
     async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
         def body() -> Generator[Op, Any, JobRecord]:
-            row = yield from self._one("redrive_job", {"id": job_id, "now": now})
+            row = yield from self._job_change(
+                "redrive_job",
+                {"id": job_id, "now": now},
+                NewEvent("redriven", now, {"outboxId": outbox_id}),
+            )
             if row is None:
                 current = yield from self._one("select_job", {"id": job_id})
                 if current is None:
@@ -187,12 +240,80 @@ class SqlJobs(StoreBase):
                 raise InvalidState(f"job is {current['status']}, not DEAD")
             # Any DEAD outbox row of the job stays as history; the fresh row
             # carries the retry.
-            yield from self._insert_relay(outbox_id, "job", job_id, None, job_id, now)
+            yield from self._insert_relay(
+                outbox_id, "job", job_id, None, job_id, now, traceparent=row["traceparent"]
+            )
             return job_record(row)
 
-        return await self.db.run(body)
+        job = await self.db.run(body)
+        self.changes.publish((job.id,))
+        return job
+
+    async def cancel_job(self, job_id: str, now: float, by: str) -> tuple[JobRecord, CancelOutcome]:
+        def body() -> Generator[Op, Any, tuple[JobRecord, CancelOutcome]]:
+            # The outbox rows first, then the job: the lock order of the relay's SENT marks.
+            yield execute(self.q["delete_unsent_relay_if_cancellable"], {"id": job_id, "now": now})
+            row = yield from self._job_change(
+                "job_cancel_now", {"id": job_id, "now": now}, NewEvent("cancelled", now, {"by": by})
+            )
+            if row is not None:
+                return job_record(row), "cancelled"
+            row = yield from self._job_change(
+                "job_cancel_request",
+                {"id": job_id, "now": now},
+                NewEvent("cancel_requested", now, {"by": by}),
+            )
+            if row is not None:
+                return job_record(row), "requested"
+            current = yield from self._one("select_job", {"id": job_id})
+            if current is None:
+                raise NotFound(f"job {job_id}")
+            job = job_record(current)
+            if job.status == "CANCELLED" or (job.status == "RUNNING" and job.cancel_requested):
+                return job, "unchanged"
+            raise InvalidState(f"job is {job.status}: it cannot be cancelled")
+
+        job, outcome = await self.db.run(body)
+        if outcome != "unchanged":
+            self.changes.publish((job.id,))
+        return job, outcome
+
+    async def finish_cancelled(self, job: JobRecord, now: float) -> JobRecord | None:
+        return await self._job_write(
+            "job_cancelled_by_worker",
+            {"id": job.id, "version": job.version, "now": now},
+            NewEvent("cancelled", now, {"by": "consumer"}),
+        )
+
+    async def job_events(self, job_id: str, after: int = 0, limit: int = 1000) -> list[JobEvent]:
+        def body() -> Generator[Op, Any, list[JobEvent]]:
+            rows = yield fetch(
+                self.q["select_job_events"], {"job_id": job_id, "after": after, "limit": limit}
+            )
+            return [job_event_record(r) for r in rows]
+
+        return await self.db.read(body)
+
+    async def job_event_marks(self, job_ids: Sequence[str]) -> dict[str, int]:
+        if not job_ids:
+            return {}
+        ids = json.dumps(list(job_ids))
+
+        def body() -> Generator[Op, Any, dict[str, int]]:
+            rows = yield fetch(self.q["job_event_marks"], {"ids": ids})
+            return {r["job_id"]: int(r["seq"]) for r in rows}
+
+        return await self.db.read(body)
 
     async def list_jobs(
-        self, status: str | None, limit: int, cursor: str | None
+        self, status: str | None, limit: int, cursor: str | None, where: JobFilter | None = None
     ) -> Page[JobRecord]:
-        return await self._page("list_jobs", {"status": status}, limit, cursor, job_record)
+        f = where or JobFilter()
+        params = {
+            "status": status if status is not None else f.status,
+            "user_id": f.user_id,
+            "error_code": f.error_code,
+            "created_from": f.created_from,
+            "created_to": f.created_to,
+        }
+        return await self._page("list_jobs", params, limit, cursor, job_record)

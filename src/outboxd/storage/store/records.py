@@ -7,7 +7,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from outboxd.storage.db import Row
-from outboxd.storage.ports import JobRecord, PaceState, RelayRow, TaskRun, Website, WorkRow
+from outboxd.storage.ports import (
+    JobEvent,
+    JobRecord,
+    PaceState,
+    RelayRow,
+    TaskRun,
+    Website,
+    WorkRow,
+)
 
 
 def json_or_none(text: Any) -> dict[str, Any] | None:
@@ -43,6 +51,21 @@ def job_record(r: Row) -> JobRecord:
         updated_at=float(r["updated_at"]),
         finished_at=r["finished_at"],
         version=int(r["version"]),
+        cancel_requested=bool(r["cancel_requested"]),
+        traceparent=r["traceparent"],
+    )
+
+
+def job_event_record(r: Row) -> JobEvent:
+    return JobEvent(
+        job_id=r["job_id"],
+        seq=int(r["seq"]),
+        at=float(r["at"]),
+        type=r["type"],
+        status=r["status"],
+        attempt=int(r["attempt"]),
+        instance=r["instance"],
+        detail=json_or_none(r["detail"]),
     )
 
 
@@ -62,6 +85,7 @@ def relay_record(r: Row) -> RelayRow:
         sent_at=r["sent_at"],
         claimed_until=r["claimed_until"],
         version=int(r["version"]),
+        traceparent=r.get("traceparent"),
     )
 
 

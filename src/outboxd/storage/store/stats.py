@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Generator
 from functools import partial
 from typing import Any
 
-from outboxd.storage.db import Op, fetch
+from outboxd.storage.db import Op, execute, fetch
 from outboxd.storage.ports import PaceState, StatusCount
 from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import pace_state_record
@@ -64,9 +65,23 @@ class SqlStats(StoreBase):
                 params = {"before": before, "limit": batch}
                 if name == "prune_relay_sent":
                     params["dead_before"] = dead_before
-                n = await self.db.run(partial(self._count, name, params))
+                if name == "prune_finished_jobs":
+                    n = await self.db.run(partial(self._prune_jobs, params))
+                else:
+                    n = await self.db.run(partial(self._count, name, params))
                 total += n
                 if n < batch:
                     break
             totals[name.removeprefix("prune_")] = total
         return totals
+
+    def _prune_jobs(self, params: dict[str, Any]) -> Generator[Op, Any, int]:
+        """One batch of finished jobs deleted, their timelines with them (their outbox rows
+        go by the foreign key's cascade)."""
+        rows = yield fetch(self.q["prunable_jobs"], params)
+        if not rows:
+            return 0
+        ids = json.dumps([r["id"] for r in rows])
+        yield execute(self.q["delete_job_events_of"], {"ids": ids})
+        n: int = yield execute(self.q["delete_jobs_of"], {"ids": ids})
+        return n
