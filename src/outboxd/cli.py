@@ -99,6 +99,13 @@ def _parser() -> argparse.ArgumentParser:
         "redrive", parents=[common], help="put a DEAD job back to QUEUED with a fresh outbox row"
     )
     jr.add_argument("id", help="the job id")
+    je = jsub.add_parser(
+        "events", parents=[common], help="a job's timeline, oldest first (read-only)"
+    )
+    je.add_argument("id", help="the job id")
+    je.add_argument(
+        "--json", action="store_true", help="print the API's JSON (GET /v1/jobs/{id}/events)"
+    )
     queues = sub.add_parser("queues", parents=[common], help="SQS queues")
     qsub = queues.add_subparsers(dest="queues_command", required=True, metavar="SUBCOMMAND")
     qsub.add_parser("create", parents=[common], help="create queues, DLQs and redrive policies")
@@ -240,6 +247,8 @@ async def _open(settings: Settings) -> Any:
                 f"no database at {path}: start the daemon or run `outboxd migrate` first"
             )
     store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
+    if settings.daemon.instance_id:
+        store.instance = settings.daemon.instance_id
     try:
         pending = await store.db.pending_migrations()
     except BaseException:
@@ -368,6 +377,8 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
 async def _jobs(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.services.admin import AdminService
 
+    if args.jobs_command == "events":
+        return await _job_events(settings, args)
     store = await _open(settings)
     try:
         job = await AdminService(store).redrive_job(args.id)
@@ -380,6 +391,35 @@ async def _jobs(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         await store.close()
     print(f"redriven: job {job.id} -> QUEUED")
+    return EXIT_OK
+
+
+async def _job_events(settings: Settings, args: argparse.Namespace) -> int:
+    from outboxd.http.models import JobTimeline, to_builtins
+    from outboxd.http.render import event_model, iso
+
+    store = await _open(settings)
+    try:
+        job = await store.get_job(args.id)
+        events = await store.job_events(args.id) if job is not None else []
+    finally:
+        await store.close()
+    if job is None:
+        print(f"outboxd: no job {args.id}", file=sys.stderr)
+        return EXIT_FAIL
+    if args.json:
+        timeline = JobTimeline(job.id, [event_model(e) for e in events])
+        print(json.dumps(to_builtins(timeline), indent=2))
+        return EXIT_OK
+    print(f"job {job.id}  {job.status}  attempts {job.attempts}")
+    head = ("seq", "at", "type", "status", "att", "instance", "detail")
+    print("{:>6}  {:<24}  {:<16}  {:<9}  {:>3}  {:<20}  {}".format(*head))
+    for e in events:
+        detail = json.dumps(dict(e.detail), separators=(",", ":")) if e.detail else ""
+        print(
+            f"{e.seq:>6}  {iso(e.at):<24}  {e.type:<16}  {e.status:<9}  {e.attempt:>3}  "
+            f"{e.instance[:20]:<20}  {detail}"
+        )
     return EXIT_OK
 
 

@@ -45,6 +45,10 @@ class ServerSettings:
 @dataclass(frozen=True)
 class ApiSettings:
     require_dispatch: bool = False
+    # `Prefer: wait=N` on GET /v1/jobs/{id}: N is clamped to this (whole seconds).
+    max_wait_s: int = 60
+    # Requests held at once; past it a waiting request is answered at once.
+    max_waiters: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,8 @@ class SchedulerSettings:
 class DaemonSettings:
     roles: tuple[str, ...] = ROLES
     shutdown_timeout_s: float = 30.0
+    # Names this daemon in the job events it records; empty: "<host name>:<pid>".
+    instance_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -537,6 +543,13 @@ def _validate(s: Settings) -> None:
     for role in s.daemon.roles:
         need(role in ROLES, "daemon.roles", f"unknown role {role!r} (known: {', '.join(ROLES)})")
     need(s.daemon.shutdown_timeout_s > 0, "daemon.shutdown_timeout_s", "must be positive")
+    need(
+        len(s.daemon.instance_id) <= 128 and all(33 <= ord(c) <= 126 for c in s.daemon.instance_id),
+        "daemon.instance_id",
+        "must be at most 128 letters, digits and ASCII punctuation (no spaces)",
+    )
+    need(0 <= s.api.max_wait_s <= 3600, "api.max_wait_s", "must be an integer 0-3600")
+    need(s.api.max_waiters >= 0, "api.max_waiters", "must not be negative")
     if not s.auth.tokens and "api" in s.daemon.roles:
         need(
             is_loopback_host(s.server.host),

@@ -11,7 +11,16 @@ import asyncpg
 from tests.support.db import raw_db
 
 ADMIN_DSN = os.environ.get("OUTBOXD_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-TABLES = ("relay_outbox", "work_outbox", "websites", "task_runs", "jobs", "pace", "pace_leases")
+TABLES = (
+    "relay_outbox",
+    "work_outbox",
+    "websites",
+    "task_runs",
+    "jobs",
+    "job_events",
+    "pace",
+    "pace_leases",
+)
 
 
 def required() -> bool:

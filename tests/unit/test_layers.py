@@ -18,6 +18,7 @@ LAYERS = {
     "ids": 0,
     "observability": 0,
     "crashpoints": 0,
+    "tracing": 0,
     "storage": 1,
     "queue": 1,
     "scrapers": 1,

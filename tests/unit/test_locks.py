@@ -52,10 +52,15 @@ def third_party_imports() -> set[str]:
     return {n for n in names if n not in sys.stdlib_module_names and n != "outboxd"}
 
 
+# Optional extras the daemon uses when installed: only these modules import them, and only
+# inside functions, so the daemon runs (without what they add) when they are not.
+OPTIONAL_IMPORTS = {"opentelemetry": ("otel", "tracing.py")}
+
+
 def test_the_daemon_imports_only_declared_runtime_dependencies() -> None:
     declared = {req_name(d) for d in PYPROJECT["project"]["dependencies"]}
     provided = packages_distributions()
-    for module in sorted(third_party_imports()):
+    for module in sorted(third_party_imports() - set(OPTIONAL_IMPORTS)):
         dists = {norm(d) for d in provided.get(module, [])}
         assert dists & declared, f"src imports {module} ({dists}), not a declared dependency"
     assert "moto" not in third_party_imports()
@@ -63,6 +68,28 @@ def test_the_daemon_imports_only_declared_runtime_dependencies() -> None:
     assert any(
         req_name(d) == "moto" for d in PYPROJECT["project"]["optional-dependencies"]["embedded"]
     )
+
+
+def test_optional_extras_are_imported_only_where_guarded() -> None:
+    """`opentelemetry` (the otel extra) only in tracing.py, never at module level there."""
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    for module, (extra, home) in OPTIONAL_IMPORTS.items():
+        assert any(req_name(d).startswith(module) for d in extras[extra]), extra
+        for path in (ROOT / "src" / "outboxd").rglob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            top = {id(n) for n in tree.body}
+            for node in ast.walk(tree):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if not any(n.split(".")[0] == module for n in names):
+                    continue
+                assert path.name == home, f"{path}: imports {module}"
+                assert id(node) not in top, f"{path}: imports {module} at module level"
 
 
 @pytest.mark.parametrize("kind", sorted(LOCKS))

@@ -15,10 +15,25 @@ def test_the_task_registry_is_the_one_list_of_task_types() -> None:
 
 def test_the_status_tuples_and_the_openapi_enums_come_from_the_literals() -> None:
     schemas = openapi_document()["components"]["schemas"]
-    assert ports.JOB_STATUSES == ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD")
+    assert ports.JOB_STATUSES == (
+        "QUEUED",
+        "RUNNING",
+        "SUCCEEDED",
+        "FAILED",
+        "DEAD",
+        "CANCELLED",
+    )
+    assert ports.TERMINAL_JOB_STATUSES == ("SUCCEEDED", "FAILED", "DEAD", "CANCELLED")
     assert ports.RELAY_STATUSES == ("PENDING", "SENT", "RETRYABLE_FAILED", "DEAD")
     assert schemas["JobStatus"]["enum"] == list(ports.JOB_STATUSES)
     assert schemas["TaskStatus"]["enum"] == list(ports.TASK_STATUSES)
     assert set(ports.TERMINAL_JOB_STATUSES) <= set(ports.JOB_STATUSES)
     assert set(ports.TERMINAL_TASK_STATUSES) <= set(ports.TASK_STATUSES)
     assert set(ports.RELAY_UNSENT_STATUSES) <= set(ports.RELAY_STATUSES)
+    # The timeline's types and statuses, and the admin listing's status filter, read them too.
+    event = schemas["JobEvent"]["properties"]
+    assert sorted(event["type"]["enum"]) == sorted(ports.JOB_EVENT_TYPES)
+    assert sorted(event["status"]["enum"]) == sorted(ports.JOB_STATUSES)
+    listing = openapi_document()["paths"]["/v1/admin/jobs"]["get"]["parameters"]
+    status = next(p for p in listing if p.get("name") == "status")
+    assert status["schema"]["enum"] == list(ports.JOB_STATUSES)

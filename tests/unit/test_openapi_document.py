@@ -14,6 +14,7 @@ from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
+from outboxd.http import models
 from outboxd.http.openapi import openapi_document
 from outboxd.http.problems import (
     INTERNAL_ERROR,
@@ -22,10 +23,18 @@ from outboxd.http.problems import (
     VALIDATION_FAILED,
     ApiError,
 )
-from outboxd.http.render import dispatch_body, job_body, relay_item, task_item, website_body
+from outboxd.http.render import (
+    dispatch_body,
+    event_model,
+    job_body,
+    relay_item,
+    task_item,
+    website_body,
+)
 from outboxd.http.responses import problem
 from outboxd.services.admin import collect_stats
 from outboxd.storage.ports import (
+    JobEvent,
     JobRecord,
     PaceState,
     RelayRow,
@@ -200,6 +209,8 @@ def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
     assert found == {
         ("/v1/portal-link-jobs", "post"),
         ("/v1/jobs/{job_id}", "get"),
+        ("/v1/jobs/{job_id}/events", "get"),
+        ("/v1/jobs/{job_id}/cancel", "post"),
         ("/v1/websites", "post"),
         ("/v1/websites/{domain}", "get"),
         ("/v1/admin/outbox", "get"),
@@ -349,8 +360,28 @@ def test_job_bodies_in_other_states_validate(doc: dict[str, Any]) -> None:
         ),
         _job(status="FAILED", result=None, error_code="PORTAL_AUTH_FAILED", error_message="no"),
         _job(status="DEAD", result=None, error_code="RETRIES_EXHAUSTED", error_message=None),
+        _job(status="RUNNING", result=None, finished_at=None, cancel_requested=True),
+        _job(status="CANCELLED", result=None, cancel_requested=True),
     ):
         _assert_valid(doc, "Job", job_body(job))
+
+
+def test_timeline_bodies_validate(doc: dict[str, Any]) -> None:
+    """A timeline from the renderers matches JobTimeline; an unknown type or status does not."""
+    job_id = "0b5f3c1e-8a7d-4f43-9d7e-1f1e1c4a2b3c"
+    events = [
+        JobEvent(job_id, 1, _T0, "accepted", "QUEUED", 0, "host:1", None),
+        JobEvent(job_id, 5, _T0 + 1, "dispatched", "RUNNING", 0, "host:1", {"messageId": "m"}),
+        JobEvent(job_id, 9, _T0 + 2, "retry_scheduled", "RUNNING", 1, "h", {"delayS": 5}),
+        JobEvent(job_id, 12, _T0 + 3, "cancelled", "CANCELLED", 1, "h", {"by": "owner"}),
+    ]
+    body = models.to_builtins(models.JobTimeline(job_id, [event_model(e) for e in events]))
+    _assert_valid(doc, "JobTimeline", body)
+    bad = json.loads(json.dumps(body))
+    bad["events"][0]["type"] = "exploded"
+    assert not _is_valid(doc, "JobTimeline", bad)
+    bad["events"][0]["type"], bad["events"][0]["status"] = "accepted", "GONE"
+    assert not _is_valid(doc, "JobTimeline", bad)
 
 
 def test_job_schema_rejects_wrong_bodies(doc: dict[str, Any]) -> None:

@@ -10,12 +10,15 @@ from outboxd.http.app import create_app
 from outboxd.http.openapi import openapi_document
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
+from outboxd.storage.changes import JobChanges
 
 _METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 
 
 class _NoStore:
     """create_app never touches the store while building routes."""
+
+    changes = JobChanges()  # what held requests watch (never signalled here)
 
 
 def _router_pairs(tmp_path: Path) -> set[tuple[str, str]]:

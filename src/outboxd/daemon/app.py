@@ -39,13 +39,17 @@ from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
+from outboxd.storage.changes import default_instance
 from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store
+from outboxd.tracing import NO_TRACING, Tracing, configure_tracing
 from outboxd.workers.claimer import Claimer
 from outboxd.workers.consumer import Consumer
+from outboxd.workers.job_changes import JobChangeFeed
 from outboxd.workers.pacing import portal_pacing
 from outboxd.workers.relay import Relay, relay_shape
 from outboxd.workers.scheduler import Scheduler
@@ -60,6 +64,8 @@ class Component(Protocol):
 async def open_configured_store(settings: Settings) -> SqlStore:
     s = settings.storage
     store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
+    if settings.daemon.instance_id:
+        store.instance = settings.daemon.instance_id
     if s.auto_migrate:
         try:
             applied = await store.db.migrate()
@@ -179,6 +185,7 @@ def build_api_deps(
     queues: SqsQueues | None,
     dispatcher: Dispatcher | None,
     runtime: ConsoleRuntime | None = None,
+    tracing: Tracing = NO_TRACING,
 ) -> ApiDeps:
     """Everything the HTTP API needs, wired the same way in the daemon and in tests."""
     readiness = Readiness(store, queues)
@@ -193,6 +200,8 @@ def build_api_deps(
         metrics=metrics,
         readiness=readiness,
         runtime=runtime,
+        waits=JobWaits(store, store.changes, settings.api.max_waiters),
+        tracing=tracing,
     )
 
 
@@ -296,12 +305,15 @@ async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
             detail="no [[auth.tokens]]: every caller is user 'local' "
             "with role admin; the API binds loopback only",
         )
+    tracing = configure_tracing(env, settings.daemon.instance_id or default_instance())
     try:
         async with contextlib.AsyncExitStack() as stack:
-            code = await _serve(settings, env, stop, roles, notifier, stack)
+            code = await _serve(settings, env, stop, roles, notifier, stack, tracing)
     except (OutboxdError, OSError, ValueError, ConfigError) as exc:
         log.error("daemon_failed", error=exc)
         return 1
+    finally:
+        await asyncio.to_thread(tracing.shutdown)
     log.info("daemon_stopped", exit_code=code)
     return code
 
@@ -313,6 +325,7 @@ async def _serve(
     roles: set[str],
     notifier: SystemdNotifier,
     stack: contextlib.AsyncExitStack,
+    tracing: Tracing = NO_TRACING,
 ) -> int:
     metrics = Metrics()
     store = await open_configured_store(settings)
@@ -363,6 +376,7 @@ async def _serve(
         stop=stop,
         lanes=shape.lanes,
         batches_per_round=shape.batches_per_round,
+        tracing=tracing,
     )
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
@@ -370,7 +384,14 @@ async def _serve(
     console = ConsoleRuntime(Throughput(metrics))
     if "api" in roles:
         deps = build_api_deps(
-            settings, store, keys, metrics, queues=queues, dispatcher=relay, runtime=console
+            settings,
+            store,
+            keys,
+            metrics,
+            queues=queues,
+            dispatcher=relay,
+            runtime=console,
+            tracing=tracing,
         )
         if not settings.auth.tokens and not is_loopback_host(settings.server.host):
             raise ValueError("refusing to bind a non-loopback address with no auth tokens")
@@ -387,6 +408,10 @@ async def _serve(
         )
         components.append(("api", api_server))
         components.append(("console_throughput", console.throughput))
+        if deps.waits is not None:
+            # Held requests: answered at once on stop, woken by other processes' changes.
+            components.append(("job_waits", deps.waits))
+            components.append(("job_changes", JobChangeFeed(store, store.changes)))
     if "relay" in roles:
         components.append(("relay", relay))
     if "consumer" in roles:
@@ -406,6 +431,7 @@ async def _serve(
                     settings.sqs,
                     metrics,
                     settings.security.dead_retention_s,
+                    tracing=tracing,
                 ),
             )
         )

@@ -25,7 +25,7 @@ from outboxd.http.render import (
 from outboxd.http.responses import json_response
 from outboxd.services.tasks import BUILTIN_TASKS
 from outboxd.services.websites import InvalidDomain, normalize_domain
-from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, WORK_STATUSES
+from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, WORK_STATUSES, JobFilter
 
 log = structlog.get_logger(__name__)
 
@@ -74,12 +74,24 @@ async def redrive_job(request: web.Request) -> web.Response:
     return json_response(job_model(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 
+_JOB_QUERY = {*_PAGE_QUERY, "user", "errorCode", "from", "to"}
+
+
 async def list_jobs(request: web.Request) -> web.Response:
-    inputs.only_query(request, _PAGE_QUERY)
+    inputs.only_query(request, _JOB_QUERY)
     deps = deps_of(request)
-    status = inputs.query_status(request, JOB_STATUSES)
+    user = inputs.query_text(request, "user", 128)
+    if user == "":
+        raise field_error("user", "must not be empty (leave it out for every user)")
+    where = JobFilter(
+        status=inputs.query_status(request, JOB_STATUSES),
+        user_id=user,
+        error_code=inputs.query_error_code(request, "errorCode"),
+        created_from=inputs.query_time(request, "from"),
+        created_to=inputs.query_time(request, "to"),
+    )
     page = await deps.store.list_jobs(
-        status, inputs.query_limit(request), inputs.query_cursor(request)
+        None, inputs.query_limit(request), inputs.query_cursor(request), where
     )
     return json_response(models.JobPage([job_model(j) for j in page.items], page.next_cursor))
 

@@ -16,10 +16,12 @@ from outboxd.config import Settings
 from outboxd.observability import Metrics
 from outboxd.security import Principal, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import PortalJobService
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.ports import JobStore, RelayStore, StatsStore, TaskStore
+from outboxd.tracing import NO_TRACING, Tracing
 
 
 class Readiness(Protocol):
@@ -52,6 +54,9 @@ class ApiDeps:
     metrics: Metrics
     readiness: Readiness
     runtime: RuntimeView | None = None
+    # Requests held on a job (`Prefer: wait`); None: every request is answered at once.
+    waits: JobWaits | None = None
+    tracing: Tracing = NO_TRACING
 
 
 DEPS = web.AppKey("deps", ApiDeps)

@@ -13,7 +13,8 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, NoReturn
 
 import msgspec
 from aiohttp import web
@@ -26,6 +27,7 @@ from outboxd.http.problems import (
     ApiError,
 )
 from outboxd.storage.ports import decode_cursor
+from outboxd.tracing import parse_traceparent
 
 # Nesting deeper than this is refused before anything walks it recursively.
 MAX_JSON_DEPTH = 32
@@ -263,6 +265,108 @@ def single_header(headers: Mapping[str, str], name: str) -> str | None:
     if len(values) > 1:
         fail(name, "must be sent once")
     return values[0] if values else None
+
+
+# RFC 3339 date-time (section 5.6): what the OpenAPI document's `format: date-time` says.
+_DATE_TIME_RE: Final = re.compile(
+    r"^([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,32})?"
+    r"([Zz]|([+-])([0-9]{2}):([0-9]{2}))$"
+)
+
+
+def query_time(request: web.Request, name: str) -> float | None:
+    """An RFC 3339 date-time query value as Unix seconds (a leap second counts as the
+    next second's start), or absent."""
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    m = _DATE_TIME_RE.fullmatch(raw)
+    if m is None:
+        fail(name, "must be an RFC 3339 date-time, e.g. 2024-05-01T00:00:00Z")
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    fraction = float(m.group(7)) if m.group(7) else 0.0
+    offset = timedelta(0)
+    if m.group(9) is not None:
+        hours, minutes = int(m.group(10)), int(m.group(11))
+        if hours > 23 or minutes > 59:
+            fail(name, "has an offset beyond 23:59")
+        offset = timedelta(hours=hours, minutes=minutes) * (-1 if m.group(9) == "-" else 1)
+    leap = second == 60
+    try:
+        when = datetime(year, month, day, hour, minute, 59 if leap else second, tzinfo=UTC)
+        utc = when - offset
+    except (ValueError, OverflowError):
+        fail(name, "is not a date and time that exists")
+    return utc.timestamp() + (1.0 if leap else 0.0) + fraction
+
+
+ERROR_CODE_PATTERN: Final = "^[A-Z][A-Z0-9_]{0,63}$"
+_ERROR_CODE_RE: Final = re.compile(ERROR_CODE_PATTERN)
+
+
+def query_error_code(request: web.Request, name: str) -> str | None:
+    raw = request.query.get(name)
+    if raw is not None and not _ERROR_CODE_RE.fullmatch(raw):
+        fail(name, "must be an error code: upper-case letters, digits and _ (1-64)")
+    return raw
+
+
+_AFTER_RE: Final = re.compile(r"^[0-9]{1,18}$")
+
+
+def query_after(request: web.Request) -> int:
+    """`after`: a timeline's last seen `seq` (0 or absent: from the start)."""
+    raw = request.query.get("after")
+    if raw is None:
+        return 0
+    if not _AFTER_RE.fullmatch(raw):
+        fail("after", "must be an integer 0-999999999999999999 (a seq of this timeline)")
+    return int(raw)
+
+
+# ------------------------------------------------------------------ conditional, waiting, tracing
+
+# RFC 7240 `wait=<delta-seconds>`, among other preferences (which are ignored).
+_PREFER_WAIT_RE: Final = re.compile(r'^\s*wait\s*=\s*"?([0-9]{1,9})"?\s*(?:;.*)?$', re.IGNORECASE)
+# RFC 9110 entity tags: "opaque" or W/"opaque"; weak and strong compare alike for If-None-Match.
+_ETAG_RE: Final = re.compile(r'\s*(?:W/)?"([\x21\x23-\x7e\x80-\xff]*)"\s*')
+
+
+def prefer_wait(request: web.Request, max_wait_s: int) -> int | None:
+    """The seconds of a `Prefer: wait=N` (RFC 7240), at most `max_wait_s`; None when not asked
+    (or 0). A preference that cannot be read is ignored, as the RFC says, never refused."""
+    for header in request.headers.getall("Prefer", ()):
+        for pref in header.split(","):
+            m = _PREFER_WAIT_RE.match(pref)
+            if m is not None:
+                wait = min(int(m.group(1)), max_wait_s)
+                return wait or None
+    return None
+
+
+def if_none_match(request: web.Request) -> list[str] | None:
+    """The entity tags of If-None-Match (their opaque part; "*" for any), None when absent.
+    What cannot be read as a tag matches nothing."""
+    headers = request.headers.getall("If-None-Match", ())
+    if not headers:
+        return None
+    tags: list[str] = []
+    for header in headers:
+        for part in header.split(","):
+            if part.strip() == "*":
+                tags.append("*")
+                continue
+            m = _ETAG_RE.fullmatch(part)
+            if m is not None:
+                tags.append(m.group(1))
+    return tags
+
+
+def traceparent(request: web.Request) -> str | None:
+    """A valid W3C `traceparent`; a missing, repeated or malformed one is None (ignored: the
+    daemon then starts a trace of its own)."""
+    values = request.headers.getall("traceparent", ())
+    return parse_traceparent(values[0]) if len(values) == 1 else None
 
 
 def query_status(request: web.Request, allowed: tuple[str, ...]) -> str | None:

@@ -1,25 +1,30 @@
-"""Portal link jobs: intake (idempotent per user and key) and a job's state, owner or admin."""
+"""Portal link jobs: intake (idempotent per user and key), a job's state (with an ETag, and
+held until it changes on `Prefer: wait`), its timeline and its cancel; owner or admin."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import cast
 
 import structlog
 from aiohttp import web
 
+from outboxd.errors import InvalidState, NotFound
 from outboxd.http import checks, inputs, models
 from outboxd.http.deps import deps_of, principal_of
 from outboxd.http.problems import (
     ENQUEUE_FAILED,
     IDEMPOTENCY_KEY_CONFLICT,
     IDEMPOTENCY_KEY_REQUIRED,
+    INVALID_STATE,
     NOT_FOUND,
     ApiError,
 )
-from outboxd.http.render import dispatch_model, job_model
+from outboxd.http.render import dispatch_model, event_model, job_model
 from outboxd.http.responses import json_response
 from outboxd.services.portal_jobs import DispatchFailed, IdempotencyConflict, PortalLinkRequest
 from outboxd.storage.ports import JobRecord
+from outboxd.tracing import trace_id_of
 
 log = structlog.get_logger(__name__)
 
@@ -45,8 +50,22 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     link = PortalLinkRequest(
         cast(str, fields["portal"]), cast(str, fields["username"]), cast(str, fields["password"])
     )
+    # The caller's trace goes on (an invalid traceparent is ignored): this request is a span
+    # of it, and the job carries this span's context to the worker.
+    parent = inputs.traceparent(request)
+    with (
+        deps.tracing.span("POST /v1/portal-link-jobs", parent, "server") as tp,
+        structlog.contextvars.bound_contextvars(trace_id=trace_id_of(tp)),
+    ):
+        return await _submit(request, user, key, link, tp)
+
+
+async def _submit(
+    request: web.Request, user: str, key: str, link: PortalLinkRequest, traceparent: str
+) -> web.Response:
+    deps = deps_of(request)
     try:
-        sub = await deps.jobs.submit(user, key, link)
+        sub = await deps.jobs.submit(user, key, link, traceparent)
     except IdempotencyConflict:
         raise ApiError(
             IDEMPOTENCY_KEY_CONFLICT,
@@ -78,8 +97,90 @@ def visible_job(request: web.Request, job: JobRecord | None) -> JobRecord:
     return job
 
 
+def _encoded(job: JobRecord) -> tuple[bytes, str]:
+    """The job's body, and its entity tag: a digest of exactly those bytes, so it changes
+    whenever the body does."""
+    body = models.encode(job_model(job))
+    return body, hashlib.blake2b(body, digest_size=12).hexdigest()
+
+
+def _job_response(
+    body: bytes, etag: str, status: int = 200, applied: int | None = None
+) -> web.Response:
+    headers = {"ETag": f'"{etag}"'}
+    if applied is not None:
+        headers["Preference-Applied"] = f"wait={applied}"
+    if status == 304:
+        return web.Response(status=304, headers=headers)
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
+def _matches(tags: list[str] | None, etag: str) -> bool:
+    return tags is not None and ("*" in tags or etag in tags)
+
+
 async def get_job(request: web.Request) -> web.Response:
+    """The job. `If-None-Match` with its current ETag: 304. `Prefer: wait=N` (clamped to
+    api.max_wait_s): held, holding no database connection, until the job's body changes
+    (with If-None-Match) or it finishes (without), or N seconds pass, or the daemon stops."""
     deps = deps_of(request)
-    found = await deps.jobs.get(inputs.path_id(request, "job_id"))
-    job = visible_job(request, found[0] if found else None)
-    return json_response(job_model(job))
+    job_id = inputs.path_id(request, "job_id")
+    tags = inputs.if_none_match(request)
+    wait_s = inputs.prefer_wait(request, deps.settings.api.max_wait_s)
+    if wait_s is None or deps.waits is None:
+        job = visible_job(request, await deps.store.get_job(job_id))
+        body, etag = _encoded(job)
+        return _job_response(body, etag, 304 if _matches(tags, etag) else 200)
+    # The hold is taken before the read: a change committed after the read still wakes it.
+    async with deps.waits.hold(job_id) as hold:
+        job = visible_job(request, await deps.store.get_job(job_id))
+        body, etag = _encoded(job)
+        if hold is None:  # api.max_waiters held already, or stopping: no wait applied
+            return _job_response(body, etag, 304 if _matches(tags, etag) else 200)
+        if tags is None:
+            if job.terminal:
+                return _job_response(body, etag, applied=wait_s)
+            ending, now = await hold.until(lambda j: j is None or j.terminal, wait_s)
+        else:
+            if not _matches(tags, etag):  # stale: the client has not seen this body
+                return _job_response(body, etag, applied=wait_s)
+            ending, now = await hold.until(lambda j: j is None or _encoded(j)[1] != etag, wait_s)
+    if now is None:
+        raise ApiError(NOT_FOUND, "no such job")  # pruned while it was waited on
+    new_body, new_etag = _encoded(now)
+    if tags is not None and new_etag == etag and ending != "stopped":
+        return _job_response(new_body, new_etag, 304, applied=wait_s)
+    return _job_response(new_body, new_etag, applied=wait_s)
+
+
+async def get_job_events(request: web.Request) -> web.Response:
+    """The job's timeline, oldest first: up to 1000 events after `after`."""
+    deps = deps_of(request)
+    job = visible_job(request, await deps.store.get_job(inputs.path_id(request, "job_id")))
+    events = await deps.store.job_events(job.id, inputs.query_after(request), 1000)
+    return json_response(models.JobTimeline(job.id, [event_model(e) for e in events]))
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    """Cancel: at once when nobody runs the job, else the worker stops at its next portal
+    request. 202 with the job; again 202 for a cancelled one; 409 once it finished."""
+    deps = deps_of(request)
+    p = principal_of(request)
+    job = visible_job(request, await deps.store.get_job(inputs.path_id(request, "job_id")))
+    by = "owner" if job.user_id == p.user else "admin"
+    try:
+        job, outcome = await deps.jobs.cancel(job.id, by)
+    except NotFound:
+        raise ApiError(NOT_FOUND, "no such job") from None
+    except InvalidState as exc:
+        raise ApiError(INVALID_STATE, str(exc)) from None
+    log.info(
+        "job_cancel",
+        job_id=job.id,
+        outcome=outcome,
+        by_user=p.user,
+        by_role=p.role,
+        status=job.status,
+        trace_id=trace_id_of(job.traceparent),
+    )
+    return json_response(job_model(job), 202, {"Location": f"/v1/jobs/{job.id}"})

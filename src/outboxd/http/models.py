@@ -24,7 +24,14 @@ from msgspec import Meta, Struct
 from outboxd.http.problems import PROBLEM_CODES, PROBLEM_TYPE, PROBLEMS, VALIDATION_FAILED
 from outboxd.services.portal_jobs import PORTALS
 from outboxd.services.tasks import BUILTIN_TASKS
-from outboxd.storage.ports import CURSOR_PATTERN, JobStatus, RelayStatus, TaskStatus, WorkStatus
+from outboxd.storage.ports import (
+    CURSOR_PATTERN,
+    JobEventType,
+    JobStatus,
+    RelayStatus,
+    TaskStatus,
+    WorkStatus,
+)
 
 __all__ = ["CURSOR_PATTERN", "PROBLEM_TYPE"]
 
@@ -319,7 +326,7 @@ class Job(Struct, rename="camel"):
     finished_at: Annotated[
         str | None,
         Meta(
-            description="When it reached SUCCEEDED, FAILED or DEAD (RFC 3339, UTC, "
+            description="When it reached SUCCEEDED, FAILED, DEAD or CANCELLED (RFC 3339, UTC, "
             "millisecond precision).",
             extra_json_schema={"format": "date-time"},
         ),
@@ -328,6 +335,48 @@ class Job(Struct, rename="camel"):
     progress: JobProgress | None
     error: JobError | None
     result: PortalResult | None
+    cancel_requested: Annotated[
+        bool,
+        Meta(
+            description="A cancel was requested (POST /v1/jobs/{jobId}/cancel): a RUNNING job "
+            "stops before its next portal request and ends CANCELLED; true on every CANCELLED "
+            "job."
+        ),
+    ]
+
+
+class JobEvent(Struct, rename="camel"):
+    """One entry of a job's timeline: what happened, and the job's state right after it."""
+
+    seq: Annotated[
+        int, Meta(ge=1, description="Orders the job's events; increasing, with gaps.")
+    ]
+    at: Annotated[str, _DATE_TIME, Meta(description="When it happened" + _RFC3339)]
+    type: Annotated[
+        JobEventType,
+        Meta(
+            description="accepted, dispatched (detail: messageId, outboxId), dispatch_failed "
+            "(error), started (receiveCount), progress (step, done, total), retry_scheduled "
+            "(code, delayS), released (given back at a shutdown), succeeded, failed (code), "
+            "dead (code), redriven (outboxId), cancel_requested and cancelled (by: owner, "
+            "admin or consumer)."
+        ),
+    ]
+    status: Annotated[JobStatus, Meta(description="The job's status after the event.")]
+    attempt: Annotated[int, Meta(ge=0, description="The job's processing attempts after it.")]
+    instance: Annotated[
+        str, Meta(description="The daemon that recorded it (its daemon.instance_id).")
+    ]
+    detail: Annotated[
+        dict[str, Any] | None, Meta(description="What the type names, or null; never a secret.")
+    ]
+
+
+class JobTimeline(Struct, rename="camel"):
+    """A job's events, oldest first (at most 1000 per answer: ask again with `after`)."""
+
+    job_id: Uuid
+    events: list[JobEvent]
 
 
 class Classification(Struct, rename="camel"):
@@ -460,6 +509,8 @@ MODELS: Final = (
     Job,
     JobProgress,
     JobError,
+    JobEvent,
+    JobTimeline,
     PortalResult,
     WebsiteRequest,
     Website,

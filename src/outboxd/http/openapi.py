@@ -81,7 +81,8 @@ def _job_schemas() -> dict[str, Schema]:
             "type": "string",
             "enum": list(JOB_STATUSES),
             "description": "QUEUED (committed, not yet on the queue), RUNNING (on the queue or "
-            "being worked), SUCCEEDED, FAILED (not retryable) or DEAD (retries exhausted).",
+            "being worked), SUCCEEDED, FAILED (not retryable), DEAD (retries exhausted) or "
+            "CANCELLED (its owner or an admin cancelled it).",
         },
         "RelayStatus": relay_status,
     }
@@ -284,6 +285,18 @@ _HEADERS: Final[dict[str, Schema]] = {
         "required": True,
         "schema": {"type": "string"},
     },
+    "ETag": {
+        "description": "The job body's entity tag: it changes whenever the body does (send it "
+        "back in If-None-Match).",
+        "required": True,
+        "schema": {"type": "string", "pattern": '^"[0-9a-f]{24}"$'},
+    },
+    "Preference-Applied": {
+        "description": "wait=N: the request was held up to N seconds (Prefer's, at most "
+        "api.max_wait_s); absent when no wait was applied.",
+        "required": False,
+        "schema": {"type": "string", "pattern": "^wait=[0-9]{1,4}$"},
+    },
 }
 
 
@@ -301,11 +314,9 @@ def _body_schema(body: type[Struct] | str | None) -> Schema:
 
 
 def _ok(ok: Ok) -> Schema:
-    response: Schema = {
-        "description": ok.description,
-        "headers": _headers(ok.headers),
-        "content": {ok.media: {"schema": _body_schema(ok.body)}},
-    }
+    response: Schema = {"description": ok.description, "headers": _headers(ok.headers)}
+    if ok.media:  # none: a response without a body (304)
+        response["content"] = {ok.media: {"schema": _body_schema(ok.body)}}
     if ok.links:
         response["links"] = {
             link.name: {
@@ -471,6 +482,34 @@ def _build() -> dict[str, Any]:
                         "maxLength": 255,
                         "pattern": models.IDEMPOTENCY_KEY_PATTERN,
                     },
+                },
+                "traceparent": {
+                    "name": "traceparent",
+                    "in": "header",
+                    "required": False,
+                    "description": "W3C Trace Context: the job joins this trace (the relay "
+                    "sends it with the SQS message, the worker continues it, log lines about "
+                    "the job carry its trace_id). A missing or malformed one is ignored and "
+                    "the daemon starts a trace of its own.",
+                    "schema": {"type": "string"},
+                },
+                "Prefer": {
+                    "name": "Prefer",
+                    "in": "header",
+                    "required": False,
+                    "description": "RFC 7240. wait=N holds the request up to N seconds (clamped "
+                    "to api.max_wait_s, 60 by default; 0 does not wait) until the job changes "
+                    "(with If-None-Match) or finishes (without). Other preferences, and a "
+                    "wait that is not a whole number, are ignored.",
+                    "schema": {"type": "string"},
+                },
+                "If-None-Match": {
+                    "name": "If-None-Match",
+                    "in": "header",
+                    "required": False,
+                    "description": "An ETag of the job (or *): 304 while it is still the "
+                    "current one (with Prefer: wait, after the wait).",
+                    "schema": {"type": "string"},
                 },
                 "X-Request-Id": {
                     "name": "X-Request-Id",

@@ -8,7 +8,14 @@ from typing import Any, cast
 import msgspec
 
 from outboxd.http import models
-from outboxd.storage.ports import RELAY_UNSENT_STATUSES, JobRecord, RelayRow, TaskRun, Website
+from outboxd.storage.ports import (
+    RELAY_UNSENT_STATUSES,
+    JobEvent,
+    JobRecord,
+    RelayRow,
+    TaskRun,
+    Website,
+)
 
 
 def iso(ts: float | None) -> str | None:
@@ -38,6 +45,20 @@ def job_model(job: JobRecord) -> models.Job:
         progress=progress,
         error=error,
         result=result,
+        cancel_requested=job.cancel_requested,
+    )
+
+
+def event_model(event: JobEvent) -> models.JobEvent:
+    detail: Any = dict(event.detail) if event.detail is not None else None
+    return models.JobEvent(
+        seq=event.seq,
+        at=cast(str, iso(event.at)),
+        type=event.type,
+        status=event.status,
+        attempt=event.attempt,
+        instance=event.instance,
+        detail=detail,
     )
 
 

@@ -16,6 +16,7 @@ from aiohttp import web
 from msgspec import Struct
 
 from outboxd.http import admin, console, jobs, models, ops, websites
+from outboxd.http.inputs import ERROR_CODE_PATTERN
 from outboxd.http.problems import (
     ENQUEUE_FAILED,
     FORBIDDEN,
@@ -128,6 +129,8 @@ DOMAIN: Final = _path("domain", "The host name (normalised before the lookup).")
 
 _JOB_LINKS: Final = (
     Link("GetJob", "getJob", "job_id", "/jobId"),
+    Link("GetJobEvents", "getJobEvents", "job_id", "/jobId"),
+    Link("CancelJob", "cancelJob", "job_id", "/jobId"),
     Link("RedriveJob", "redriveJob", "job_id", "/jobId"),
 )
 _WEBSITE_LINKS: Final = (Link("GetWebsite", "getWebsite", "domain", "/domain"),)
@@ -160,7 +163,7 @@ _API: Final[tuple[Route, ...]] = (
             STORAGE_UNAVAILABLE,
         ),
         request=models.PortalLinkRequest,
-        headers=("Idempotency-Key",),
+        headers=("Idempotency-Key", "traceparent"),
     ),
     Route(
         "GET",
@@ -168,10 +171,78 @@ _API: Final[tuple[Route, ...]] = (
         jobs.get_job,
         "getJob",
         "jobs",
-        "A job's state, progress and result (owner or admin).",
-        ok=(Ok(200, "The job.", models.Job),),
+        "A job's state, progress and result (owner or admin); wait for a change with Prefer.",
+        ok=(
+            Ok(
+                200,
+                "The job (at once, or when the wait ended: it changed, it finished, the time "
+                "ran out or the daemon is stopping).",
+                models.Job,
+                headers=("ETag", "Preference-Applied"),
+            ),
+            Ok(
+                304,
+                "Not Modified: If-None-Match names the current ETag (at once, or after a wait "
+                "of Prefer's N seconds in which the job did not change).",
+                media="",
+                headers=("ETag", "Preference-Applied"),
+            ),
+        ),
         errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
         params=(JOB_ID,),
+        headers=("Prefer", "If-None-Match"),
+        description="Every answer carries the body's ETag. With `Prefer: wait=N` (RFC 7240; N "
+        "clamped to the server's api.max_wait_s, 60 by default) and `If-None-Match`, the "
+        "request is held until the job's body changes (200, the new ETag) or N seconds pass "
+        "(304); without If-None-Match, until the job is finished (SUCCEEDED, FAILED, DEAD or "
+        "CANCELLED) or N seconds pass (200). An If-None-Match that is not the current ETag "
+        "answers 200 at once. `Preference-Applied: wait=N` says a wait was applied; a server "
+        "holding its api.max_waiters requests already answers at once without it. A held "
+        "request is answered at once when the daemon stops.",
+    ),
+    Route(
+        "GET",
+        "/v1/jobs/{job_id}/events",
+        jobs.get_job_events,
+        "getJobEvents",
+        "jobs",
+        "A job's timeline, oldest first (owner or admin).",
+        ok=(Ok(200, "The job's events.", models.JobTimeline),),
+        errors=(NOT_FOUND, VALIDATION_FAILED, STORAGE_UNAVAILABLE),
+        params=(
+            JOB_ID,
+            _query(
+                "after",
+                "Only events after this seq (the last one seen); at most 1000 per answer.",
+                {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
+            ),
+        ),
+        description="Each event commits in the same transaction as the change of the job it "
+        "records: the last event's status is the job's status.",
+    ),
+    Route(
+        "POST",
+        "/v1/jobs/{job_id}/cancel",
+        jobs.cancel_job,
+        "cancelJob",
+        "jobs",
+        "Cancel a job (owner or admin).",
+        ok=(
+            Ok(
+                202,
+                "The job after the cancel: CANCELLED (it was QUEUED, or waiting on the queue), "
+                "or RUNNING with cancelRequested (its worker stops before its next portal "
+                "request); a CANCELLED job answers this again.",
+                models.Job,
+                headers=("Location",),
+                links=(Link("GetJob", "getJob", "job_id", "/jobId"),),
+            ),
+        ),
+        errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
+        params=(JOB_ID,),
+        description="A CANCELLED job's credentials are erased at once and its outbox row is "
+        "never published; a SUCCEEDED, FAILED or DEAD job cannot be cancelled "
+        f"({INVALID_STATE.status} {INVALID_STATE.code}).",
     ),
     Route(
         "POST",
@@ -294,11 +365,35 @@ _ADMIN: Final[tuple[Route, ...]] = (
         admin.list_jobs,
         "listJobs",
         "admin",
-        "Jobs, newest first (keyset pagination), any user's.",
+        "Jobs, newest first (keyset pagination), any user's; filtered by each parameter given.",
         ok=(Ok(200, "A page of jobs.", models.JobPage),),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
         access="admin",
-        params=(_status(JOB_STATUSES, "Only jobs in this state."), LIMIT, CURSOR),
+        params=(
+            _status(JOB_STATUSES, "Only jobs in this state."),
+            _query(
+                "user",
+                "Only this user's jobs.",
+                {"type": "string", "minLength": 1, "maxLength": 128, "pattern": _NO_CONTROL_CHARS},
+            ),
+            _query(
+                "errorCode",
+                "Only jobs whose error has this code (e.g. RETRIES_EXHAUSTED).",
+                {"type": "string", "pattern": ERROR_CODE_PATTERN},
+            ),
+            _query(
+                "from",
+                "Only jobs created at or after this time (RFC 3339).",
+                {"type": "string", "format": "date-time"},
+            ),
+            _query(
+                "to",
+                "Only jobs created before this time (RFC 3339).",
+                {"type": "string", "format": "date-time"},
+            ),
+            LIMIT,
+            CURSOR,
+        ),
     ),
     Route(
         "GET",

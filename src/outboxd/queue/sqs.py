@@ -17,7 +17,7 @@ import functools
 import hashlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -87,12 +87,18 @@ _T = TypeVar("_T")
 log = structlog.get_logger(__name__)
 
 
+# The message attributes a receive asks for (String attributes; a sender sets what it has).
+MESSAGE_ATTRIBUTES: tuple[str, ...] = ("traceparent",)
+
+
 @dataclass(frozen=True)
 class OutgoingMessage:
     entry_id: str
     body: str
     group_id: str | None = None  # FIFO only; ignored for the standard jobs queue
     dedup_id: str | None = None  # FIFO only; ignored for the standard jobs queue
+    # String message attributes (the job's `traceparent`), beside the body.
+    attributes: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ class ReceivedMessage:
     receipt_handle: str
     body: str
     receive_count: int  # ApproximateReceiveCount, 1 on the first delivery
+    # The String message attributes of MESSAGE_ATTRIBUTES the message carries.
+    attributes: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -310,7 +318,7 @@ class SqsQueues:
         failed: dict[str, str] = {}
         sender_fault: dict[str, bool] = {}
         outage: set[str] = set()
-        entries: list[tuple[dict[str, str], int]] = []
+        entries: list[tuple[dict[str, Any], int]] = []
         for msg in messages:
             if not _ENTRY_ID.match(msg.entry_id):
                 raise ValueError(f"invalid batch entry id {msg.entry_id!r}")
@@ -320,7 +328,11 @@ class SqsQueues:
             if fifo and not (msg.group_id and msg.dedup_id):
                 raise ValueError(f"FIFO message {msg.entry_id!r} needs group_id and dedup_id")
             try:
-                size = len(msg.body.encode("utf-8"))
+                # SQS counts attribute names, types and values in a message's size.
+                size = len(msg.body.encode("utf-8")) + sum(
+                    len(k.encode()) + len(b"String") + len(v.encode())
+                    for k, v in (msg.attributes or {}).items()
+                )
             except UnicodeEncodeError:
                 failed[msg.entry_id] = "InvalidMessageContents: body is not valid UTF-8"
                 sender_fault[msg.entry_id] = True
@@ -331,7 +343,11 @@ class SqsQueues:
                 )
                 sender_fault[msg.entry_id] = True
                 continue
-            entry = {"Id": msg.entry_id, "MessageBody": msg.body}
+            entry: dict[str, Any] = {"Id": msg.entry_id, "MessageBody": msg.body}
+            if msg.attributes:
+                entry["MessageAttributes"] = {
+                    k: {"DataType": "String", "StringValue": v} for k, v in msg.attributes.items()
+                }
             if fifo:
                 assert msg.group_id is not None and msg.dedup_id is not None
                 entry["MessageGroupId"] = msg.group_id
@@ -341,7 +357,7 @@ class SqsQueues:
         successful: dict[str, str] = {}
         self.queue_url(kind)  # not started: QueueError before anything else
 
-        async def send(chunk: list[dict[str, str]]) -> Any:
+        async def send(chunk: list[dict[str, Any]]) -> Any:
             return await self._plane().call(
                 "SendMessageBatch", {"QueueUrl": self.queue_url(kind), "Entries": chunk}
             )
@@ -360,13 +376,21 @@ class SqsQueues:
                     if exc.outage:
                         outage.add(entry["Id"])
                 continue
-            bodies = {entry["Id"]: entry["MessageBody"] for entry in chunk}
+            sent_entries = {entry["Id"]: entry for entry in chunk}
             for ok in resp.get("Successful", []):
                 entry_id = str(ok["Id"])
+                entry = sent_entries.get(entry_id, {})
                 md5 = ok.get("MD5OfMessageBody")
-                if md5 is not None and md5 != _md5(bodies.get(entry_id, "")):
+                if md5 is not None and md5 != _md5(entry.get("MessageBody", "")):
                     # What SQS stored is not what we sent: publish it again.
                     failed[entry_id] = "MD5OfMessageBody does not match the body sent"
+                    sender_fault[entry_id] = False
+                    continue
+                md5_attributes = ok.get("MD5OfMessageAttributes")
+                if md5_attributes is not None and md5_attributes != _md5_attributes(
+                    entry.get("MessageAttributes", {})
+                ):
+                    failed[entry_id] = "MD5OfMessageAttributes does not match the attributes sent"
                     sender_fault[entry_id] = False
                     continue
                 successful[entry_id] = str(ok["MessageId"])
@@ -418,6 +442,7 @@ class SqsQueues:
             "MaxNumberOfMessages": max_messages,
             "WaitTimeSeconds": wait,
             "MessageSystemAttributeNames": ["ApproximateReceiveCount"],
+            "MessageAttributeNames": list(MESSAGE_ATTRIBUTES),
         }
         if visibility_timeout_s is not None:
             params["VisibilityTimeout"] = visibility_timeout_s
@@ -428,6 +453,7 @@ class SqsQueues:
                 receipt_handle=str(m["ReceiptHandle"]),
                 body=str(m.get("Body", "")),
                 receive_count=int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
+                attributes=_string_attributes(m.get("MessageAttributes")),
             )
             for m in resp.get("Messages", [])
         ]
@@ -478,16 +504,42 @@ def _md5(body: str) -> str:
     return hashlib.md5(body.encode("utf-8"), usedforsecurity=False).hexdigest()
 
 
+def _md5_attributes(attributes: Mapping[str, Mapping[str, str]]) -> str:
+    """SQS's MD5OfMessageAttributes of String attributes: per attribute in name order, the
+    name, the data type and the value, each as a 4-byte big-endian length and its UTF-8
+    bytes, with a transport byte 1 (string) before the value."""
+    digest = hashlib.md5(usedforsecurity=False)
+    for name in sorted(attributes):
+        attr = attributes[name]
+        for part in (name, attr["DataType"]):
+            raw = part.encode("utf-8")
+            digest.update(len(raw).to_bytes(4, "big") + raw)
+        value = attr["StringValue"].encode("utf-8")
+        digest.update(b"\x01" + len(value).to_bytes(4, "big") + value)
+    return digest.hexdigest()
+
+
+def _string_attributes(raw: Any) -> dict[str, str]:
+    """The String message attributes of a received message (anything else left out)."""
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[str, str] = {}
+    for name, attr in raw.items():
+        if isinstance(attr, dict) and isinstance(attr.get("StringValue"), str):
+            out[str(name)] = attr["StringValue"]
+    return out
+
+
 def _chunks_by_size(
-    entries: Sequence[tuple[dict[str, str], int]],
-) -> list[list[dict[str, str]]]:
+    entries: Sequence[tuple[dict[str, Any], int]],
+) -> list[list[dict[str, Any]]]:
     """Split entries so each request's bodies total at most MAX_MESSAGE_BYTES.
 
     SQS limits the whole batch's payload like a single message; with small messages
     this is always one chunk.
     """
-    chunks: list[list[dict[str, str]]] = []
-    current: list[dict[str, str]] = []
+    chunks: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
     total = 0
     for entry, size in entries:
         if current and total + size > MAX_MESSAGE_BYTES:

@@ -29,6 +29,7 @@ from outboxd.config import SuwonScraperSettings
 from outboxd.errors import OutboxdError
 
 __all__ = [
+    "CheckHook",
     "InstancePacing",
     "PortalError",
     "PortalErrorCode",
@@ -44,6 +45,9 @@ PortalErrorCode = Literal[
 ]
 ProgressCallback = Callable[[str, int, int], Awaitable[None]]
 """Called as (step, done, total); steps LOGIN, SSO, PROFILE, SEMESTERS, GRADES."""
+CheckHook = Callable[[], Awaitable[None]]
+"""Awaited before every portal request (each redirect hop too); whatever it raises ends the
+call there (the consumer's cancel: a request already sent is not cut off)."""
 
 
 class PortalError(OutboxdError):
@@ -312,6 +316,7 @@ class _Job:
     username: str
     password: str = field(repr=False)
     progress: ProgressCallback
+    check: CheckHook | None = None
     relogged_in: bool = False
 
 
@@ -344,11 +349,16 @@ class SuwonScraper:
             await connector.close()
 
     async def fetch_record(
-        self, username: str, password: str, progress: ProgressCallback
+        self,
+        username: str,
+        password: str,
+        progress: ProgressCallback,
+        check: CheckHook | None = None,
     ) -> dict[str, Any]:
         """Logs in as the student and returns {student, semesters, totals} (docs/portal.md).
 
-        Raises PortalError; RuntimeError once closed. A rejected login is never retried; an
+        `check` is awaited before each request. Raises PortalError (or what `check` raised);
+        RuntimeError once closed. A rejected login is never retried; an
         expired info session is answered with one fresh login within this call (progress
         then reports LOGIN and SSO again). A field the info system leaves out or sends as
         null comes back as None; a present field of the wrong type is PORTAL_BAD_RESPONSE.
@@ -367,7 +377,9 @@ class SuwonScraper:
                     "Accept-Language": "ko-KR,ko;q=0.9,en;q=0.8",
                 },
             ) as http:
-                job = _Job(http=http, username=username, password=password, progress=progress)
+                job = _Job(
+                    http=http, username=username, password=password, progress=progress, check=check
+                )
                 return await self._fetch(job)
 
     def _get_connector(self) -> aiohttp.TCPConnector:
@@ -409,7 +421,7 @@ class SuwonScraper:
     async def _sign_in(self, job: _Job) -> None:
         await job.progress("LOGIN", 0, 0)
         index = URL(self._portal + _INDEX_PATH, encoded=True)
-        _expect_ok(await self._send(job.http, "GET", index))
+        _expect_ok(await self._send(job, "GET", index))
         login = URL(self._portal + _LOGIN_PATH.format(portal=self._portal), encoded=True)
         form = {
             "userId": job.username,
@@ -420,7 +432,7 @@ class SuwonScraper:
             "username": job.username,
             "password": job.password,
         }
-        page = await self._send(job.http, "POST", login, data=form, headers={"Referer": str(index)})
+        page = await self._send(job, "POST", login, data=form, headers={"Referer": str(index)})
         # Checked before the status: a rejection must never look retryable.
         if _contains_any(page.body, _WRONG_CREDENTIALS_BYTES):
             raise PortalError("PORTAL_AUTH_FAILED", "portal rejected the username or password")
@@ -430,7 +442,7 @@ class SuwonScraper:
 
         await job.progress("SSO", 0, 0)
         sso = URL(self._portal + _SSO_PATH.format(info=self._info), encoded=True)
-        page = _expect_ok(await self._send(job.http, "GET", sso))
+        page = _expect_ok(await self._send(job, "GET", sso))
         match = _JS_REDIRECT_RE.search(page.body.decode("utf-8", errors="replace"))
         if match is None:
             raise _bad("SSO page has no location.href redirect")
@@ -441,14 +453,14 @@ class SuwonScraper:
             raise _bad("SSO redirect is not a valid URL") from None
         if target.scheme not in ("http", "https") or not target.host:
             raise _bad("SSO redirect is not an http(s) URL")
-        _expect_ok(await self._send(job.http, "GET", target))
+        _expect_ok(await self._send(job, "GET", target))
 
     async def _info_call(self, job: _Job, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = URL(self._info + path, encoded=True)
         payload = json.dumps(body, ensure_ascii=False).encode()
         while True:
             page = _expect_ok(
-                await self._send(job.http, "POST", url, data=payload, headers=self._json_headers)
+                await self._send(job, "POST", url, data=payload, headers=self._json_headers)
             )
             data = _json_object(page.body)
             if not any(key in data for key in _SESSION_ERROR_KEYS):
@@ -464,7 +476,7 @@ class SuwonScraper:
 
     async def _send(
         self,
-        http: aiohttp.ClientSession,
+        job: _Job,
         method: str,
         url: URL,
         *,
@@ -472,9 +484,13 @@ class SuwonScraper:
         headers: Mapping[str, str] | None = None,
     ) -> _Page:
         """One request and its redirects, each spaced and timed on its own."""
-        # Redirects are followed by hand so that every hop passes the spacer.
+        http = job.http
+        # Redirects are followed by hand so that every hop passes the check and the spacer.
         for _ in range(_MAX_REDIRECTS + 1):
             await self._pacing.before_request()
+            # After the spacer's wait, right before the request: a cancel made meanwhile counts.
+            if job.check is not None:
+                await job.check()
             started = time.monotonic()
             try:
                 async with http.request(

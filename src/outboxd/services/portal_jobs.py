@@ -1,4 +1,4 @@
-"""Portal-link jobs: the transaction boundary for intake, replay and redrive."""
+"""Portal-link jobs: the transaction boundary for intake, replay and cancel."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from outboxd.observability import log_info
 from outboxd.security import KeyRing
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
+    CancelOutcome,
     JobRecord,
     JobStore,
     NewPortalJob,
@@ -88,7 +89,17 @@ class PortalJobService:
         self._require_dispatch = require_dispatch
         self._clock = clock
 
-    async def submit(self, user: str, idempotency_key: str, req: PortalLinkRequest) -> Submission:
+    async def submit(
+        self,
+        user: str,
+        idempotency_key: str,
+        req: PortalLinkRequest,
+        traceparent: str | None = None,
+    ) -> Submission:
+        """Store the job and its outbox row in one transaction, then publish the row.
+
+        `traceparent` is the trace the job carries to the worker (a replay keeps the one
+        the job was made with)."""
         job_id, outbox_id = new_id(), new_id()
         # Sealed before the transaction so the transaction holds no CPU work;
         # the job id as associated data ties the ciphertext to its row.
@@ -111,6 +122,7 @@ class PortalJobService:
                 claimed_until=(
                     self._dispatcher.intake_claim_until(now) if self._dispatcher else None
                 ),
+                traceparent=traceparent,
             ),
             now=now,
         )
@@ -159,6 +171,11 @@ class PortalJobService:
         if job.status == "QUEUED":
             job = replace(job, status="RUNNING", updated_at=sent.sent_at or job.updated_at)
         return job, sent
+
+    async def cancel(self, job_id: str, by: str) -> tuple[JobRecord, CancelOutcome]:
+        """Cancel a job (`by`: owner or admin); NotFound, or InvalidState once it finished
+        otherwise. A job nobody runs is CANCELLED at once, one a worker runs is flagged."""
+        return await self._store.cancel_job(job_id, self._clock(), by)
 
     async def get(self, job_id: str) -> tuple[JobRecord, RelayRow | None] | None:
         job = await self._store.get_job(job_id)

@@ -6,7 +6,9 @@ Rules it keeps, whatever SQS does:
 - one job runs in one place at a time (a lease on the job row, renewed by the
   heartbeat together with the message's visibility);
 - a retryable failure leaves the message for redelivery after a backoff; at the
-  last allowed receive the job becomes DEAD and SQS moves the message to the DLQ.
+  last allowed receive the job becomes DEAD and SQS moves the message to the DLQ;
+- a job whose cancel was requested is not started; one running stops before its next
+  portal request (a request in flight may finish) and ends CANCELLED.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import structlog
 
 from outboxd.config import ConsumerSettings, SqsSettings
 from outboxd.crashpoints import crash_point
-from outboxd.errors import SecurityError, StorageError
+from outboxd.errors import InvalidState, SecurityError, StorageError
 from outboxd.observability import Metrics
 from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
@@ -32,17 +34,27 @@ from outboxd.security import KeyRing, Sealed
 from outboxd.services.retries import dead_job_error, job_verdict
 from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
 from outboxd.storage.ports import TERMINAL_TASK_STATUSES, JobRecord, JobStore
+from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent, trace_id_of
 from outboxd.workers.loops import backoff, sleep_or_stop
 
 log = structlog.get_logger(__name__)
 
 ProgressCallback = Callable[[str, int, int], Awaitable[None]]
+CheckHook = Callable[[], Awaitable[None]]
 
 
 class PortalClient(Protocol):
     async def fetch_record(
-        self, username: str, password: str, progress: ProgressCallback
+        self,
+        username: str,
+        password: str,
+        progress: ProgressCallback,
+        check: CheckHook | None = None,
     ) -> dict[str, Any]: ...
+
+
+class JobCancelled(Exception):
+    """Raised by a run's check hook: the job's cancel was requested, the run stops."""
 
 
 class Receiver(Protocol):
@@ -83,8 +95,10 @@ class Consumer:
         metrics: Metrics,
         dead_retention_s: float,
         clock: Callable[[], float] = time.time,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self._store = store
+        self._tracing = tracing
         self._queues = queues
         self._portal = portal
         self._keys = keys
@@ -173,12 +187,29 @@ class Consumer:
             # Never deleted: it ends in the DLQ for a human, as SQS intends.
             await self._retry_later("jobs", msg)
             return "malformed"
+        # The job's trace goes on here: the message attribute, else (a message sent before
+        # attributes were) the job's own, else a trace of this run's own.
+        parent = parse_traceparent(msg.attributes.get("traceparent"))
+        if parent is None:
+            known = await self._store.get_job(job_id)
+            parent = known.traceparent if known is not None else None
+        attributes = {"outboxd.job_id": job_id, "messaging.message.id": msg.message_id}
+        with (
+            self._tracing.span("outboxd.consumer.job", parent, "consumer", attributes) as tp,
+            structlog.contextvars.bound_contextvars(trace_id=trace_id_of(tp)),
+        ):
+            return await self._run_job(job_id, msg)
+
+    async def _run_job(self, job_id: str, msg: ReceivedMessage) -> str:
         bind = {"job_id": job_id, "message_id": msg.message_id}
         now = self._clock()
-        # The lease first: it starts only a QUEUED or RUNNING job whose lease is free,
-        # so the usual delivery costs one statement; the job is read only when it did
-        # not start, to tell a finished job from one held elsewhere.
-        running = await self._store.start_job_run(job_id, now, self._visibility_s)
+        # The lease first: it starts only a QUEUED or RUNNING job whose lease is free (and
+        # whose cancel was not requested), so the usual delivery costs one statement; the
+        # job is read only when it did not start, to tell a finished job from one held
+        # elsewhere.
+        running = await self._store.start_job_run(
+            job_id, now, self._visibility_s, msg.receive_count
+        )
         if running is None:
             held = await self._store.get_job(job_id)
             if held is None or held.terminal:
@@ -186,6 +217,14 @@ class Consumer:
                 log.info("message_for_finished_job", status=status, **bind)
                 await self._queues.delete("jobs", msg.receipt_handle)
                 return "skipped"
+            if held.cancel_requested and (held.lease_until or 0) < self._clock():
+                # Cancelled while nobody held it (its holder died, or it waited for a
+                # retry): it ends here, unrun.
+                with contextlib.suppress(InvalidState):  # it finished meanwhile
+                    await self._store.cancel_job(job_id, self._clock(), "consumer")
+                log.info("job_cancelled", before_run=True, **bind)
+                await self._queues.delete("jobs", msg.receipt_handle)
+                return "cancelled"
             # Someone else holds the job's lease (a duplicate delivery, or a holder
             # that died and whose lease has not run out): look again when that lease
             # expires, not sooner. Each bounce is a receive, and bouncing on the
@@ -206,17 +245,32 @@ class Consumer:
         state = _RunState(running)
 
         async def progress(step: str, done: int, total: int) -> None:
+            updated = None
             with contextlib.suppress(StorageError):
-                await self._store.update_job_progress(
+                updated = await self._store.update_job_progress(
                     state.job, {"step": step, "done": done, "total": total}, self._clock()
                 )
+            if updated is not None and updated.cancel_requested:
+                raise JobCancelled()
+
+        async def check() -> None:
+            """Before each portal request: has the job's cancel been requested?"""
+            try:
+                current = await self._store.get_job(job_id)
+            except StorageError:
+                return  # the database is out of reach: the run goes on
+            if current is not None and (current.cancel_requested or current.terminal):
+                raise JobCancelled()
 
         heartbeat = asyncio.create_task(self._heartbeat("jobs", msg, state))
         try:
             crash_point("during_handler")
             result = await self._portal.fetch_record(
-                str(creds.get("username", "")), str(creds.get("password", "")), progress
+                str(creds.get("username", "")), str(creds.get("password", "")), progress, check
             )
+        except JobCancelled:
+            await _end(heartbeat, state)
+            return await self._cancelled(state.job, msg, bind)
         except PortalError as exc:
             await _end(heartbeat, state)
             return await self._after_failure(
@@ -256,6 +310,27 @@ class Consumer:
         if finished is not None:
             await self._queues.delete("jobs", msg.receipt_handle)
 
+    async def _cancelled(
+        self, job: JobRecord, msg: ReceivedMessage, bind: Mapping[str, Any]
+    ) -> str:
+        """The run stopped for a cancel: CANCELLED, then the message deleted (also when the
+        API cancelled the job itself meanwhile); left alone when another run holds it."""
+        done = await asyncio.shield(self._store.finish_cancelled(job, self._clock()))
+        if done is None:
+            current = await self._store.get_job(job.id)
+            if current is None or not current.terminal:
+                log.warning("job_outcome_lost_race", **bind)
+                return "raced"
+        log.info("job_cancelled", before_run=False, **bind)
+        await self._queues.delete("jobs", msg.receipt_handle)
+        return "cancelled"
+
+    async def _cancel_requested(self, job: JobRecord) -> bool:
+        with contextlib.suppress(StorageError):
+            current = await self._store.get_job(job.id)
+            return current is not None and current.cancel_requested
+        return False
+
     async def _after_failure(
         self,
         job: JobRecord,
@@ -264,7 +339,10 @@ class Consumer:
         retryable: bool,
         bind: Mapping[str, Any],
     ) -> str:
-        """Carry out what services/retries.py decides for a failed run."""
+        """Carry out what services/retries.py decides for a failed run; a run whose cancel
+        was requested meanwhile ends CANCELLED instead."""
+        if await self._cancel_requested(job):
+            return await self._cancelled(job, msg, bind)
         verdict = job_verdict(retryable, msg.receive_count, self._sqs.max_receive_count)
         if verdict == "failed":
             await self._finish_failed(job, msg, error, bind)
@@ -283,8 +361,9 @@ class Consumer:
             # Visible again at once: the next receive moves it to the DLQ.
             await self._queues.change_visibility("jobs", msg.receipt_handle, 0)
             return "dead"
-        await asyncio.shield(self._store.job_retry_later(job, error, self._clock()))
-        delay = await self._retry_later("jobs", msg)
+        delay = self._retry_delay(msg)
+        await asyncio.shield(self._store.job_retry_later(job, error, self._clock(), delay))
+        await self._queues.change_visibility("jobs", msg.receipt_handle, delay)
         log.warning(
             "job_retry_scheduled",
             error_code=error[0],
@@ -295,11 +374,14 @@ class Consumer:
         )
         return "retry"
 
-    async def _retry_later(self, kind: QueueKind, msg: ReceivedMessage) -> int:
+    def _retry_delay(self, msg: ReceivedMessage) -> int:
         # No jitter: the slot pool and the portal's own pacing already queue a burst of
         # retries, and an exact delay keeps receive count x delay (the road to the DLQ)
         # predictable. 43,000 s stays under SQS's 12-hour visibility ceiling.
-        delay = int(backoff(msg.receive_count, self._cs.backoff_base_s, 43_000, jitter=False))
+        return int(backoff(msg.receive_count, self._cs.backoff_base_s, 43_000, jitter=False))
+
+    async def _retry_later(self, kind: QueueKind, msg: ReceivedMessage) -> int:
+        delay = self._retry_delay(msg)
         await self._queues.change_visibility(kind, msg.receipt_handle, delay)
         return delay
 
@@ -389,6 +471,12 @@ class Consumer:
                 # A redrive made a newer outbox row: this dead message is history.
                 or (latest is not None and latest.id != _message_id_field(msg.body, "outboxId"))
             ):
+                continue
+            if current.cancel_requested:
+                # Its cancel was requested: it ends as asked, not as dead.
+                with contextlib.suppress(InvalidState):
+                    await self._store.cancel_job(job_id, self._clock(), "consumer")
+                log.info("job_cancelled", job_id=job_id, message_id=msg.message_id, source="dlq")
                 continue
             job = await self._store.mark_job_dead(
                 job_id,

@@ -24,6 +24,7 @@ from outboxd.queue import messages
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueError, QueueKind
 from outboxd.services.retries import publish_failure, publish_gives_up
 from outboxd.storage.ports import RelayFailure, RelayRow, RelayStore, TaskStore
+from outboxd.tracing import NO_TRACING, Tracing, trace_id_of
 from outboxd.workers.loops import backoff
 from outboxd.workers.send_window import SendWindow
 
@@ -60,8 +61,10 @@ class Publishing:
         metrics: Metrics,
         clock: Callable[[], float],
         window_ceiling: int,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         self.store = store
+        self._tracing = tracing
         self.settings = settings
         self.clock = clock
         self._publisher = publisher
@@ -151,15 +154,20 @@ class Publishing:
                 run = await self.store.get_task(r.task_id or "")
                 group_id = run.type if run is not None else "tasks"
                 dedup_id = r.dedup_id
-            messages.append(OutgoingMessage(r.id, message_body(r), group_id, dedup_id))
+            # The job's trace context travels beside the body (the consumer continues it).
+            attributes = {"traceparent": r.traceparent} if r.traceparent else None
+            messages.append(OutgoingMessage(r.id, message_body(r), group_id, dedup_id, attributes))
         # The timeout runs from the moment the call has its slot, not while it waits.
         started = await self.window.acquire(urgent)
+        started_at = self.clock()
         failed: bool | None = None
         try:
             # asyncio.timeout, not wait_for: no extra task per SendMessageBatch.
             async with asyncio.timeout(self.settings.publish_timeout_s):
                 result = await self._publisher.send_batch(kind, messages)
             failed = False
+            if self._tracing.enabled:
+                self._publish_spans(rows, result, started_at)
             return result
         except (QueueError, TimeoutError) as exc:
             failed = True
@@ -167,6 +175,27 @@ class Publishing:
             return BatchResult(successful={}, failed={r.id: reason for r in rows})
         finally:
             self.window.release(started, failed)
+
+    def _publish_spans(
+        self, rows: Sequence[RelayRow], result: BatchResult, started_at: float
+    ) -> None:
+        """One span per published row, in its job's trace: one SendMessageBatch serves many."""
+        ended_at = self.clock()
+        for r in rows:
+            if r.traceparent:
+                self._tracing.record(
+                    "outboxd.relay.publish",
+                    r.traceparent,
+                    started_at,
+                    ended_at,
+                    kind="producer",
+                    attributes={
+                        "messaging.system": "aws_sqs",
+                        "outboxd.job_id": r.job_id or "",
+                        "outboxd.outbox_id": r.id,
+                        "outboxd.published": r.id in result.successful,
+                    },
+                )
 
     async def record(self, rows: Sequence[RelayRow], result: BatchResult) -> list[RelayRow]:
         """Mark the `Successful` entries SENT and back off the rest, in one transaction."""
@@ -220,6 +249,7 @@ class Publishing:
                 outbox_id=f.row.id,
                 job_id=f.row.job_id,
                 task_id=f.row.task_id,
+                trace_id=trace_id_of(f.row.traceparent),
                 attempts=f.row.attempt_count,
                 error=f.error[:300],
             )
@@ -240,6 +270,7 @@ def _sent_fields(part: Sequence[RelayRow]) -> dict[str, object]:
             "job_id": m.job_id,
             "task_id": m.task_id,
             "message_id": m.queue_message_id,
+            "trace_id": trace_id_of(m.traceparent),
         }
     return {
         "count": len(part),
@@ -247,4 +278,5 @@ def _sent_fields(part: Sequence[RelayRow]) -> dict[str, object]:
         "job_ids": [m.job_id for m in part if m.job_id is not None],
         "task_ids": [m.task_id for m in part if m.task_id is not None],
         "message_ids": [m.queue_message_id for m in part],
+        "trace_ids": [trace_id_of(m.traceparent) for m in part if m.job_id is not None],
     }

@@ -20,6 +20,7 @@ from outboxd.config import RelaySettings
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult
 from outboxd.storage.ports import RelayRow
+from outboxd.tracing import NO_TRACING, Tracing
 from outboxd.workers.dispatch import DISPATCH_BATCHES_IN_FLIGHT, DISPATCH_MAX_WAIT_S, Dispatch
 from outboxd.workers.loops import sleep_or_stop
 from outboxd.workers.publishing import Publisher, Publishing, RelayStoreWithTasks
@@ -190,12 +191,19 @@ class Relay:
         dispatch_batches_in_flight: int = DISPATCH_BATCHES_IN_FLIGHT,
         dispatch_max_wait_s: float = DISPATCH_MAX_WAIT_S,
         lanes: int = 1,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         lanes = max(1, lanes)
         batches_per_round = max(1, batches_per_round)
         in_flight = max(1, dispatch_batches_in_flight)
         self._send = Publishing(
-            store, publisher, settings, metrics, clock, lanes * batches_per_round + in_flight
+            store,
+            publisher,
+            settings,
+            metrics,
+            clock,
+            lanes * batches_per_round + in_flight,
+            tracing,
         )
         self._dispatch = Dispatch(self._send, stop, in_flight, dispatch_max_wait_s)
         self._loop = RelayLoop(self._send, lanes, batches_per_round, stop)

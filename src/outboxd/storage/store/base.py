@@ -62,10 +62,8 @@ class StoreBase:
             return (yield from self._one(f"{name}_ev", {**params, **ev}))
         row = yield from self._one(name, params)
         if row is not None:
-            yield execute(
-                self.q["insert_job_event"],
-                {**ev, "job_id": row["id"], "ev_status": row["status"], "ev_attempt": row["attempts"]},
-            )
+            after = {"ev_status": row["status"], "ev_attempt": row["attempts"]}
+            yield execute(self.q["insert_job_event"], {**ev, **after, "job_id": row["id"]})
         return row
 
     async def _job_write(

@@ -1,0 +1,114 @@
+"""Changes made by other processes, for the requests this one holds (`Prefer: wait`).
+
+This process's own commits reach `JobChanges` from the store directly. Other processes'
+arrive here:
+
+- Postgres: one connection per process LISTENs on the channel job_events' trigger
+  notifies (the job id); a notification wakes that job's held requests. Should the
+  connection fail, the loop polls until it is back (reconnecting with backoff), then
+  wakes every watched job once, since notifications sent meanwhile are lost.
+- SQLite (and Postgres while not listening): every `POLL_S` one query reads the newest
+  event of each job a request waits on, for all of them, and wakes those that moved
+  (and those watched since the last poll, so a change between a request's read and its
+  hold is seen). Nothing is read while nobody waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from outboxd.errors import StorageError, StorageUnavailable
+from outboxd.storage.changes import JobChanges
+from outboxd.storage.ports import JobChangeStore, Listening
+from outboxd.workers.loops import backoff, sleep_or_stop
+
+log = structlog.get_logger(__name__)
+
+# How often other processes' changes are looked for without notifications (SQLite): a
+# change is seen within two of these at most.
+POLL_S = 1.0
+# How often the listening connection is checked while it is quiet.
+PING_S = 10.0
+_UNSEEN = -1
+
+
+class JobChangeFeed:
+    def __init__(
+        self, store: JobChangeStore, changes: JobChanges, poll_s: float = POLL_S
+    ) -> None:
+        self._store = store
+        self._changes = changes
+        self._poll_s = poll_s
+        self._marks: dict[str, int | None] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        failures = 0
+        while not stop.is_set():
+            listening = self._store.listen_job_changes(self._notified)
+            if listening is None:  # no notifications on this database: poll, always
+                while not stop.is_set():
+                    await self.poll_once()
+                    await sleep_or_stop(stop, self._poll_s)
+                return
+            try:
+                async with listening as conn:
+                    if failures:
+                        log.info("job_listener_restored", after_failures=failures)
+                    failures = 0
+                    self._marks.clear()
+                    # What changed while nothing listened was not notified.
+                    self._changes.publish_all()
+                    await self._listen(conn, stop)
+            except StorageError as exc:
+                failures += 1
+                log.warning("job_listener_lost", error=exc, failures=failures)
+            if stop.is_set():
+                break
+            # Not listening: poll until the next attempt.
+            retry_in = backoff(failures, 1.0, 30.0, jitter=True)
+            loop = asyncio.get_running_loop()
+            until = loop.time() + retry_in
+            while not stop.is_set() and loop.time() < until:
+                await self.poll_once()
+                await sleep_or_stop(stop, min(self._poll_s, max(0.0, until - loop.time())))
+
+    def _notified(self, job_id: str) -> None:
+        self._changes.publish((job_id,))
+
+    async def _listen(self, conn: Listening, stop: asyncio.Event) -> None:
+        """Until the daemon stops (return) or the connection is lost (StorageUnavailable)."""
+        stopping = asyncio.ensure_future(stop.wait())
+        lost = asyncio.ensure_future(conn.lost.wait())
+        try:
+            while True:
+                await asyncio.wait(
+                    {stopping, lost}, timeout=PING_S, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopping.done():
+                    return
+                if lost.done():
+                    raise StorageUnavailable("the listening connection was lost")
+                await conn.ping()
+        finally:
+            for t in (stopping, lost):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+    async def poll_once(self) -> None:
+        """One query for every watched job; wake those whose newest event moved."""
+        watched = self._changes.watched()
+        if not watched:
+            self._marks.clear()
+            return
+        try:
+            marks = await self._store.job_event_marks(watched)
+        except StorageError as exc:
+            log.debug("job_changes_poll_failed", error=exc)
+            return
+        moved = [j for j in watched if self._marks.get(j, _UNSEEN) != marks.get(j)]
+        self._marks = {j: marks.get(j) for j in watched}
+        self._changes.publish(moved)
