@@ -1,0 +1,318 @@
+"""Waiting instead of polling (GET /v1/jobs/{id} with ETag, If-None-Match and Prefer: wait),
+in-process on both backends: conditional answers, holds woken by a change in this process
+or by another store on the same database (what another daemon is), timeouts, the clamp,
+the bound on held requests, the stop Event, and the Postgres listener surviving the loss
+of its connection. The cross-process cases with real daemons are in
+tests/acceptance/test_job_waits.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiohttp.test_utils import TestClient, TestServer
+
+from outboxd.daemon.app import build_api_deps
+from outboxd.http.app import create_app
+from outboxd.observability import Metrics
+from outboxd.security import KeyRing
+from outboxd.services.job_waits import JobWaits
+from outboxd.storage.store import SqlStore, open_store
+from outboxd.workers.job_changes import JobChangeFeed
+from tests.conftest import SettingsFactory
+from tests.support.db import raw_rows
+
+LINK = {"portal": "suwon", "username": "20201234", "password": "pw-waits"}
+
+
+@dataclass
+class Client:
+    """The in-process API, its held requests and the stop Event its daemon would set."""
+
+    http: TestClient[Any, Any]
+    waits: JobWaits
+    stop: asyncio.Event
+
+    async def get(self, path: str, **kw: Any) -> Any:
+        return await self.http.get(path, **kw)
+
+    async def post(self, path: str, **kw: Any) -> Any:
+        return await self.http.post(path, **kw)
+
+
+Api = Callable[..., Awaitable[Client]]
+
+
+@pytest_asyncio.fixture
+async def make_api(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> AsyncIterator[Api]:
+    """The API in-process (no queue: jobs stay QUEUED), its `api` section as given."""
+    made: list[Client] = []
+    stops: list[asyncio.Event] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def factory(**api: Any) -> Client:
+        settings = make_settings(api=api)
+        deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
+        assert deps.waits is not None
+        stop = asyncio.Event()
+        stops.append(stop)
+        tasks.append(asyncio.create_task(deps.waits.run(stop)))
+        http: TestClient[Any, Any] = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+        await http.start_server()
+        client = Client(http, deps.waits, stop)
+        made.append(client)
+        return client
+
+    yield factory
+    for stop in stops:
+        stop.set()
+    for c in made:
+        await c.http.close()
+    for t in tasks:
+        await t
+
+
+async def new_job(client: Client) -> tuple[str, str]:
+    """A job through the API: its id and its ETag."""
+    resp = await client.post(
+        "/v1/portal-link-jobs", json=LINK, headers={"Idempotency-Key": uuid.uuid4().hex}
+    )
+    assert resp.status == 202
+    job_id = (await resp.json())["jobId"]
+    got = await client.get(f"/v1/jobs/{job_id}")
+    return job_id, got.headers["ETag"]
+
+
+async def held(client: Client, job_id: str, wait: int, etag: str | None = None) -> Any:
+    headers = {"Prefer": f"wait={wait}"}
+    if etag is not None:
+        headers["If-None-Match"] = etag
+    return await client.get(f"/v1/jobs/{job_id}", headers=headers)
+
+
+async def test_every_answer_has_an_etag_and_if_none_match_answers_304(make_api: Api) -> None:
+    client = await make_api()
+    job_id, etag = await new_job(client)
+    assert etag.startswith('"') and etag.endswith('"') and len(etag) == 26
+    same = await client.get(f"/v1/jobs/{job_id}", headers={"If-None-Match": etag})
+    assert (same.status, same.headers["ETag"], await same.read()) == (304, etag, b"")
+    for other in ('"0000"', f"W/{etag}", f'"x", {etag}', "*"):
+        got = await client.get(f"/v1/jobs/{job_id}", headers={"If-None-Match": other})
+        assert got.status == (200 if other == '"0000"' else 304), other
+    stale = await client.get(f"/v1/jobs/{job_id}", headers={"If-None-Match": "garbage"})
+    assert stale.status == 200 and (await stale.json())["jobId"] == job_id
+    assert "Preference-Applied" not in stale.headers
+
+
+async def test_a_held_request_is_answered_when_its_job_changes(
+    make_api: Api, store: SqlStore
+) -> None:
+    client = await make_api()
+    job_id, etag = await new_job(client)
+    request = asyncio.ensure_future(held(client, job_id, 30, etag))
+    await _until_held(client, 1)
+    started = time.monotonic()
+    job, _ = await store.cancel_job(job_id, time.time(), "owner")
+    resp = await asyncio.wait_for(request, 10)
+    assert resp.status == 200 and time.monotonic() - started < 10
+    assert resp.headers["Preference-Applied"] == "wait=30"
+    assert resp.headers["ETag"] != etag
+    assert (await resp.json())["status"] == "CANCELLED" == job.status
+    # Asked again with the new ETag: unchanged, so 304 once the (short) wait is over.
+    again = await held(client, job_id, 1, resp.headers["ETag"])
+    assert (again.status, again.headers["Preference-Applied"]) == (304, "wait=1")
+    assert again.headers["ETag"] == resp.headers["ETag"]
+
+
+async def test_without_if_none_match_a_request_is_held_until_the_job_finishes(
+    make_api: Api, store: SqlStore
+) -> None:
+    client = await make_api()
+    job_id, _ = await new_job(client)
+    request = asyncio.ensure_future(held(client, job_id, 30))
+    await _until_held(client, 1)
+    run = await store.start_job_run(job_id, time.time(), 30.0)  # a change, not an end
+    assert run is not None
+    await asyncio.sleep(0.3)
+    assert not request.done()
+    assert await store.finish_job(run, "SUCCEEDED", time.time(), result={}) is not None
+    resp = await asyncio.wait_for(request, 10)
+    assert resp.status == 200 and (await resp.json())["status"] == "SUCCEEDED"
+    # A finished job's wait ends at once.
+    quick = await asyncio.wait_for(held(client, job_id, 30), 5)
+    assert quick.status == 200 and quick.headers["Preference-Applied"] == "wait=30"
+
+
+async def test_a_wait_that_runs_out_answers_304_with_the_same_etag(make_api: Api) -> None:
+    client = await make_api()
+    job_id, etag = await new_job(client)
+    started = time.monotonic()
+    resp = await held(client, job_id, 1, etag)
+    assert 0.9 < time.monotonic() - started < 10
+    assert (resp.status, resp.headers["ETag"], resp.headers["Preference-Applied"]) == (
+        304,
+        etag,
+        "wait=1",
+    )
+    # A stale If-None-Match answers at once, whatever the wait.
+    resp = await asyncio.wait_for(held(client, job_id, 30, '"stale"'), 5)
+    assert resp.status == 200
+
+
+async def test_the_wait_is_clamped_and_an_unreadable_preference_ignored(make_api: Api) -> None:
+    client = await make_api(max_wait_s=1)
+    job_id, etag = await new_job(client)
+    resp = await asyncio.wait_for(held(client, job_id, 86400, etag), 10)
+    assert (resp.status, resp.headers["Preference-Applied"]) == (304, "wait=1")
+    for prefer in ("wait=soon", "wait=-1", "respond-async", "wait=0", "wait=1.5"):
+        got = await asyncio.wait_for(
+            client.get(
+                f"/v1/jobs/{job_id}", headers={"Prefer": prefer, "If-None-Match": etag}
+            ),
+            5,
+        )
+        assert got.status == 304 and "Preference-Applied" not in got.headers, prefer
+    got = await client.get(
+        f"/v1/jobs/{job_id}", headers={"Prefer": "respond-async, wait=1", "If-None-Match": etag}
+    )
+    assert got.headers["Preference-Applied"] == "wait=1"
+
+
+async def test_past_max_waiters_a_request_is_answered_at_once(make_api: Api) -> None:
+    client = await make_api(max_waiters=2)
+    job_id, etag = await new_job(client)
+    first = [asyncio.ensure_future(held(client, job_id, 30, etag)) for _ in range(2)]
+    await _until_held(client, 2)
+    extra = await asyncio.wait_for(held(client, job_id, 30, etag), 5)
+    assert extra.status == 304 and "Preference-Applied" not in extra.headers
+    client.stop.set()
+    for resp in await asyncio.wait_for(asyncio.gather(*first), 5):
+        # The stop answers every held request at once, with the job as it is.
+        assert resp.status == 200 and (await resp.json())["jobId"] == job_id
+
+
+async def test_another_store_on_the_database_wakes_a_held_request(
+    make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """A second store is another daemon's view of the database: its commits do not reach
+    this process's JobChanges, so only the feed (NOTIFY, or the poll) can wake the hold."""
+    client = await make_api()
+    feed = JobChangeFeed(store, store.changes)
+    stop = asyncio.Event()
+    running = asyncio.create_task(feed.run(stop))
+    other = await open_store(db_url, tmp_path, 2, 2.0)
+    try:
+        job_id, etag = await new_job(client)
+        await asyncio.sleep(0.3)  # the listener is up (Postgres)
+        request = asyncio.ensure_future(held(client, job_id, 30, etag))
+        await _until_held(client, 1)
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        _, outcome = await other.cancel_job(job_id, time.time(), "admin")
+        assert outcome == "cancelled"
+        resp = await asyncio.wait_for(request, 10)
+        elapsed = time.monotonic() - started
+        assert resp.status == 200 and (await resp.json())["status"] == "CANCELLED"
+        # The contract's bounds: a notification on Postgres, two polls at most on SQLite.
+        assert elapsed < (0.5 if store.backend == "postgres" else 2.0), elapsed
+    finally:
+        stop.set()
+        await running
+        await other.close()
+
+
+@pytest.mark.postgres
+async def test_the_listener_survives_losing_its_connection(
+    make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    if store.backend != "postgres":
+        pytest.skip("LISTEN/NOTIFY is Postgres's; SQLite always polls")
+    client = await make_api()
+    feed = JobChangeFeed(store, store.changes)
+    stop = asyncio.Event()
+    running = asyncio.create_task(feed.run(stop))
+    other = await open_store(db_url, tmp_path, 2, 2.0)
+    try:
+        await _listening(db_url)
+        killed = await raw_rows(
+            db_url,
+            "SELECT pg_terminate_backend(pid) AS killed FROM pg_stat_activity"
+            " WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+        )
+        assert killed and all(r["killed"] for r in killed)
+        # While it reconnects, the poll still wakes a hold on another store's change.
+        job_id, etag = await new_job(client)
+        request = asyncio.ensure_future(held(client, job_id, 30, etag))
+        await _until_held(client, 1)
+        await other.cancel_job(job_id, time.time(), "admin")
+        resp = await asyncio.wait_for(request, 10)
+        assert resp.status == 200 and (await resp.json())["status"] == "CANCELLED"
+        # And it listens again: a notification wakes the next hold within the bound.
+        await _listening(db_url)
+        job_id, etag = await new_job(client)
+        request = asyncio.ensure_future(held(client, job_id, 30, etag))
+        await _until_held(client, 1)
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        await other.cancel_job(job_id, time.time(), "admin")
+        resp = await asyncio.wait_for(request, 10)
+        assert resp.status == 200 and time.monotonic() - started < 0.5
+    finally:
+        stop.set()
+        await running
+        await other.close()
+
+
+async def test_a_held_request_holds_no_database_connection(
+    make_api: Api, store: SqlStore, db_url: str
+) -> None:
+    """Twenty holds on Postgres: no more connections than the idle pool had, and none busy."""
+    if store.backend != "postgres":
+        pytest.skip("a pool to look at is Postgres's")
+    client = await make_api()
+    job_id, etag = await new_job(client)
+    requests = [asyncio.ensure_future(held(client, job_id, 30, etag)) for _ in range(20)]
+    await _until_held(client, 20)
+    busy = await raw_rows(
+        db_url,
+        "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state = 'active' AND pid <> pg_backend_pid()",
+    )
+    assert busy == [{"n": 0}]
+    assert store.db._pool.get_size() <= 5  # type: ignore[attr-defined]
+    await store.cancel_job(job_id, time.time(), "owner")
+    for resp in await asyncio.wait_for(asyncio.gather(*requests), 10):
+        assert resp.status == 200
+
+
+async def _until_held(client: Client, n: int) -> None:
+    waits = client.waits
+    deadline = time.monotonic() + 10
+    while waits.held < n:
+        assert time.monotonic() < deadline, f"{waits.held} held, wanted {n}"
+        await asyncio.sleep(0.02)
+
+
+async def _listening(db_url: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        rows = await raw_rows(
+            db_url,
+            "SELECT COUNT(*) AS n FROM pg_stat_activity"
+            " WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+        )
+        if rows[0]["n"] >= 1:
+            return
+        assert time.monotonic() < deadline, "the listener did not connect"
+        await asyncio.sleep(0.1)
+
