@@ -29,7 +29,7 @@ def get_job(base: str, job_id: str) -> dict[str, Any]:
 def wait_terminal(base: str, job_id: str, timeout_s: float = 30.0) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         job = get_job(base, job_id)
-        return job if job["status"] in ("SUCCEEDED", "FAILED", "DEAD") else None
+        return job if job["status"] in ("SUCCEEDED", "FAILED", "DEAD", "CANCELLED") else None
 
     return wait_for(f"job {job_id} to finish", done, timeout_s)
 

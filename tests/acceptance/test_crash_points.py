@@ -5,7 +5,9 @@ the process SIGKILLs itself at the point, and an unarmed daemon is started on th
 database and queues. A client that got no answer retries with the same
 Idempotency-Key, as a real one would (one that got its 202 may retry too: harmless).
 Then: the job ends SUCCEEDED, its record fetched once and stored once, one job row for
-the key, its outbox row SENT, the queue and the DLQ empty.
+the key, its outbox row SENT, the queue and the DLQ empty; and its timeline agrees with it:
+the last event's status is the job's, and every event stands for a change that committed
+(one `accepted`, one `dispatched` per SENT mark, one `started` per attempt, one end).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tests.acceptance.conftest import (
     PortalThread,
     Response,
     db_rows,
+    http_request,
     wait_for,
 )
 from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, queue_depth, wait_terminal
@@ -112,4 +115,25 @@ def test_a_crash_loses_nothing_and_runs_nothing_twice(
     assert db_rows(db_url, "SELECT COUNT(*) AS n FROM relay_outbox WHERE job_id = ?", job_id) == [
         {"n": 1}
     ]
+    assert_timeline_agrees(base, job)
     assert daemon.terminate() == 0
+
+
+def assert_timeline_agrees(base: str, job: dict[str, Any]) -> None:
+    """After any kill: the timeline ends in the job's status, and holds one event per change
+    that committed, none for a change the kill undid."""
+    resp = http_request("GET", f"{base}/v1/jobs/{job['jobId']}/events")
+    assert resp.status == 200, resp.text
+    events = resp.json()["events"]
+    types = [e["type"] for e in events]
+    assert (events[-1]["status"], events[-1]["attempt"]) == (job["status"], job["attempts"])
+    assert types[0] == "accepted" and types.count("accepted") == 1, types
+    assert types.count("dispatched") == 1, types  # the one outbox row, SENT once
+    # (A message published twice may be marked SENT after the job ended: that `dispatched`
+    # comes last, with the status the job had then.)
+    assert types.count("succeeded") == 1, types
+    started = [e for e in events if e["type"] == "started"]
+    assert [e["attempt"] for e in started] == list(range(1, job["attempts"] + 1)), types
+    assert all(e["status"] == "RUNNING" for e in started)
+    assert not {"failed", "dead", "cancelled"} & set(types), types
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)

@@ -1,0 +1,237 @@
+"""Trace context with `outboxd serve` subprocesses on both backends:
+
+- a `traceparent` on POST /v1/portal-link-jobs is kept with the job and sent with its SQS
+  message as a message attribute; an invalid one is ignored and a trace of the daemon's
+  own started;
+- the log lines about the job (API, relay, consumer) carry its trace_id;
+- with OTEL_EXPORTER_OTLP_ENDPOINT set, the API, relay and consumer spans reach an OTLP/HTTP
+  receiver (an aiohttp server on 127.0.0.1 here, decoding the protobuf), in the caller's trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import secrets
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+from outboxd.config import SqsSettings
+from outboxd.queue.sqs import SqsQueues
+from tests.acceptance.conftest import (
+    ConfigFactory,
+    DaemonFactory,
+    PortalThread,
+    db_rows,
+    http_request,
+)
+from tests.acceptance.jobs import wait_terminal
+from tests.support.loop_thread import LoopThread
+from tests.support.moto import MotoServer
+
+pytestmark = pytest.mark.slow
+
+LINK = {"portal": "suwon", "username": "20201234", "password": "correct-horse"}
+
+
+def new_traceparent() -> tuple[str, str, str]:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
+
+
+def post(base: str, key: str, traceparent: str | None) -> str:
+    headers = {"Idempotency-Key": key}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+    resp = http_request("POST", f"{base}/v1/portal-link-jobs", LINK, headers=headers)
+    assert resp.status == 202, resp.text
+    job_id: str = resp.json()["jobId"]
+    return job_id
+
+
+async def receive_one(
+    endpoint_url: str, queue_names: dict[str, str]
+) -> tuple[str, dict[str, str]]:
+    settings = SqsSettings(
+        endpoint_url=endpoint_url,
+        jobs_queue=queue_names["jobs_queue"],
+        tasks_queue=queue_names["tasks_queue"],
+        create_queues=False,
+    )
+    async with SqsQueues(settings, endpoint_url) as queues:
+        for _ in range(10):
+            got = await queues.receive("jobs", 1, 1)
+            if got:
+                return got[0].body, dict(got[0].attributes)
+    raise AssertionError("no message on the jobs queue")
+
+
+def test_the_trace_goes_with_the_job_to_sqs_and_an_invalid_one_is_replaced(
+    pipeline_config: ConfigFactory,
+    spawn_daemon: DaemonFactory,
+    portal_thread: PortalThread,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    db_url: str,
+) -> None:
+    # No consumer: the message stays on the queue, to be read here.
+    daemon = spawn_daemon(pipeline_config(daemon={"roles": ["api", "relay"]}))
+    base = daemon.start()
+    tp, trace_id, span_id = new_traceparent()
+    job_id = post(base, "tr-1", tp)
+    body, attributes = asyncio.run(receive_one(moto_server.endpoint_url, queue_names))
+    assert job_id in body
+    carried = attributes["traceparent"]
+    # The caller's trace, continued by the API's own span (a new span id).
+    assert carried.split("-")[1] == trace_id and carried.split("-")[2] != span_id
+    stored = db_rows(db_url, "SELECT traceparent FROM jobs WHERE id = ?", job_id)
+    assert stored == [{"traceparent": carried}]
+    lines = [e for e in daemon.events() if e.get("job_id") == job_id]
+    assert {"job_accepted", "outbox_sent"} <= {e["event"] for e in lines}
+    assert {e.get("trace_id") for e in lines} == {trace_id}, lines
+
+    # Invalid: ignored (no 400), and the job gets a trace of the daemon's own.
+    for i, bad in enumerate(
+        (
+            "garbage",
+            f"00-{'0' * 32}-{span_id}-01",  # all-zero trace id
+            f"ff-{trace_id}-{span_id}-01",  # version ff
+            tp.upper(),  # upper-case hex
+            tp + "-extra",  # version 00 has four fields
+        )
+    ):
+        other = post(base, f"tr-bad-{i}", bad)
+        [row] = db_rows(db_url, "SELECT traceparent FROM jobs WHERE id = ?", other)
+        assert row["traceparent"] and row["traceparent"].split("-")[1] != trace_id, bad
+    no_header = post(base, "tr-none", None)
+    [row] = db_rows(db_url, "SELECT traceparent FROM jobs WHERE id = ?", no_header)
+    assert len(row["traceparent"]) == 55
+    assert daemon.terminate() == 0
+
+
+class OtlpReceiver:
+    """OTLP/HTTP on 127.0.0.1: POST /v1/traces, protobuf ExportTraceServiceRequest."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.requests = 0
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        app = web.Application()
+        app.router.add_post("/v1/traces", self._traces)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        encoding = request.headers.get("Content-Encoding", "")
+        if encoding == "gzip":
+            raw = gzip.decompress(raw)
+        elif encoding == "deflate":
+            raw = zlib.decompress(raw)
+        message = trace_service_pb2.ExportTraceServiceRequest()
+        message.ParseFromString(raw)
+        self.requests += 1
+        for resource_spans in message.resource_spans:
+            service = {
+                a.key: a.value.string_value for a in resource_spans.resource.attributes
+            }.get("service.name")
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    self.spans.append(
+                        {
+                            "name": span.name,
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_span_id": span.parent_span_id.hex(),
+                            "service": service,
+                            "attributes": {a.key: a.value for a in span.attributes},
+                        }
+                    )
+        reply = trace_service_pb2.ExportTraceServiceResponse()
+        return web.Response(body=reply.SerializeToString(), content_type="application/x-protobuf")
+
+
+@pytest.fixture
+def otlp() -> Iterator[tuple[OtlpReceiver, LoopThread]]:
+    lt = LoopThread()
+    receiver = OtlpReceiver()
+    lt.run(receiver.start())
+    try:
+        yield receiver, lt
+    finally:
+        lt.run(receiver.stop())
+        lt.close()
+
+
+def test_spans_of_the_api_relay_and_consumer_reach_the_otlp_receiver(
+    pipeline_config: ConfigFactory,
+    spawn_daemon: DaemonFactory,
+    portal_thread: PortalThread,
+    otlp: tuple[OtlpReceiver, LoopThread],
+) -> None:
+    receiver, lt = otlp
+    daemon = spawn_daemon(pipeline_config())
+    base = daemon.start(
+        extra_env={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_SERVICE_NAME": "outboxd-test",
+        }
+    )
+    tp, trace_id, span_id = new_traceparent()
+    job_id = post(base, "otel-1", tp)
+    assert wait_terminal(base, job_id)["status"] == "SUCCEEDED"
+    assert daemon.terminate() == 0  # flushes what is buffered
+    spans = lt.call(lambda: list(receiver.spans))
+    ours = [s for s in spans if s["trace_id"] == trace_id]
+    names = {s["name"] for s in ours}
+    assert {"POST /v1/portal-link-jobs", "outboxd.relay.publish", "outboxd.consumer.job"} <= names
+    assert {s["service"] for s in ours} == {"outboxd-test"}
+    [api] = [s for s in ours if s["name"] == "POST /v1/portal-link-jobs"]
+    assert api["parent_span_id"] == span_id  # a child of the caller's span
+    # The relay's and the consumer's spans hang off the API's (the job's trace context).
+    for s in ours:
+        if s["name"] in ("outboxd.relay.publish", "outboxd.consumer.job"):
+            assert s["parent_span_id"] == api["span_id"], s
+    consumer = next(s for s in ours if s["name"] == "outboxd.consumer.job")
+    assert consumer["attributes"]["outboxd.job_id"].string_value == job_id
+    # The worker's log lines about the job carry the same trace id.
+    lines = [e for e in daemon.events() if e.get("job_id") == job_id]
+    assert {"job_started", "job_succeeded"} <= {e["event"] for e in lines}
+    assert {e.get("trace_id") for e in lines} == {trace_id}
+
+
+def test_without_an_endpoint_no_span_is_sent(
+    pipeline_config: ConfigFactory,
+    spawn_daemon: DaemonFactory,
+    portal_thread: PortalThread,
+    otlp: tuple[OtlpReceiver, LoopThread],
+) -> None:
+    receiver, lt = otlp
+    daemon = spawn_daemon(pipeline_config())
+    base = daemon.start()
+    tp, trace_id, _ = new_traceparent()
+    job_id = post(base, "otel-off", tp)
+    assert wait_terminal(base, job_id)["status"] == "SUCCEEDED"
+    assert daemon.terminate() == 0
+    assert lt.call(lambda: receiver.requests) == 0
+    lines = [e for e in daemon.events() if e.get("job_id") == job_id]
+    assert {e.get("trace_id") for e in lines} == {trace_id}
