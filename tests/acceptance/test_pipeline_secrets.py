@@ -145,6 +145,11 @@ def test_no_password_in_logs_messages_errors_or_the_database(
     assert finished["DEAD"]["error"]["code"] == "RETRIES_EXHAUSTED"
     bodies_of_jobs = [repr(get_job(base, j)) for j in jobs.values()]
     outbox = http_request("GET", f"{base}/v1/admin/outbox?limit=100").text
+    # Each job's timeline (progress, errors, retries, its end) and a refused cancel.
+    timelines = [http_request("GET", f"{base}/v1/jobs/{j}/events").text for j in jobs.values()]
+    assert all('"type":"accepted"' in t.replace(" ", "") for t in timelines), timelines
+    refused_cancel = http_request("POST", f"{base}/v1/jobs/{jobs['SUCCEEDED']}/cancel")
+    assert refused_cancel.status == 409
 
     messages = asyncio.run(queue_bodies(moto_server.endpoint_url, queue_names))
     assert messages["jobs"] == []
@@ -162,7 +167,7 @@ def test_no_password_in_logs_messages_errors_or_the_database(
         assert s not in output, "a password reached the logs"
         for body in messages["jobs"] + messages["jobs-dlq"]:
             assert s not in body, "a password reached SQS"
-        for text in [*bodies_of_jobs, outbox]:
+        for text in [*bodies_of_jobs, outbox, *timelines, refused_cancel.text]:
             assert s not in text, "a password reached an API body"
         assert s.encode() not in database_live, "a password reached the database"
         assert s.encode() not in database, "a password reached the database"

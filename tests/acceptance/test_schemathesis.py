@@ -66,6 +66,8 @@ def live_daemon(
         daemon={"roles": ["api", "relay", "claimer"]},
         auth={"tokens": [{"sha256": hash_token(ADMIN_TOKEN), "user": "fuzz", "role": "admin"}]},
         logging={"level": "warning"},
+        # A generated `Prefer: wait=N` holds a request at most this long.
+        api={"max_wait_s": 1},
     )
     daemon = DaemonProcess(workdir, config)
     (workdir / "var").mkdir()
@@ -159,9 +161,30 @@ def test_hand_made_flow_conforms(api_schema: Any) -> None:
     assert replay.status_code == 202 and replay.headers["idempotent-replayed"] == ["true"]
     conflict = call("POST", "/v1/portal-link-jobs", body={**body, "password": "x"}, headers=key)
     assert conflict.status_code == 409
-    assert call("GET", "/v1/jobs/{job_id}", path_parameters={"job_id": job_id}).status_code == 200
+    got = call("GET", "/v1/jobs/{job_id}", path_parameters={"job_id": job_id})
+    assert got.status_code == 200
+    # Conditional and held reads, the timeline, a cancel (and its repeat).
+    etag = got.headers["etag"][0]
+    same = call(
+        "GET",
+        "/v1/jobs/{job_id}",
+        path_parameters={"job_id": job_id},
+        headers={"If-None-Match": etag, "Prefer": "wait=1"},
+    )
+    assert same.status_code == 304 and same.headers["preference-applied"] == ["wait=1"]
+    events = call("GET", "/v1/jobs/{job_id}/events", path_parameters={"job_id": job_id})
+    assert events.status_code == 200 and events.json()["events"][0]["type"] == "accepted"
+    for _ in range(2):
+        cancelled = call("POST", "/v1/jobs/{job_id}/cancel", path_parameters={"job_id": job_id})
+        assert cancelled.status_code == 202 and cancelled.json()["status"] == "CANCELLED"
     not_dead = call("POST", "/v1/admin/jobs/{job_id}/redrive", path_parameters={"job_id": job_id})
     assert not_dead.status_code == 409
+    listed = call(
+        "GET",
+        "/v1/admin/jobs",
+        query={"user": "fuzz", "status": "CANCELLED", "from": "2020-01-01T00:00:00Z", "limit": 1},
+    )
+    assert listed.status_code == 200 and listed.json()["items"][0]["jobId"] == job_id
 
     created = call("POST", "/v1/websites", body={"domain": "Example.ORG.", "faviconUrl": None})
     assert created.status_code in (200, 201)
