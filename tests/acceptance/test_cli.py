@@ -151,6 +151,31 @@ async def test_jobs_redrive(store: SqlStore, keys: KeyRing, db_url: str, tmp_pat
     assert missing.returncode == 1 and "no job" in missing.stderr
 
 
+async def test_jobs_events(store: SqlStore, keys: KeyRing, db_url: str, tmp_path: Path) -> None:
+    """A job's timeline as a table and as the API's JSON; the redrive names the CLI's
+    daemon.instance_id; a missing job exits 1."""
+    config = config_for(tmp_path, db_url, daemon={"instance_id": "ops-cli"})
+    job = await submit_job(store, keys)
+    await kill_in_processing(store, job.id)
+    assert run_cli("jobs", "redrive", job.id, "--config", config).returncode == 0
+    table = run_cli("jobs", "events", job.id, "--config", config)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].startswith(f"job {job.id}  QUEUED")
+    assert [line.split()[2] for line in lines[2:]][-1] == "redriven"
+    assert "ops-cli" in lines[-1] and '"outboxId"' in lines[-1]
+    as_json = run_cli("jobs", "events", job.id, "--json", "--config", config)
+    assert as_json.returncode == 0, as_json.stderr
+    body = json.loads(as_json.stdout)
+    assert body["jobId"] == job.id
+    types = [e["type"] for e in body["events"]]
+    assert types[0] == "accepted" and types[-1] == "redriven"
+    assert body["events"][-1]["status"] == "QUEUED" and body["events"][-1]["instance"] == "ops-cli"
+    assert [e.type for e in await store.job_events(job.id)] == types
+    missing = run_cli("jobs", "events", str(uuid.uuid4()), "--config", config)
+    assert missing.returncode == 1 and "no job" in missing.stderr
+
+
 @pytest.mark.parametrize(
     ("toml", "key"),
     [
