@@ -446,5 +446,7 @@ async def test_admin_can_read_any_job(make_client: ClientFactory, store: SqlStor
         "progress",
         "error",
         "result",
+        "cancelRequested",
     }
+    assert body["cancelRequested"] is False
     assert "password" not in json.dumps(body) and "pw-jobs" not in json.dumps(body)

@@ -259,7 +259,7 @@ class Consumer:
                 current = await self._store.get_job(job_id)
             except StorageError:
                 return  # the database is out of reach: the run goes on
-            if current is not None and (current.cancel_requested or current.terminal):
+            if current is not None and (current.cancel_requested or current.status == "CANCELLED"):
                 raise JobCancelled()
 
         heartbeat = asyncio.create_task(self._heartbeat("jobs", msg, state))
