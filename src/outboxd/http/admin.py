@@ -23,8 +23,8 @@ from outboxd.http.render import (
     website_model,
 )
 from outboxd.http.responses import json_response
+from outboxd.http.websites import domain_in_path
 from outboxd.services.tasks import BUILTIN_TASKS
-from outboxd.services.websites import InvalidDomain, normalize_domain
 from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, WORK_STATUSES
 
 log = structlog.get_logger(__name__)
@@ -108,9 +108,8 @@ async def list_websites(request: web.Request) -> web.Response:
 async def retry_website(request: web.Request) -> web.Response:
     deps = deps_of(request)
     try:
-        domain = normalize_domain(inputs.path_id(request, "domain", 300))
-        website = await deps.websites.retry(domain)
-    except (InvalidDomain, UnicodeError, NotFound):
+        website = await deps.websites.retry(domain_in_path(request))
+    except NotFound:
         raise ApiError(NOT_FOUND, "no such website") from None
     except InvalidState as exc:
         raise ApiError(INVALID_STATE, str(exc)) from None

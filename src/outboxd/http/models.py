@@ -9,8 +9,8 @@ Each Struct is the single definition of one JSON body: its camelCase field names
 - the JSON the handlers send (`encode`; `to_builtins` for the dict renderers).
 
 Patterns that a check implements in code rather than with a regex (the domain's IDNA
-rules, "not blank") are documentation here and enforced by http/checks.py and the
-handlers; a pattern is never the only guard.
+rules in services/websites.py, "not blank") are documentation here and enforced by
+http/checks.py and the services; a pattern is never the only guard.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from msgspec import Meta, Struct
 from outboxd.http.problems import PROBLEM_CODES, PROBLEM_TYPE, PROBLEMS, VALIDATION_FAILED
 from outboxd.services.portal_jobs import PORTALS
 from outboxd.services.tasks import BUILTIN_TASKS
+from outboxd.services.websites import HOST_NAME, MAX_DOMAIN_CHARS
 from outboxd.storage.ports import CURSOR_PATTERN, JobStatus, RelayStatus, TaskStatus, WorkStatus
 
 __all__ = ["CURSOR_PATTERN", "PROBLEM_TYPE"]
@@ -43,15 +44,6 @@ DEDUP_ID_RE: Final = re.compile(DEDUP_ID_PATTERN)
 # before its emptiness check).
 _CTRL: Final = "\\u0000-\\u001f\\u007f-\\u009f"
 VISIBLE_TEXT: Final = f"^[^{_CTRL}]*[^\\s{_CTRL}][^{_CTRL}]*$"
-# What the document promises to accept as a domain: ASCII letter-digit-hyphen labels of
-# 1-63 characters, no leading or trailing hyphen and no "--" in the 3rd and 4th place
-# (the rules IDNA adds for ASCII labels, so never an invalid `xn--` label); two labels at
-# least, the last starting with a letter. Every such name passes IDNA. IDN input
-# (U-labels, valid A-labels) is accepted too and described in words.
-_A: Final = "[A-Za-z0-9]"
-_L: Final = "[A-Za-z0-9-]"
-_LABEL_TAIL: Final = f"(?:{_L}?{_A})?|{_L}{_L}{_A}|{_L}(?:{_A}{_L}|-{_A}){_L}{{0,58}}{_A}"
-HOST_NAME: Final = f"^(?:{_A}(?:{_LABEL_TAIL})\\.)+[A-Za-z](?:{_LABEL_TAIL})\\.?$"
 
 if TYPE_CHECKING:
     PortalName = str
@@ -115,7 +107,7 @@ class WebsiteRequest(_Body):
         str,
         Meta(
             min_length=1,
-            max_length=253,
+            max_length=MAX_DOMAIN_CHARS,
             pattern=HOST_NAME,
             description="A bare host name: lowercased, IDNA-encoded, one trailing dot dropped. "
             "The pattern states the ASCII names every IDNA implementation accepts; an "
