@@ -14,17 +14,16 @@ from outboxd.http import checks, inputs, models
 from outboxd.http.deps import deps_of
 from outboxd.http.problems import INVALID_STATE, NOT_FOUND, ApiError, field_error
 from outboxd.http.render import (
-    iso,
-    job_body,
+    job_detail_model,
     job_model,
-    relay_item,
     relay_model,
+    runtime_model,
+    stats_model,
     task_model,
     website_model,
 )
 from outboxd.http.responses import json_response
 from outboxd.http.websites import domain_in_path
-from outboxd.services.tasks import BUILTIN_TASKS
 from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, WORK_STATUSES
 
 log = structlog.get_logger(__name__)
@@ -90,7 +89,7 @@ async def get_job_detail(request: web.Request) -> web.Response:
     if job is None:
         raise ApiError(NOT_FOUND, "no such job")
     rows = await deps.store.relay_rows_for_job(job.id, 20)
-    return json_response({**job_body(job), "outbox": [relay_item(r) for r in rows]})
+    return json_response(job_detail_model(job, rows))
 
 
 async def list_websites(request: web.Request) -> web.Response:
@@ -120,36 +119,19 @@ async def runtime(request: web.Request) -> web.Response:
     deps = deps_of(request)
     checks = await deps.readiness.check()
     rt = deps.runtime
-    pace = rt.claimer_pace() if rt is not None else None
     return json_response(
-        {
-            "now": iso(time.time()),
-            "readiness": {
-                "status": "ok" if all(v == "ok" for v in checks.values()) else "unavailable",
-                "checks": checks,
-            },
-            "claimer": None
-            if pace is None
-            else {
-                "lastTickAt": iso(pace[0]),
-                "nextTickAt": iso(pace[1]),
-                "pausedUntil": iso(pace[2]),
-            },
-            "schedules": [
-                {"name": name, "task": task, "nextFireAt": iso(at)}
-                for name, task, at in (rt.schedules() if rt is not None else [])
-            ],
-            "throughput": [
-                {"minute": iso(at), "accepted": accepted, "finished": finished}
-                for at, accepted, finished in (rt.throughput_series() if rt is not None else [])
-            ],
-            "taskTypes": list(BUILTIN_TASKS),
-        }
+        runtime_model(
+            time.time(),
+            checks,
+            rt.claimer_pace() if rt is not None else None,
+            rt.schedules() if rt is not None else [],
+            rt.throughput_series() if rt is not None else [],
+        )
     )
 
 
 async def stats(request: web.Request) -> web.Response:
-    return json_response(await deps_of(request).admin.stats())
+    return json_response(stats_model(await deps_of(request).admin.stats()))
 
 
 async def enqueue_task(request: web.Request) -> web.Response:
