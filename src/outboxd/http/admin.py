@@ -4,6 +4,8 @@ retry, stats, tasks, and the console's runtime view."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import structlog
@@ -49,26 +51,30 @@ async def list_outbox(request: web.Request) -> web.Response:
     return json_response(models.OutboxPage([relay_model(r) for r in page.items], page.next_cursor))
 
 
-async def redrive_outbox(request: web.Request) -> web.Response:
-    deps = deps_of(request)
+@contextmanager
+def _operator_action(names: str) -> Iterator[None]:
+    """How every operator action answers: NotFound is 404 (no such `names`), InvalidState
+    409 with its reason."""
     try:
-        row = await deps.admin.redrive_outbox_row(inputs.path_id(request, "outbox_id"))
+        yield
     except NotFound:
-        raise ApiError(NOT_FOUND, "no such outbox row") from None
+        raise ApiError(NOT_FOUND, f"no such {names}") from None
     except InvalidState as exc:
         raise ApiError(INVALID_STATE, str(exc)) from None
+
+
+async def redrive_outbox(request: web.Request) -> web.Response:
+    deps = deps_of(request)
+    with _operator_action("outbox row"):
+        row = await deps.admin.redrive_outbox_row(inputs.path_id(request, "outbox_id"))
     log.info("outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id)
     return json_response(relay_model(row))
 
 
 async def redrive_job(request: web.Request) -> web.Response:
     deps = deps_of(request)
-    try:
+    with _operator_action("job"):
         job = await deps.admin.redrive_job(inputs.path_id(request, "job_id"))
-    except NotFound:
-        raise ApiError(NOT_FOUND, "no such job") from None
-    except InvalidState as exc:
-        raise ApiError(INVALID_STATE, str(exc)) from None
     log.info("job_redriven", job_id=job.id)
     return json_response(job_model(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
@@ -106,12 +112,8 @@ async def list_websites(request: web.Request) -> web.Response:
 
 async def retry_website(request: web.Request) -> web.Response:
     deps = deps_of(request)
-    try:
+    with _operator_action("website"):
         website = await deps.websites.retry(domain_in_path(request))
-    except NotFound:
-        raise ApiError(NOT_FOUND, "no such website") from None
-    except InvalidState as exc:
-        raise ApiError(INVALID_STATE, str(exc)) from None
     return json_response(website_model(website))
 
 
