@@ -137,24 +137,28 @@ async def open_loop(args: argparse.Namespace, host: str, port: int, path: str) -
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     cpu.stop()
+    result = await finish(set(tasks), win, cpu, args.duration)
+    while not idle.empty():
+        idle.get_nowait()[1].close()
+    extra = {"max_ms": max(win.latencies, default=0.0) * 1000, "late": late, "end_at": end_at}
+    return {"offered_rate": args.rate, **result, **extra, "connections": opened}
+
+
+async def finish(
+    tasks: set[asyncio.Task[None]], win: Window, cpu: CpuWindow, wall_s: float
+) -> dict[str, object]:
+    """Wait for the requests still out, then the figures of the measured window."""
     done, pending = await asyncio.wait(tasks, timeout=30) if tasks else (set(), set())
     for t in pending:
         t.cancel()
-    while not idle.empty():
-        idle.get_nowait()[1].close()
     errors = [repr(t.exception()) for t in done if not t.cancelled() and t.exception()]
     lat_ms = [x * 1000 for x in win.latencies]
     return {
-        "offered_rate": args.rate,
         "requests": len(lat_ms),
-        "rate": len(lat_ms) / args.duration,
-        "ok_rate": sum(v for s, v in win.statuses.items() if 200 <= s < 300) / args.duration,
+        "rate": len(lat_ms) / wall_s,
+        "ok_rate": sum(v for s, v in win.statuses.items() if 200 <= s < 300) / wall_s,
         "p50_ms": percentile(lat_ms, 50),
         "p99_ms": percentile(lat_ms, 99),
-        "max_ms": max(lat_ms, default=0.0),
-        "late": late,
-        "end_at": end_at,
-        "connections": opened,
         "statuses": {str(k): v for k, v in sorted(win.statuses.items())},
         "cpu": cpu.shares(),
         "machine_busy": cpu.machine_busy,
@@ -182,23 +186,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     win.closed = True
     cpu.stop()
     stop.set()
-    done, pending = await asyncio.wait(tasks, timeout=30)
-    for t in pending:
-        t.cancel()
-    errors = [repr(t.exception()) for t in done if not t.cancelled() and t.exception()]
-    lat_ms = [x * 1000 for x in win.latencies]
-    return {
-        "concurrency": args.concurrency,
-        "requests": len(lat_ms),
-        "rate": len(lat_ms) / cpu.wall_s,
-        "ok_rate": sum(v for s, v in win.statuses.items() if 200 <= s < 300) / cpu.wall_s,
-        "p50_ms": percentile(lat_ms, 50),
-        "p99_ms": percentile(lat_ms, 99),
-        "statuses": {str(k): v for k, v in sorted(win.statuses.items())},
-        "cpu": cpu.shares(),
-        "machine_busy": cpu.machine_busy,
-        "errors": errors[:3],
-    }
+    return {"concurrency": args.concurrency, **await finish(set(tasks), win, cpu, cpu.wall_s)}
 
 
 def main() -> int:

@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sqlite3
-import subprocess
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from testkit.daemon import FakeProcess
 
 from bench.common import (
-    PY,
-    ROOT,
     Results,
     backends_arg,
     base_parser,
@@ -78,21 +73,6 @@ def unsent_reader(backend: str, url: str) -> Callable[[], Awaitable[int]]:
     return read_pg
 
 
-def open_loop(url: str, rate: float, dur: float, warm: float, pids: dict[str, int]) -> Results:
-    argv = [PY, "-m", "bench.loadgen", "--url", url + "/v1/portal-link-jobs"]
-    argv += ["--rate", f"{rate:.1f}", "--duration", str(dur), "--warmup", str(warm)]
-    argv += ["--key-prefix", f"sus-{uuid.uuid4().hex[:8]}"]
-    for name, pid in pids.items():
-        argv += ["--watch", f"{name}={pid}"]
-    out = subprocess.run(
-        argv, capture_output=True, text=True, timeout=dur + warm + 120, check=False, cwd=ROOT
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"loadgen failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    result: Results = json.loads(out.stdout)
-    return result
-
-
 async def run_backend(backend: str, wd: Path, stub_url: str, stub_pid: int, quick: bool) -> Results:
     async with database(backend, "sustained", wd) as db:
         server = FakeProcess(
@@ -128,7 +108,9 @@ async def run_backend(backend: str, wd: Path, stub_url: str, stub_pid: int, quic
 
             sampler = asyncio.create_task(sample())
             try:
-                load = await asyncio.to_thread(open_loop, base, rate, DURATION_S, 2.0, pids)
+                load = await asyncio.to_thread(
+                    run_loadgen, base, 0, DURATION_S, 2.0, pids, "sus", rate
+                )
             finally:
                 stop.set()
                 await sampler
