@@ -25,6 +25,7 @@ from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.services.job_waits import JobWaits
+from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.job_changes import JobChangeFeed
 from tests.conftest import SettingsFactory
@@ -316,3 +317,35 @@ async def _listening(db_url: str) -> None:
         assert time.monotonic() < deadline, "the listener did not connect"
         await asyncio.sleep(0.1)
 
+
+
+async def test_a_change_between_the_read_and_the_wait_still_wakes_the_hold(
+    store: SqlStore,
+) -> None:
+    """The hold is registered before the request reads the job: a change committed after
+    that read, before the request says what it waits for, is not lost."""
+    waits = JobWaits(store, store.changes, max_waiters=10)
+    job_id = str(uuid.uuid4())
+    await store.create_portal_job(
+        NewPortalJob(
+            job_id=job_id,
+            outbox_id=str(uuid.uuid4()),
+            user_id="bob",
+            idempotency_key=job_id,
+            fingerprint="fp",
+            portal="suwon",
+            key_id="k",
+            sealed=b"s",
+        ),
+        now=time.time(),
+    )
+    async with waits.hold(job_id) as hold:
+        assert hold is not None
+        seen = await store.get_job(job_id)
+        assert seen is not None and seen.status == "QUEUED"
+        await store.cancel_job(job_id, time.time(), "owner")  # between the read and the wait
+        started = time.monotonic()
+        ending, now = await hold.until(lambda j: j is None or j.status != seen.status, 5)
+    assert ending == "changed" and time.monotonic() - started < 4
+    assert now is not None and now.status == "CANCELLED"
+    assert waits.held == 0 and store.changes.watched() == []
