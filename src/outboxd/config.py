@@ -40,6 +40,10 @@ class ServerSettings:
     keepalive_timeout_s: float = 60.0
     # Connections beyond this are answered 503 and closed at once.
     max_connections: int = 1024
+    # A response that makes no progress (the client does not read) for this long is aborted.
+    write_timeout_s: float = 30.0
+    # The request line and headers together; past it (or 64 fields) 431, nothing kept.
+    max_header_bytes: int = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -402,6 +406,12 @@ def _validate(s: Settings) -> None:
     need(s.server.read_timeout_s > 0, "server.read_timeout_s", "must be positive")
     need(s.server.keepalive_timeout_s > 0, "server.keepalive_timeout_s", "must be positive")
     need(s.server.max_connections >= 1, "server.max_connections", "must be at least 1")
+    need(s.server.write_timeout_s > 0, "server.write_timeout_s", "must be positive")
+    need(
+        1024 <= s.server.max_header_bytes <= 1024 * 1024,
+        "server.max_header_bytes",
+        "must be 1024-1048576",
+    )
     url = s.storage.url
     need(
         url.startswith(("sqlite:///", "postgresql://", "postgres://")),

@@ -383,6 +383,8 @@ async def _serve(
                 read_timeout_s=settings.server.read_timeout_s,
                 keepalive_timeout_s=settings.server.keepalive_timeout_s,
                 max_connections=settings.server.max_connections,
+                write_timeout_s=settings.server.write_timeout_s,
+                max_header_bytes=settings.server.max_header_bytes,
             ),
         )
         components.append(("api", api_server))

@@ -19,6 +19,7 @@ from msgspec import Struct
 
 from outboxd.http import models
 from outboxd.http.problems import (
+    HEADERS_TOO_LARGE,
     IDEMPOTENCY_KEY_CONFLICT,
     METHOD_NOT_ALLOWED,
     REQUEST_TIMEOUT,
@@ -417,11 +418,15 @@ _DESCRIPTION: Final = (
     "digits, nesting deeper than 32, NUL characters and lone surrogates are "
     f"{_is(VALIDATION_FAILED)}, as is a body that is not the gzip or deflate stream its "
     "Content-Encoding says. Authorization must be sent once. Connection limits "
-    "(server.read_timeout_s, server.keepalive_timeout_s, server.max_connections): a "
+    "(server.read_timeout_s, server.keepalive_timeout_s, server.max_connections, "
+    "server.write_timeout_s, server.max_header_bytes): a "
     "request whose headers and body do not arrive within the read timeout is answered "
     f"{REQUEST_TIMEOUT.status} and closed; beyond max_connections a new connection is "
-    f"answered {_is(TOO_MANY_CONNECTIONS)} and closed. HTTP the parser cannot read (a "
-    f"header over 8 KB, bytes that are not HTTP) is {_is(VALIDATION_FAILED)}, never echoed. "
+    f"answered {_is(TOO_MANY_CONNECTIONS)} and closed; a response the client does not read "
+    "for the write timeout is aborted; a request line and headers over max_header_bytes "
+    f"(16 KiB by default) or 64 fields are {_is(HEADERS_TOO_LARGE)} and closed, on every "
+    "route and before any token is checked. HTTP the parser cannot read (bytes that are "
+    f"not HTTP) is {_is(VALIDATION_FAILED)}, never echoed. "
     "Responses carry Server: outboxd (no version)."
 )
 

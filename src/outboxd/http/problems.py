@@ -95,6 +95,13 @@ INVALID_STATE: Final = ProblemKind(
     "The operation does not apply in the current state",
     "the operation does not apply in the current state",
 )
+HEADERS_TOO_LARGE: Final = ProblemKind(
+    "C13",
+    "HEADERS_TOO_LARGE",
+    431,
+    "The request's headers are too large",
+    "the request line and headers are over server.max_header_bytes or 64 fields",
+)
 INTERNAL_ERROR: Final = ProblemKind(
     "C99", "INTERNAL_ERROR", 500, "Internal error", "internal error"
 )
@@ -131,6 +138,7 @@ PROBLEMS: Final[tuple[ProblemKind, ...]] = (
     STORAGE_UNAVAILABLE,
     METHOD_NOT_ALLOWED,
     INVALID_STATE,
+    HEADERS_TOO_LARGE,
     INTERNAL_ERROR,
 )
 PROBLEM_CODES: Final = tuple(p.code for p in PROBLEMS)
