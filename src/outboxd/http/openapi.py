@@ -19,9 +19,11 @@ from msgspec import Struct
 
 from outboxd.http import models
 from outboxd.http.problems import (
+    FORBIDDEN,
     HEADERS_TOO_LARGE,
     IDEMPOTENCY_KEY_CONFLICT,
     METHOD_NOT_ALLOWED,
+    MISDIRECTED_REQUEST,
     REQUEST_TIMEOUT,
     TOO_MANY_CONNECTIONS,
     VALIDATION_FAILED,
@@ -457,7 +459,12 @@ def _build() -> dict[str, Any]:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "A token from [[auth.tokens]] (matched by SHA-256). With no "
-                    "tokens configured, every caller is user `local` with role admin.",
+                    "tokens configured, every caller is user `local` with role admin, for this "
+                    "operator only: a Host that is not a loopback name or address is "
+                    f"{MISDIRECTED_REQUEST.status} {MISDIRECTED_REQUEST.code} on every route, and "
+                    "a request other than GET, HEAD or OPTIONS whose Origin is not the daemon's "
+                    "own or whose Sec-Fetch-Site is cross-site or same-site is "
+                    f"{_is(FORBIDDEN)}.",
                 }
             },
             "schemas": _schemas(),

@@ -119,6 +119,14 @@ REQUEST_TIMEOUT: Final = replace(
     meaning="the request did not arrive within server.read_timeout_s",
     variant="REQUEST_TIMEOUT",
 )
+# Auth-off mode only (no [[auth.tokens]]): a request addressed to a name that is not loopback.
+MISDIRECTED_REQUEST: Final = replace(
+    FORBIDDEN,
+    status=421,
+    title="Misdirected request",
+    meaning="with no [[auth.tokens]], the Host must be a loopback name or address",
+    variant="MISDIRECTED_REQUEST",
+)
 TOO_MANY_CONNECTIONS: Final = replace(
     STORAGE_UNAVAILABLE,
     title="Service unavailable",
