@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 
 from outboxd.errors import StorageError, StorageUnavailable
-from outboxd.http import inputs, models
+from outboxd.http import console, inputs, models
 from outboxd.http.deps import DEPS, OPENAPI_JSON, PRINCIPAL, REQUEST_ID, ApiDeps
 from outboxd.http.inputs import ClientDisconnected, InputError
 from outboxd.http.openapi import openapi_document
@@ -108,6 +108,10 @@ async def edge_middleware(
     finally:
         structlog.contextvars.unbind_contextvars("request_id")
     response.headers["X-Request-Id"] = request_id
+    if console.is_console_path(request.path):
+        # Errors under /ui/ (404, 405, 421...) too: a browser treats them as console pages.
+        for name, value in console.SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
     elapsed = time.perf_counter() - started
     edge.count(route, response.status, elapsed)
     if route not in _QUIET_ROUTES:
