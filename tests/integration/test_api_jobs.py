@@ -448,3 +448,37 @@ async def test_admin_can_read_any_job(make_client: ClientFactory, store: SqlStor
         "result",
     }
     assert "password" not in json.dumps(body) and "pw-jobs" not in json.dumps(body)
+
+
+# ------------------------------------------------------------------ bidirectional controls
+
+BIDI = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+
+
+@pytest.mark.parametrize("bidi", BIDI, ids=[f"U+{ord(c):04X}" for c in BIDI])
+async def test_a_username_with_a_bidi_control_is_400_c01(
+    api: Client, store: SqlStore, db_url: str, bidi: str
+) -> None:
+    """A username shows up in the console and the logs of whoever reads them: it may not
+    hold text that displays as something else (`2020\u202e4321` reads as `20201234`)."""
+    body = {**BODY, "username": f"2020{bidi}4321"}
+    resp = await api.post(URL, json=body, headers={"Idempotency-Key": "k-bidi"})
+    problem = await assert_problem(resp, 400, "C01")
+    assert problem["errors"][0]["field"] == "username"
+    await assert_nothing_stored(db_url)
+
+
+async def test_an_idempotency_key_with_a_bidi_control_is_400_c01(
+    api: Client, store: SqlStore, db_url: str
+) -> None:
+    resp = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-\u2067-1"})
+    problem = await assert_problem(resp, 400, "C01")
+    assert problem["errors"][0]["field"] == "Idempotency-Key"
+    await assert_nothing_stored(db_url)
+
+
+async def test_a_password_may_hold_a_bidi_control(api: Client, store: SqlStore) -> None:
+    """A password is never shown: whatever the portal accepts is accepted."""
+    body = {**BODY, "password": "pw\u202e-x"}
+    resp = await api.post(URL, json=body, headers={"Idempotency-Key": "k-bidi-pw"})
+    assert resp.status == 202, await resp.text()

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from outboxd.storage.store import SqlStore
-from tests.support.db import raw_scalar
+from tests.support.db import raw_count, raw_scalar
 
 Client = TestClient[Any, Any]
 
@@ -179,3 +179,15 @@ async def test_twenty_concurrent_registrations_make_one_website_and_one_work_row
         db_url, "SELECT COUNT(*) AS n FROM work_outbox o JOIN websites w ON w.id = o.website_id"
     )
     assert ids == 1
+
+
+@pytest.mark.parametrize("bidi", ["\u202e", "\u2066", "\u202a"])
+async def test_a_favicon_url_with_a_bidi_control_is_400_c01(
+    api: Client, store: SqlStore, db_url: str, bidi: str
+) -> None:
+    body = {"domain": "bidi.example", "faviconUrl": f"https://bidi.example/{bidi}oci.f"}
+    resp = await api.post("/v1/websites", json=body)
+    assert resp.status == 400, await resp.text()
+    problem = await resp.json()
+    assert problem["code"] == "C01" and problem["errors"][0]["field"] == "faviconUrl"
+    assert await raw_count(db_url, "websites") == 0

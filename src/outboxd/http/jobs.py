@@ -33,6 +33,8 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     deps = deps_of(request)
     user = principal_of(request).user
     key = request.headers.get("Idempotency-Key")
+    if key is not None:
+        inputs.no_bidi("Idempotency-Key", key)
     if key is None or not models.IDEMPOTENCY_KEY_RE.match(key):
         raise ApiError(
             IDEMPOTENCY_KEY_REQUIRED,

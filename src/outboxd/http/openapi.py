@@ -476,7 +476,8 @@ def _build() -> dict[str, Any]:
                     "required": True,
                     "description": "1-255 visible ASCII characters; same user + key + request "
                     "replays the same job, a different request is "
-                    f"{_is(IDEMPOTENCY_KEY_CONFLICT)}.",
+                    f"{_is(IDEMPOTENCY_KEY_CONFLICT)}. A key holding a bidirectional control "
+                    f"(U+202A-U+202E, U+2066-U+2069) is {_is(VALIDATION_FAILED)}.",
                     "schema": {
                         "type": "string",
                         "minLength": 1,

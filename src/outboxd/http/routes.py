@@ -99,7 +99,7 @@ class Route:
 # ------------------------------------------------------------------ parameters
 
 _JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-_NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+_NO_CONTROL_CHARS: Final = f"^[^{models.NO_CONTROLS}]*$"
 
 
 def _path(name: str, description: str, **schema: Any) -> Param:
