@@ -7,6 +7,7 @@ PENDING work row commit together; an existing one (in any spelling) is returned 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -191,3 +192,36 @@ async def test_a_favicon_url_with_a_bidi_control_is_400_c01(
     problem = await resp.json()
     assert problem["code"] == "C01" and problem["errors"][0]["field"] == "faviconUrl"
     assert await raw_count(db_url, "websites") == 0
+
+
+async def test_a_classified_website_whose_work_row_was_pruned_stays_listed_completed(
+    api: Client, store: SqlStore, db_url: str
+) -> None:
+    """outbox.prune deletes COMPLETED work rows; their websites stay in the listing and
+    answer classification COMPLETED (attempts and last error went with the row)."""
+    for domain in ("done.example", "waiting.example"):
+        assert (await api.post("/v1/websites", json={"domain": domain})).status == 201
+    row = await store.claim_work(time.time(), 60.0, 300.0)
+    assert row is not None
+    done = await store.website_by_id(row.website_id)
+    assert done is not None and done.domain == "done.example"
+    assert await store.complete_work(row, "news", time.time())
+    pruned = await store.prune(time.time() + 60, time.time() + 60, 100)
+    assert await raw_count(db_url, "work_outbox") == 1, pruned
+
+    listed = await (await api.get("/v1/admin/websites")).json()
+    by_domain = {w["domain"]: w for w in listed["items"]}
+    assert set(by_domain) == {"done.example", "waiting.example"}
+    assert by_domain["done.example"]["category"] == "news"
+    assert by_domain["done.example"]["classification"] == {
+        "status": "COMPLETED",
+        "attempts": 0,
+        "lastError": None,
+    }
+    assert by_domain["waiting.example"]["classification"]["status"] == "PENDING"
+    completed = await (await api.get("/v1/admin/websites?status=COMPLETED")).json()
+    assert [w["domain"] for w in completed["items"]] == ["done.example"]
+    pending = await (await api.get("/v1/admin/websites?status=PENDING")).json()
+    assert [w["domain"] for w in pending["items"]] == ["waiting.example"]
+    one = await (await api.get("/v1/websites/done.example")).json()
+    assert one["classification"]["status"] == "COMPLETED" and one["category"] == "news"

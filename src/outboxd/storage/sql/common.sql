@@ -244,7 +244,9 @@ INSERT INTO work_outbox (id, website_id, status, created_at)
 VALUES (:id, :website_id, 'PENDING', :now);
 
 -- name: select_website_by_domain
-SELECT w.*, o.status AS work_status, o.attempt_count AS work_attempts,
+-- A website without its work row was classified: outbox.prune deletes COMPLETED rows only
+-- (their attempts and last error go with them).
+SELECT w.*, COALESCE(o.status, 'COMPLETED') AS work_status, o.attempt_count AS work_attempts,
        o.last_error AS work_last_error
   FROM websites w LEFT JOIN work_outbox o ON o.website_id = w.id
  WHERE w.domain = :domain;
@@ -355,10 +357,11 @@ UPDATE pace_leases SET expires_at = :now + :lease_s
 UPDATE pace_leases SET holder = NULL, expires_at = 0
  WHERE name = :name AND slot = :slot AND holder = :holder;
 -- name: list_websites
-SELECT w.*, o.status AS work_status, o.attempt_count AS work_attempts,
+-- As select_website_by_domain: a pruned work row was COMPLETED.
+SELECT w.*, COALESCE(o.status, 'COMPLETED') AS work_status, o.attempt_count AS work_attempts,
        o.last_error AS work_last_error
-  FROM websites w JOIN work_outbox o ON o.website_id = w.id
- WHERE (CAST(:status AS TEXT) IS NULL OR o.status = :status)
+  FROM websites w LEFT JOIN work_outbox o ON o.website_id = w.id
+ WHERE (CAST(:status AS TEXT) IS NULL OR COALESCE(o.status, 'COMPLETED') = :status)
    AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR w.created_at < :cursor_created
         OR (w.created_at = :cursor_created AND w.id < CAST(:cursor_id AS TEXT)))
  ORDER BY w.created_at DESC, w.id DESC
