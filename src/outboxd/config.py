@@ -114,6 +114,10 @@ class SuwonScraperSettings:
     verify_tls: bool = True
     # "cluster": min_interval_s and max_concurrency hold across instances (docs/pacing.md).
     pace_scope: Literal["instance", "cluster"] = "instance"
+    # After this many PORTAL_AUTH_FAILED jobs for one portal username within the window,
+    # its further jobs fail PORTAL_LOGIN_LOCKED without a login (0 = off).
+    max_auth_failures: int = 3
+    auth_failure_window_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -488,6 +492,12 @@ def _validate(s: Settings) -> None:
     need(su.timeout_s > 0, "scrapers.suwon.timeout_s", "must be positive")
     need(su.max_concurrency >= 1, "scrapers.suwon.max_concurrency", "must be at least 1")
     need(su.min_interval_s >= 0, "scrapers.suwon.min_interval_s", "must not be negative")
+    need(
+        su.max_auth_failures >= 0,
+        "scrapers.suwon.max_auth_failures",
+        "must not be negative (0: no lock)",
+    )
+    need(su.auth_failure_window_s > 0, "scrapers.suwon.auth_failure_window_s", "must be positive")
     cl = s.scrapers.classifier
     need(len(cl.categories) > 0, "scrapers.classifier.categories", "must not be empty")
     need(cl.timeout_s > 0, "scrapers.classifier.timeout_s", "must be positive")

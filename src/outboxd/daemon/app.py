@@ -408,6 +408,7 @@ async def _serve(
                     settings.sqs,
                     metrics,
                     settings.security.dead_retention_s,
+                    portal_settings=settings.scrapers.suwon,
                 ),
             )
         )

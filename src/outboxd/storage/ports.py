@@ -92,6 +92,16 @@ class NewPortalJob:
 
 
 @dataclass(frozen=True)
+class LoginFailure:
+    """A PORTAL_AUTH_FAILED outcome to count for the login lock: its subject (a keyed hash,
+    never the username), and the time before which that subject's older failures no longer
+    matter (they are dropped in the same transaction)."""
+
+    subject: str
+    forget_before: float
+
+
+@dataclass(frozen=True)
 class JobIntake:
     """What `create_portal_job` found or made: the job and its newest outbox row."""
 
@@ -254,7 +264,12 @@ class JobStore(Protocol):
         now: float,
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
-    ) -> JobRecord | None: ...
+        login_failure: LoginFailure | None = None,
+    ) -> JobRecord | None:
+        """The job's outcome; with `login_failure`, that failure is recorded in the same
+        transaction (only when the outcome was written)."""
+        ...
+
     async def job_retry_later(
         self, job: JobRecord, error: tuple[str, str], now: float
     ) -> JobRecord | None: ...
@@ -266,6 +281,13 @@ class JobStore(Protocol):
     async def list_jobs(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[JobRecord]: ...
+
+
+class LoginLockStore(Protocol):
+    async def login_failures(self, subject: str, since: float, limit: int) -> list[float]:
+        """The times of `subject`'s recorded login failures after `since`, newest first,
+        at most `limit` of them."""
+        ...
 
 
 class RelayStore(Protocol):

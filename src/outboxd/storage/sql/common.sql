@@ -231,6 +231,21 @@ SELECT * FROM task_runs
  ORDER BY enqueued_at DESC, id DESC
  LIMIT :limit;
 
+-- ---------------------------------------------------------------- the portal login lock
+
+-- name: login_failure_insert
+INSERT INTO portal_login_failures (subject, failed_at) VALUES (:subject, :now)
+ON CONFLICT (subject, failed_at) DO NOTHING;
+
+-- name: login_failures_trim
+DELETE FROM portal_login_failures WHERE subject = :subject AND failed_at < :before;
+
+-- name: login_failures_recent
+SELECT failed_at FROM portal_login_failures
+ WHERE subject = :subject AND failed_at > :since
+ ORDER BY failed_at DESC
+ LIMIT :limit;
+
 -- ---------------------------------------------------------------- websites
 
 -- name: insert_website
@@ -416,6 +431,10 @@ DELETE FROM task_runs WHERE id IN (
 UPDATE jobs SET sealed = NULL, key_id = NULL, version = version + 1
  WHERE id IN (SELECT id FROM jobs WHERE status = 'DEAD' AND sealed IS NOT NULL
                  AND finished_at < :before LIMIT :limit);
+
+-- name: prune_login_failures
+DELETE FROM portal_login_failures WHERE (subject, failed_at) IN (
+    SELECT subject, failed_at FROM portal_login_failures WHERE failed_at < :before LIMIT :limit);
 
 -- name: prune_finished_jobs
 DELETE FROM jobs WHERE id IN (
