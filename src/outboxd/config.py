@@ -49,6 +49,9 @@ class ServerSettings:
 @dataclass(frozen=True)
 class ApiSettings:
     require_dispatch: bool = False
+    # Per-user caps, 0 = off: one token may serve a whole backend.
+    max_active_jobs_per_user: int = 0
+    max_websites_per_user_per_hour: int = 0
 
 
 @dataclass(frozen=True)
@@ -411,6 +414,16 @@ def _validate(s: Settings) -> None:
     need(s.server.keepalive_timeout_s > 0, "server.keepalive_timeout_s", "must be positive")
     need(s.server.max_connections >= 1, "server.max_connections", "must be at least 1")
     need(s.server.write_timeout_s > 0, "server.write_timeout_s", "must be positive")
+    need(
+        s.api.max_active_jobs_per_user >= 0,
+        "api.max_active_jobs_per_user",
+        "must not be negative (0: no cap)",
+    )
+    need(
+        s.api.max_websites_per_user_per_hour >= 0,
+        "api.max_websites_per_user_per_hour",
+        "must not be negative (0: no cap)",
+    )
     need(
         1024 <= s.server.max_header_bytes <= 1024 * 1024,
         "server.max_header_bytes",

@@ -11,9 +11,14 @@ import time
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 
+from outboxd.daemon.app import build_api_deps
+from outboxd.http.app import create_app
+from outboxd.observability import Metrics
+from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
+from tests.conftest import SettingsFactory
 from tests.support.db import raw_count, raw_scalar
 
 Client = TestClient[Any, Any]
@@ -225,3 +230,40 @@ async def test_a_classified_website_whose_work_row_was_pruned_stays_listed_compl
     assert [w["domain"] for w in pending["items"]] == ["waiting.example"]
     one = await (await api.get("/v1/websites/done.example")).json()
     assert one["classification"]["status"] == "COMPLETED" and one["category"] == "news"
+
+
+async def test_new_websites_over_the_hourly_cap_are_429_c12(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing, db_url: str
+) -> None:
+    """api.max_websites_per_user_per_hour = 2: a third new website of one user within the
+    hour is 429 C12 with a Retry-After of at most an hour; a known domain is still
+    answered (it costs no classification); another user is not affected."""
+    tokens = {"alice": "tok-web-alice-" + "a" * 20, "bob": "tok-web-bob-" + "b" * 20}
+    settings = make_settings(
+        auth={"tokens": [{"sha256": hash_token(t), "user": u} for u, t in tokens.items()]},
+        api={"max_websites_per_user_per_hour": 2},
+    )
+    deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
+    client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+    await client.start_server()
+    try:
+
+        async def register(user: str, domain: str) -> Any:
+            return await client.post(
+                "/v1/websites",
+                json={"domain": domain},
+                headers={"Authorization": f"Bearer {tokens[user]}"},
+            )
+
+        assert (await register("alice", "one.example")).status == 201
+        assert (await register("alice", "two.example")).status == 201
+        over = await register("alice", "three.example")
+        assert over.status == 429, await over.text()
+        assert (await over.json())["code"] == "C12"
+        assert 1 <= int(over.headers["Retry-After"]) <= 3600
+        assert (await register("alice", "one.example")).status == 200
+        assert (await register("bob", "three.example")).status == 201
+        assert await raw_count(db_url, "websites") == 3
+        assert await raw_count(db_url, "work_outbox") == 3
+    finally:
+        await client.close()

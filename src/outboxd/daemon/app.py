@@ -185,8 +185,16 @@ def build_api_deps(
     return ApiDeps(
         settings=settings,
         store=store,
-        jobs=PortalJobService(store, keys, dispatcher, settings.api.require_dispatch),
-        websites=WebsiteService(store),
+        jobs=PortalJobService(
+            store,
+            keys,
+            dispatcher,
+            settings.api.require_dispatch,
+            max_active_jobs=settings.api.max_active_jobs_per_user,
+        ),
+        websites=WebsiteService(
+            store, max_per_user_per_hour=settings.api.max_websites_per_user_per_hour
+        ),
         tasks=TaskService(store),
         admin=AdminService(store, readiness if queues is not None else None),
         tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),

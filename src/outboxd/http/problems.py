@@ -95,6 +95,15 @@ INVALID_STATE: Final = ProblemKind(
     "The operation does not apply in the current state",
     "the operation does not apply in the current state",
 )
+TOO_MANY_ACTIVE_JOBS: Final = ProblemKind(
+    "C12",
+    "TOO_MANY_ACTIVE_JOBS",
+    429,
+    "Too many jobs or websites for this user",
+    "a per-user cap is reached (api.max_active_jobs_per_user, "
+    "api.max_websites_per_user_per_hour); retry after Retry-After",
+    headers=("Retry-After",),
+)
 HEADERS_TOO_LARGE: Final = ProblemKind(
     "C13",
     "HEADERS_TOO_LARGE",
@@ -146,6 +155,7 @@ PROBLEMS: Final[tuple[ProblemKind, ...]] = (
     STORAGE_UNAVAILABLE,
     METHOD_NOT_ALLOWED,
     INVALID_STATE,
+    TOO_MANY_ACTIVE_JOBS,
     HEADERS_TOO_LARGE,
     INTERNAL_ERROR,
 )

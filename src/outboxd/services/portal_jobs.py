@@ -9,7 +9,7 @@ from typing import Protocol
 
 import structlog
 
-from outboxd.errors import OutboxdError, StorageError
+from outboxd.errors import OutboxdError, QuotaExceeded, StorageError
 from outboxd.ids import new_id
 from outboxd.observability import log_info
 from outboxd.security import KeyRing
@@ -18,6 +18,7 @@ from outboxd.storage.ports import (
     JobRecord,
     JobStore,
     NewPortalJob,
+    QuotaStore,
     RelayRow,
     RelayStore,
 )
@@ -67,8 +68,12 @@ class Dispatcher(Protocol):
         ...
 
 
-class JobsStore(JobStore, RelayStore, Protocol):
+class JobsStore(JobStore, RelayStore, QuotaStore, Protocol):
     pass
+
+
+# What a client over api.max_active_jobs_per_user is told to wait: about one job's run.
+ACTIVE_JOBS_RETRY_AFTER_S = 5
 
 
 @dataclass(frozen=True)
@@ -96,14 +101,27 @@ class PortalJobService:
         dispatcher: Dispatcher | None,
         require_dispatch: bool = False,
         clock: Callable[[], float] = time.time,
+        max_active_jobs: int = 0,
     ) -> None:
         self._store = store
         self._keys = keys
         self._dispatcher = dispatcher
         self._require_dispatch = require_dispatch
         self._clock = clock
+        self._max_active_jobs = max_active_jobs
 
     async def submit(self, user: str, idempotency_key: str, req: PortalLinkRequest) -> Submission:
+        """QuotaExceeded when api.max_active_jobs_per_user is on and reached (a replay of
+        an existing job never is). The count is read before the intake: concurrent new
+        requests of one user may pass it together, by as many as run at once."""
+        if self._max_active_jobs:
+            active = await self._store.job_quota(user, idempotency_key, self._max_active_jobs)
+            if active is not None and active >= self._max_active_jobs:
+                raise QuotaExceeded(
+                    f"{active} jobs of this user are QUEUED or RUNNING "
+                    f"(api.max_active_jobs_per_user = {self._max_active_jobs})",
+                    ACTIVE_JOBS_RETRY_AFTER_S,
+                )
         job_id, outbox_id = new_id(), new_id()
         # Sealed before the transaction so the transaction holds no CPU work;
         # the job id as associated data ties the ciphertext to its row.

@@ -231,6 +231,32 @@ SELECT * FROM task_runs
  ORDER BY enqueued_at DESC, id DESC
  LIMIT :limit;
 
+-- ---------------------------------------------------------------- per-user caps (read only when on)
+
+-- name: job_quota
+-- The user's active jobs through the (user_id, idempotency_key) index: cheap while a token
+-- is one end user's, which is when the cap is meant to be on.
+SELECT (SELECT COUNT(*) FROM jobs
+         WHERE user_id = :user_id AND idempotency_key = :idempotency_key) AS taken,
+       (SELECT COUNT(*) FROM (SELECT 1 FROM jobs
+                               WHERE user_id = :user_id AND status IN ('QUEUED', 'RUNNING')
+                               LIMIT :limit) active_jobs) AS active;
+
+-- name: website_quota
+SELECT (SELECT COUNT(*) FROM websites WHERE domain = :domain) AS taken,
+       (SELECT COUNT(*) FROM website_registrations
+         WHERE user_id = :user_id AND registered_at > :since) AS recent,
+       (SELECT MIN(registered_at) FROM website_registrations
+         WHERE user_id = :user_id AND registered_at > :since) AS oldest;
+
+-- name: website_registration_insert
+INSERT INTO website_registrations (user_id, registered_at, website_id)
+VALUES (:user_id, :now, :website_id)
+ON CONFLICT (user_id, registered_at, website_id) DO NOTHING;
+
+-- name: website_registrations_trim
+DELETE FROM website_registrations WHERE user_id = :user_id AND registered_at < :before;
+
 -- ---------------------------------------------------------------- the portal login lock
 
 -- name: login_failure_insert
@@ -435,6 +461,11 @@ UPDATE jobs SET sealed = NULL, key_id = NULL, version = version + 1
 -- name: prune_login_failures
 DELETE FROM portal_login_failures WHERE (subject, failed_at) IN (
     SELECT subject, failed_at FROM portal_login_failures WHERE failed_at < :before LIMIT :limit);
+
+-- name: prune_website_registrations
+DELETE FROM website_registrations WHERE (user_id, registered_at, website_id) IN (
+    SELECT user_id, registered_at, website_id FROM website_registrations
+     WHERE registered_at < :before LIMIT :limit);
 
 -- name: prune_finished_jobs
 DELETE FROM jobs WHERE id IN (

@@ -166,6 +166,16 @@ class SqlJobs(StoreBase):
 
         return await self.db.run(body)
 
+    async def job_quota(self, user_id: str, idempotency_key: str, limit: int) -> int | None:
+        row = await self._record(
+            "job_quota",
+            {"user_id": user_id, "idempotency_key": idempotency_key, "limit": limit},
+            dict,
+            write=False,
+        )
+        assert row is not None
+        return None if row["taken"] else int(row["active"])
+
     async def login_failures(self, subject: str, since: float, limit: int) -> list[float]:
         def body() -> Generator[Op, Any, list[float]]:
             rows = yield fetch(
