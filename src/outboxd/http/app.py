@@ -7,6 +7,7 @@ no SQL and no business rule lives on this side.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import time
@@ -218,6 +219,7 @@ def _this_operator_only(request: web.Request) -> None:
         )
 
 
+@functools.lru_cache(maxsize=256)  # a client sends the same Host on every request
 def _loopback_authority(authority: str) -> bool:
     """`127.0.0.1`, `localhost`, `[::1]` (any loopback address or `localhost`), with or
     without a port."""
