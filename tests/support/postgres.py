@@ -20,6 +20,8 @@ TABLES = (
     "job_events",
     "pace",
     "pace_leases",
+    "portal_login_failures",
+    "website_registrations",
 )
 
 
@@ -66,9 +68,10 @@ def drop_database(name: str) -> None:
 async def _truncate(dsn: str) -> None:
     conn = await asyncpg.connect(dsn, timeout=5)
     try:
-        exists = await conn.fetchval("SELECT to_regclass('public.jobs') IS NOT NULL")
-        if exists:
-            await conn.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
+        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        present = [t for t in TABLES if t in {r["tablename"] for r in rows}]
+        if present:
+            await conn.execute(f"TRUNCATE {', '.join(present)} CASCADE")
     finally:
         await conn.close()
 

@@ -9,7 +9,7 @@ from typing import cast
 import structlog
 from aiohttp import web
 
-from outboxd.errors import InvalidState, NotFound
+from outboxd.errors import InvalidState, NotFound, QuotaExceeded
 from outboxd.http import checks, inputs, models
 from outboxd.http.deps import deps_of, principal_of
 from outboxd.http.problems import (
@@ -18,6 +18,7 @@ from outboxd.http.problems import (
     IDEMPOTENCY_KEY_REQUIRED,
     INVALID_STATE,
     NOT_FOUND,
+    TOO_MANY_ACTIVE_JOBS,
     ApiError,
 )
 from outboxd.http.render import dispatch_model, event_model, job_model
@@ -38,6 +39,8 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     deps = deps_of(request)
     user = principal_of(request).user
     key = request.headers.get("Idempotency-Key")
+    if key is not None:
+        inputs.no_bidi("Idempotency-Key", key)
     if key is None or not models.IDEMPOTENCY_KEY_RE.match(key):
         raise ApiError(
             IDEMPOTENCY_KEY_REQUIRED,
@@ -66,6 +69,8 @@ async def _submit(
     deps = deps_of(request)
     try:
         sub = await deps.jobs.submit(user, key, link, traceparent)
+    except QuotaExceeded as exc:
+        raise _too_many(exc) from None
     except IdempotencyConflict:
         raise ApiError(
             IDEMPOTENCY_KEY_CONFLICT,
@@ -86,6 +91,10 @@ async def _submit(
         headers["Idempotent-Replayed"] = "true"
     accepted = models.PortalLinkAccepted(sub.job.id, sub.job.status, dispatch_model(sub.outbox))
     return json_response(accepted, 202, headers)
+
+
+def _too_many(exc: QuotaExceeded) -> ApiError:
+    return ApiError(TOO_MANY_ACTIVE_JOBS, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
 
 def visible_job(request: web.Request, job: JobRecord | None) -> JobRecord:

@@ -1,4 +1,4 @@
--- Following and steering one job (docs/decisions/0021-job-timeline-and-waits.md):
+-- Following and steering one job (docs/decisions/0022-job-timeline-and-waits.md):
 --
 -- * job_events: a job's timeline, one row per change of the job, written in the same
 --   statement or transaction as the change. `seq` orders a job's events (it is global,

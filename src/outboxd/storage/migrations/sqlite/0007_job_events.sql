@@ -1,5 +1,5 @@
 -- Following and steering one job: the same as the Postgres migration 0007
--- (docs/decisions/0021-job-timeline-and-waits.md), without NOTIFY (a daemon on the file
+-- (docs/decisions/0022-job-timeline-and-waits.md), without NOTIFY (a daemon on the file
 -- polls job_events for the jobs its held requests wait on).
 --
 -- jobs gains CANCELLED in its CHECK, which SQLite can change only by rebuilding the table:
