@@ -232,8 +232,12 @@ async def test_job_redrive_of_a_dead_job(
         + ("?" if db_url.startswith("sqlite") else "$1"),
         job.id,
     )
-    # The old row stays as history (DEAD or SENT); exactly one row carries the retry.
-    assert sorted(r[0] for r in rows) == sorted(["PENDING", "DEAD" if how == "publish" else "SENT"])
+    # The old row stays as history (a DEAD one SUPERSEDED: no longer a dead letter);
+    # exactly one row carries the retry.
+    old_status = "SUPERSEDED" if how == "publish" else "SENT"
+    assert sorted(r[0] for r in rows) == sorted(["PENDING", old_status])
+    dead_rows = await (await api.get("/v1/admin/outbox", params={"status": "DEAD"})).json()
+    assert dead_rows["items"] == []
     # The credentials stayed: the job can still run.
     fresh = await store.get_job(job.id)
     assert fresh is not None and fresh.sealed is not None
@@ -270,6 +274,31 @@ async def test_job_redrive_after_credentials_were_erased_is_409(
     assert fresh is not None and fresh.status == "DEAD"
     latest = await store.latest_relay_row_for_job(job.id)
     assert latest is not None and latest.status == "SENT", "no new outbox row was made"
+
+
+async def test_a_superseded_row_is_history_not_a_dead_letter(
+    api: Client, store: SqlStore, keys: KeyRing, db_url: str
+) -> None:
+    """One publish failure is one dead letter: redriving the job closes its DEAD row too."""
+    job = await submit_job(store, keys)
+    dead_row = await kill_at_publish(store, job.id)
+    before = await db_counts(db_url)
+    assert before["jobs"] == {"DEAD": 1} and before["relay_outbox"] == {"DEAD": 1}
+
+    assert (await api.post(f"/v1/admin/jobs/{job.id}/redrive")).status == 202
+    after = await db_counts(db_url)
+    assert after["jobs"] == {"QUEUED": 1}
+    assert after["relay_outbox"] == {"SUPERSEDED": 1, "PENDING": 1}
+    listed = await (await api.get("/v1/admin/outbox", params={"status": "SUPERSEDED"})).json()
+    assert [i["id"] for i in listed["items"]] == [dead_row.id]
+    assert listed["items"][0]["lastError"] == dead_row.last_error
+    detail = await (await api.get(f"/v1/admin/jobs/{job.id}")).json()
+    assert [o["status"] for o in detail["outbox"]] == ["PENDING", "SUPERSEDED"]
+    stats = await (await api.get("/v1/admin/stats")).json()
+    assert "DEAD" not in stats["tables"]["relay_outbox"]
+    # It cannot be revived beside the fresh row (the job would be published twice).
+    body = await problem_of(await api.post(f"/v1/admin/outbox/{dead_row.id}/redrive"), 409, "C11")
+    assert "newer outbox row" in body["detail"]
 
 
 # ------------------------------------------------------------------ stats

@@ -12,8 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar, get_args
 
+from outboxd.errors import InvalidState, NotFound
+
 JobStatus = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"]
-RelayStatus = Literal["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"]
+# SUPERSEDED: a DEAD row whose job was redriven since (a fresh row carries the retry): kept
+# as history, no longer a dead letter.
+RelayStatus = Literal["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD", "SUPERSEDED"]
 WorkStatus = Literal["PENDING", "PROCESSING", "COMPLETED", "FAILED"]
 TaskStatus = Literal["PENDING", "SENT", "SUCCEEDED", "FAILED", "DEAD"]
 # The one spelling of each status set: the API's filters, the OpenAPI enums and the
@@ -262,7 +266,18 @@ class JobStore(Protocol):
     async def mark_job_dead(
         self, job_id: str, error: tuple[str, str], now: float
     ) -> JobRecord | None: ...
-    async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord: ...
+    async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
+        """A DEAD job back to QUEUED with a fresh outbox row, its DEAD rows SUPERSEDED;
+        NotFound or InvalidState."""
+        ...
+
+    async def redrive_jobs(
+        self, jobs: Sequence[tuple[str, str]], now: float
+    ) -> list[JobRecord | NotFound | InvalidState]:
+        """`redrive_job` for each (job id, fresh outbox id), in one transaction; each
+        outcome in order (a refusal changes nothing and stops none of the others)."""
+        ...
+
     async def list_jobs(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[JobRecord]: ...
