@@ -384,8 +384,7 @@ _OPERATIONS: Final[tuple[Route, ...]] = (
         "metrics",
         "operations",
         "Prometheus metrics (text exposition format).",
-        ok=(Ok(200, "The metrics.", media="text/plain"),),
-        errors=(STORAGE_UNAVAILABLE,),
+        ok=(Ok(200, "The metrics; stale gauges are marked, never an error.", media="text/plain"),),
         access="public",
     ),
     Route(

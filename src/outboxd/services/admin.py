@@ -3,8 +3,8 @@
 `POST /v1/admin/jobs/{id}/redrive` and `outboxd jobs redrive`, `POST
 /v1/admin/outbox/{id}/redrive` and `outboxd outbox redrive` call the same methods;
 `GET /v1/admin/stats`, `outboxd status` and the /metrics gauges read the same
-`collect_stats`. Nothing here logs: the API logs each redrive it made, the
-command prints its own line.
+`collect_stats` (the gauges through `database_stats` and `queue_stats`). Nothing here
+logs: the API logs each redrive it made, the command prints its own line.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from outboxd.ids import new_id
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
+    TABLE_STATUSES,
     JobRecord,
     JobStore,
     PaceState,
@@ -53,6 +54,10 @@ class AdminService:
         self._queues = queues
         self._clock = clock
 
+    @property
+    def has_queues(self) -> bool:
+        return self._queues is not None
+
     async def redrive_job(self, job_id: str) -> JobRecord:
         """A DEAD job back to QUEUED with a fresh outbox row; NotFound or InvalidState."""
         return await self._store.redrive_job(job_id, new_id(), self._clock())
@@ -64,18 +69,26 @@ class AdminService:
     async def stats(self) -> dict[str, Any]:
         return await collect_stats(self._store, self._queues)
 
+    async def database_stats(self) -> dict[str, Any]:
+        """The part of the stats read from the database: counts, oldest ages, the pace."""
+        return await database_stats(self._store)
 
-async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[str, Any]:
-    """Row counts per table and status, oldest pending ages, cluster pace, queue depths."""
+    async def queue_stats(self) -> dict[str, dict[str, int]] | None:
+        """The SQS depths (None without queues); raises what the queue calls raise."""
+        return None if self._queues is None else await self._queues.queue_stats()
+
+
+async def database_stats(store: StatsStore) -> dict[str, Any]:
+    """Row counts per table and status, oldest pending ages, cluster pace."""
     now = time.time()
-    tables: dict[str, dict[str, int]] = {table: {} for table in _PENDING_STATUSES}
+    tables: dict[str, dict[str, int]] = {table: {} for table in TABLE_STATUSES}
     oldest: dict[str, float | None] = {}
     for sc in await store.status_counts():
         tables.setdefault(sc.table, {})[sc.status] = sc.count
         if sc.status in _PENDING_STATUSES.get(sc.table, ()) and sc.oldest_created_at is not None:
             prev = oldest.get(sc.table)
             oldest[sc.table] = min(prev, sc.oldest_created_at) if prev else sc.oldest_created_at
-    result: dict[str, Any] = {
+    return {
         "tables": tables,
         "oldestPendingAgeSeconds": {
             t: (round(max(0.0, now - ts), 3) if ts is not None else None)
@@ -83,8 +96,13 @@ async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[st
             for ts in [oldest.get(t)]
         },
         "pace": {p.name: pace_item(p) for p in await store.pace_states(now)},
-        "queues": None,
     }
+
+
+async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[str, Any]:
+    """Row counts per table and status, oldest pending ages, cluster pace, queue depths."""
+    result = await database_stats(store)
+    result["queues"] = None
     if queues is not None:
         try:
             result["queues"] = await queues.queue_stats()

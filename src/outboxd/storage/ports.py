@@ -30,6 +30,13 @@ TERMINAL_JOB_STATUSES: Final[tuple[JobStatus, ...]] = ("SUCCEEDED", "FAILED", "D
 TERMINAL_TASK_STATUSES: Final[tuple[TaskStatus, ...]] = ("SUCCEEDED", "FAILED", "DEAD")
 # Relay rows not on the queue yet: the ones a publish (now or by the relay loop) takes.
 RELAY_UNSENT_STATUSES: Final[tuple[RelayStatus, ...]] = ("PENDING", "RETRYABLE_FAILED")
+# Every status of every table, by table name (the stats, /metrics and `outboxd status`).
+TABLE_STATUSES: Final[Mapping[str, tuple[str, ...]]] = {
+    "jobs": JOB_STATUSES,
+    "relay_outbox": RELAY_STATUSES,
+    "work_outbox": WORK_STATUSES,
+    "task_runs": TASK_STATUSES,
+}
 T = TypeVar("T")
 
 

@@ -85,7 +85,8 @@ class Consumer:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
-        self._queues = queues
+        # Every answered receive sets outboxd_consumer_last_receive_timestamp_seconds.
+        self._queues: Receiver = _ReceiveClock(queues, metrics)
         self._portal = portal
         self._keys = keys
         self._cs = consumer_settings
@@ -270,9 +271,11 @@ class Consumer:
             await self._finish_failed(job, msg, error, bind)
             return "failed"
         if verdict == "dead":
-            await asyncio.shield(
+            dead = await asyncio.shield(
                 self._store.mark_job_dead(job.id, dead_job_error(*error), self._clock())
             )
+            if dead is not None:
+                self._metrics.dead.labels("jobs").inc()
             log.error(
                 "job_dead",
                 error_code=error[0],
@@ -397,8 +400,40 @@ class Consumer:
             )
             if job is not None:
                 marked += 1
+                self._metrics.dead.labels("jobs").inc()
                 log.error("job_dead", job_id=job_id, message_id=msg.message_id, source="dlq")
         return marked
+
+
+class _ReceiveClock:
+    """The consumer's queues, noting the time of every receive that was answered (empty
+    ones too) in outboxd_consumer_last_receive_timestamp_seconds{queue}."""
+
+    def __init__(self, inner: Receiver, metrics: Metrics) -> None:
+        self._inner = inner
+        self._gauge = metrics.consumer_last_receive
+
+    async def receive(
+        self,
+        kind: QueueKind,
+        max_messages: int,
+        wait_time_s: int | None = None,
+        visibility_timeout_s: int | None = None,
+    ) -> list[ReceivedMessage]:
+        got = await self._inner.receive(kind, max_messages, wait_time_s, visibility_timeout_s)
+        self._gauge.labels(kind).set_to_current_time()
+        return got
+
+    async def delete(self, kind: QueueKind, receipt_handle: str) -> None:
+        await self._inner.delete(kind, receipt_handle)
+
+    async def change_visibility(self, kind: QueueKind, receipt_handle: str, timeout_s: int) -> None:
+        await self._inner.change_visibility(kind, receipt_handle, timeout_s)
+
+    async def receive_dlq(
+        self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
+    ) -> list[ReceivedMessage]:
+        return await self._inner.receive_dlq(kind, max_messages, visibility_timeout_s)
 
 
 class _Slots:
