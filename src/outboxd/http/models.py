@@ -176,6 +176,49 @@ class TaskRequest(_Body):
     ) = None
 
 
+# A job id as the API issues it (a UUID, lowercase).
+JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+JOB_ID_RE: Final = re.compile(JOB_ID_PATTERN)
+# A bulk redrive names at most this many jobs, or redrives at most this many by status.
+REDRIVE_MAX_IDS: Final = 500
+REDRIVE_MAX_LIMIT: Final = 10_000
+
+
+class JobRedriveRequest(_Body):
+    """Redrive jobs in bulk: every job in `status` (at most `limit`), or the jobs named by
+    `jobIds`; exactly one of the two. Unknown fields are rejected."""
+
+    status: (
+        Annotated[Literal["DEAD"], Meta(description="Every job in this state (newest first).")]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    job_ids: (
+        Annotated[
+            list[Annotated[str, Meta(pattern=JOB_ID_PATTERN)]],
+            Meta(
+                min_length=1,
+                max_length=REDRIVE_MAX_IDS,
+                description="These jobs; one that is not DEAD, unknown or whose credentials "
+                "were erased is refused and changes nothing.",
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    limit: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=REDRIVE_MAX_LIMIT,
+            description="With status: redrive at most this many (default 1000); `more` in "
+            "the answer says whether any are left. Ignored with jobIds.",
+        ),
+    ] = 1000
+
+
+# What JSON Schema says of JobRedriveRequest beyond its fields: status or jobIds, not both.
+JOB_REDRIVE_ONE_OF: Final = [{"required": ["status"]}, {"required": ["jobIds"]}]
+
+
 # ------------------------------------------------------------------ responses
 
 
@@ -438,6 +481,25 @@ class TaskPage(Struct, rename="camel"):
     next_cursor: Cursor
 
 
+class RedriveRefusal(Struct, rename="camel"):
+    """A job a bulk redrive did not redrive, and why."""
+
+    job_id: str
+    reason: str
+
+
+class JobRedriveResult(Struct, rename="camel"):
+    """What a bulk redrive did: each job is redriven (one transaction per hundred) or
+    refused, and changes nothing when refused."""
+
+    redriven: Annotated[int, Meta(ge=0, description="How many jobs went back to QUEUED.")]
+    job_ids: Annotated[list[str], Meta(description="The jobs redriven, in order.")]
+    refused: list[RedriveRefusal]
+    more: Annotated[
+        bool, Meta(description="The limit was reached and more jobs are in that state.")
+    ]
+
+
 class Health(Struct):
     """The event loop answers."""
 
@@ -466,6 +528,9 @@ MODELS: Final = (
     Classification,
     TaskRequest,
     TaskAccepted,
+    JobRedriveRequest,
+    JobRedriveResult,
+    RedriveRefusal,
     TaskRun,
     TaskPage,
     OutboxPage,
@@ -482,6 +547,7 @@ def openapi_components(ref_prefix: str) -> dict[str, dict[str, Any]]:
     for schema in components.values():
         schema.pop("title", None)
     components["OutboxItem"]["oneOf"] = OUTBOX_ITEM_ONE_OF
+    components["JobRedriveRequest"]["oneOf"] = JOB_REDRIVE_ONE_OF
     # msgspec sorts a Literal's values; an enum given in Meta keeps its own order.
     for model in MODELS:
         info = msgspec.inspect.type_info(model)

@@ -98,7 +98,7 @@ class Route:
 
 # ------------------------------------------------------------------ parameters
 
-_JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_JOB_ID_PATTERN: Final = models.JOB_ID_PATTERN
 _NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
 
 
@@ -244,6 +244,19 @@ _ADMIN: Final[tuple[Route, ...]] = (
         errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
         access="admin",
         params=(JOB_ID,),
+    ),
+    Route(
+        "POST",
+        "/v1/admin/jobs/redrive",
+        admin.redrive_jobs,
+        "redriveJobs",
+        "admin",
+        "Redrive in bulk: every DEAD job (up to a limit) or the jobs named, a hundred per "
+        "transaction.",
+        ok=(Ok(200, "What was redriven and what was refused.", models.JobRedriveResult),),
+        errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
+        access="admin",
+        request=models.JobRedriveRequest,
     ),
     Route(
         "GET",
