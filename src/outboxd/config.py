@@ -88,6 +88,8 @@ class ConsumerSettings:
     # When absent: a third of sqs.visibility_timeout_s (see _derive_defaults).
     heartbeat_s: float = 20.0
     backoff_base_s: float = 5.0
+    # How often each DLQ is swept: messages of work no longer DEAD are deleted.
+    dlq_sweep_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -463,6 +465,7 @@ def _validate(s: Settings) -> None:
         f"({s.consumer.heartbeat_s:g}) must be shorter than sqs.visibility_timeout_s "
         f"({s.sqs.visibility_timeout_s})",
     )
+    need(s.consumer.dlq_sweep_s > 0, "consumer.dlq_sweep_s", "must be positive")
     need(s.metrics.refresh_s >= 0, "metrics.refresh_s", "must not be negative")
     need(s.claimer.fixed_delay_s > 0, "claimer.fixed_delay_s", "must be positive")
     need(s.claimer.retry_delay_s >= 0, "claimer.retry_delay_s", "must not be negative")
