@@ -356,7 +356,8 @@ async def test_bulk_redrive_of_named_jobs(api: Client, store: SqlStore, keys: Ke
     queued = await submit_job(store, keys, key="q")
     missing = str(uuid.uuid4())
     resp = await api.post(
-        "/v1/admin/jobs/redrive", json={"jobIds": [dead.id, queued.id, missing, dead.id]}
+        "/v1/admin/jobs/redrive",
+        json={"status": "DEAD", "jobIds": [dead.id, queued.id, missing, dead.id]},
     )
     assert resp.status == 200, await resp.text()
     body = await resp.json()
@@ -377,18 +378,18 @@ async def test_bulk_redrive_of_named_jobs(api: Client, store: SqlStore, keys: Ke
     "body",
     [
         {},
-        {"status": "DEAD", "jobIds": ["x"]},
+        {"jobIds": [str(uuid.uuid4())]},  # the status is required
         {"status": "FAILED"},
         {"status": None},
-        {"jobIds": []},
-        {"jobIds": "x"},
-        {"jobIds": [""]},
-        {"jobIds": [1]},
-        {"jobIds": ["a\u0000b"]},
-        {"jobIds": ["x" * 129]},
-        {"jobIds": [str(uuid.uuid4()) + "\n"]},
-        {"jobIds": [str(uuid.uuid4()).upper()]},
-        {"jobIds": [str(uuid.uuid4()) for _ in range(501)]},
+        {"status": "DEAD", "jobIds": []},
+        {"status": "DEAD", "jobIds": "x"},
+        {"status": "DEAD", "jobIds": ["x"]},
+        {"status": "DEAD", "jobIds": [""]},
+        {"status": "DEAD", "jobIds": [1]},
+        {"status": "DEAD", "jobIds": ["a\u0000b"]},
+        {"status": "DEAD", "jobIds": [str(uuid.uuid4()) + "\n"]},
+        {"status": "DEAD", "jobIds": [str(uuid.uuid4()).upper()]},
+        {"status": "DEAD", "jobIds": [str(uuid.uuid4()) for _ in range(501)]},
         {"status": "DEAD", "limit": 0},
         {"status": "DEAD", "limit": 10_001},
         {"status": "DEAD", "limit": True},

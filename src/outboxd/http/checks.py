@@ -104,26 +104,27 @@ def payload_days(payload: dict[str, Any]) -> float:
     return float(days)
 
 
-def redrive_selection(body: dict[str, Any]) -> tuple[list[str] | None, str | None, int]:
-    """A JobRedriveRequest's (job ids, status, limit): exactly one of jobIds and status."""
-    if ("jobIds" in body) == ("status" in body):
-        inputs.fail("body", "must name either status or jobIds")
+def redrive_selection(body: dict[str, Any]) -> tuple[list[str] | None, int]:
+    """A JobRedriveRequest's job ids (None: every job in its status, which must be DEAD)
+    and limit."""
+    if "status" not in body:
+        inputs.fail("status", "is required")
+    if body["status"] != "DEAD":
+        inputs.fail("status", "must be DEAD")
     limit = body.get("limit", 1000)
     if isinstance(limit, float) and limit.is_integer():
         limit = int(limit)  # JSON Schema's integer: 5.0 is 5
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= REDRIVE_MAX_LIMIT:
         inputs.fail("limit", f"must be an integer 1-{REDRIVE_MAX_LIMIT}")
-    if "status" in body:
-        if body["status"] != "DEAD":
-            inputs.fail("status", "must be DEAD")
-        return None, "DEAD", limit
+    if "jobIds" not in body:
+        return None, limit
     ids = body["jobIds"]
     if not isinstance(ids, list) or not 1 <= len(ids) <= REDRIVE_MAX_IDS:
         inputs.fail("jobIds", f"must be an array of 1-{REDRIVE_MAX_IDS} job ids")
     for i, job_id in enumerate(ids):
         if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
             inputs.fail(f"jobIds[{i}]", "must be a job id (a lowercase UUID)")
-    return ids, None, limit
+    return ids, limit
 
 
 def _days_meta() -> Any:

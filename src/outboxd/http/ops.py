@@ -7,6 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from outboxd.http import models
 from outboxd.http.deps import OPENAPI_JSON, deps_of
+from outboxd.http.render import readiness_model
 from outboxd.http.responses import json_response
 
 
@@ -15,11 +16,8 @@ async def healthz(_request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    checks = await deps_of(request).readiness.check()
-    ok = all(v == "ok" for v in checks.values())
-    return json_response(
-        {"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503
-    )
+    readiness = readiness_model(await deps_of(request).readiness.check())
+    return json_response(readiness, status=200 if readiness.status == "ok" else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal, Protocol
 
 import structlog
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.ids import new_id
+from outboxd.queue.sqs import QueueDepth, QueueKind
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
     TABLE_STATUSES,
@@ -34,7 +35,7 @@ log = structlog.get_logger(__name__)
 
 
 class QueueStats(Protocol):
-    async def queue_stats(self) -> dict[str, dict[str, int]]: ...
+    async def queue_stats(self) -> dict[QueueKind, QueueDepth]: ...
 
 
 class AdminStore(JobStore, RelayStore, StatsStore, Protocol):
@@ -145,14 +146,15 @@ class AdminService:
             refused=len(ids) - len(redriven),
         )
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> Stats:
         return await collect_stats(self._store, self._queues)
 
-    async def database_stats(self) -> dict[str, Any]:
-        """The part of the stats read from the database: counts, oldest ages, the pace."""
+    async def database_stats(self) -> Stats:
+        """The part of the stats read from the database (counts, oldest ages, the pace),
+        with no queue depths."""
         return await database_stats(self._store)
 
-    async def queue_stats(self) -> dict[str, dict[str, int]] | None:
+    async def queue_stats(self) -> dict[QueueKind, QueueDepth] | None:
         """The SQS depths (None without queues); raises what the queue calls raise."""
         return None if self._queues is None else await self._queues.queue_stats()
 
@@ -161,8 +163,19 @@ def _seen(done: BulkRedrive) -> int:
     return len(done.redriven) + len(done.refused)
 
 
-async def database_stats(store: StatsStore) -> dict[str, Any]:
-    """Row counts per table and status, oldest pending ages, cluster pace."""
+@dataclass(frozen=True)
+class Stats:
+    """What the operator reads: rows per table and status, ages, pace, queue depths."""
+
+    tables: dict[str, dict[str, int]]  # table -> status -> rows
+    oldest_pending_age_s: dict[str, float | None]  # table -> seconds; None when none pending
+    pace: list[PaceState]
+    queues: dict[QueueKind, QueueDepth] | None  # None without a queue or when SQS failed
+    queues_error: str | None = None  # why SQS did not answer
+
+
+async def database_stats(store: StatsStore) -> Stats:
+    """Row counts per table and status, oldest pending ages, cluster pace (no queues)."""
     now = time.time()
     tables: dict[str, dict[str, int]] = {table: {} for table in TABLE_STATUSES}
     oldest: dict[str, float | None] = {}
@@ -171,37 +184,20 @@ async def database_stats(store: StatsStore) -> dict[str, Any]:
         if sc.status in _PENDING_STATUSES.get(sc.table, ()) and sc.oldest_created_at is not None:
             prev = oldest.get(sc.table)
             oldest[sc.table] = min(prev, sc.oldest_created_at) if prev else sc.oldest_created_at
-    return {
-        "tables": tables,
-        "oldestPendingAgeSeconds": {
-            t: (round(max(0.0, now - ts), 3) if ts is not None else None)
-            for t in tables
-            for ts in [oldest.get(t)]
-        },
-        "pace": {p.name: pace_item(p) for p in await store.pace_states(now)},
+    ages = {
+        t: (round(max(0.0, now - ts), 3) if ts is not None else None)
+        for t in tables
+        for ts in [oldest.get(t)]
     }
+    return Stats(tables, ages, await store.pace_states(now), None)
 
 
-async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[str, Any]:
+async def collect_stats(store: StatsStore, queues: QueueStats | None) -> Stats:
     """Row counts per table and status, oldest pending ages, cluster pace, queue depths."""
-    result = await database_stats(store)
-    result["queues"] = None
-    if queues is not None:
-        try:
-            result["queues"] = await queues.queue_stats()
-        except Exception as exc:
-            result["queues"] = {"error": str(exc)[:200]}
-    return result
-
-
-def pace_item(p: PaceState) -> dict[str, Any]:
-    """One cluster pace row (docs/pacing.md), times on the database's clock."""
-    return {
-        "lastSlotAt": p.last_at,
-        "nextSlotAt": p.next_at if p.last_at is not None else None,
-        "nextSlotInSeconds": round(max(0.0, p.next_at - p.now), 3),
-        "pausedUntil": p.paused_until if p.paused_until > 0 else None,
-        "pausedForSeconds": round(p.paused_for_s, 3),
-        "sessions": p.sessions,
-        "databaseNow": p.now,
-    }
+    stats = await database_stats(store)
+    if queues is None:
+        return stats
+    try:
+        return replace(stats, queues=await queues.queue_stats())
+    except Exception as exc:
+        return replace(stats, queues_error=str(exc)[:200])

@@ -18,7 +18,8 @@ from typing import Any, Final, Protocol
 import structlog
 
 from outboxd.observability import Metrics
-from outboxd.services.admin import AdminService
+from outboxd.queue.sqs import QueueDepth, QueueKind
+from outboxd.services.admin import AdminService, Stats
 from outboxd.storage.ports import TABLE_STATUSES
 
 log = structlog.get_logger(__name__)
@@ -75,38 +76,41 @@ class StatsGauges:
             self._m.ready.labels(check).set(1 if verdict == "ok" else 0)
 
     async def _refresh_database(self) -> None:
-        stats = await self._bounded("database", self._admin.database_stats())
+        stats: Stats | None = await self._bounded("database", self._admin.database_stats())
         if stats is None:
             return
         m = self._m
-        tables: dict[str, dict[str, int]] = stats["tables"]
         for table, known in TABLE_STATUSES.items():
-            counts = tables.get(table, {})
+            counts = stats.tables.get(table, {})
             # Every status, 0 when empty: a series that appears at N has no increase.
             for status in (*known, *(s for s in counts if s not in known)):
                 m.rows.labels(table, status).set(counts.get(status, 0))
-        for table, age in stats["oldestPendingAgeSeconds"].items():
+        for table, age in stats.oldest_pending_age_s.items():
             m.oldest_pending_age.labels(table).set(age or 0.0)
         m.pace_last_slot.clear()
         m.pace_next_slot.clear()
         m.pace_paused_until.clear()
         m.pace_sessions.clear()
-        for name, pace in stats["pace"].items():
-            m.pace_last_slot.labels(name).set(pace["lastSlotAt"] or 0.0)
-            m.pace_next_slot.labels(name).set(pace["nextSlotAt"] or 0.0)
-            m.pace_paused_until.labels(name).set(pace["pausedUntil"] or 0.0)
-            m.pace_sessions.labels(name).set(pace["sessions"])
+        for p in stats.pace:
+            # 0 for "none yet" / "never", as the help texts say (the API shows null).
+            m.pace_last_slot.labels(p.name).set(p.last_at or 0.0)
+            m.pace_next_slot.labels(p.name).set(p.next_at if p.last_at is not None else 0.0)
+            m.pace_paused_until.labels(p.name).set(max(p.paused_until, 0.0))
+            m.pace_sessions.labels(p.name).set(p.sessions)
         self._succeeded("database")
 
     async def _refresh_sqs(self) -> None:
         if not self._admin.has_queues:
             return
-        depths = await self._bounded("sqs", self._admin.queue_stats())
+        depths: dict[QueueKind, QueueDepth] | None = await self._bounded(
+            "sqs", self._admin.queue_stats()
+        )
         if depths is None:
             return
         for queue, depth in depths.items():
-            for state, n in depth.items():
-                self._m.queue_depth.labels(queue, state).set(n)
+            self._m.queue_depth.labels(queue, "visible").set(depth.visible)
+            self._m.queue_depth.labels(queue, "inFlight").set(depth.in_flight)
+            self._m.queue_depth.labels(queue, "dlq").set(depth.dlq_visible)
         self._succeeded("sqs")
 
     async def _bounded(self, source: str, read: Awaitable[Any]) -> Any:
