@@ -95,8 +95,8 @@ async def test_0005_closes_answered_dead_letters_and_keeps_the_rest(
     url = at_version_4
     store = await open_store(url, tmp_path, 2, 5.0)
     try:
-        assert await store.db.pending_migrations() == ["0005_superseded_relay_rows.sql"]
-        assert await store.db.migrate() == ["0005_superseded_relay_rows.sql"]
+        assert (await store.db.pending_migrations())[0] == "0005_superseded_relay_rows.sql"
+        assert (await store.db.migrate())[0] == "0005_superseded_relay_rows.sql"
         rows = {
             r["id"]: (r["status"], r["version"], r["attempt_count"])
             for r in await raw_rows(url, "SELECT * FROM relay_outbox")
