@@ -185,6 +185,9 @@ def test_hand_made_flow_conforms(api_schema: Any) -> None:
         query={"user": "fuzz", "status": "CANCELLED", "from": "2020-01-01T00:00:00Z", "limit": 1},
     )
     assert listed.status_code == 200 and listed.json()["items"][0]["jobId"] == job_id
+    bulk = call("POST", "/v1/admin/jobs/redrive", body={"status": "DEAD", "jobIds": [job_id]})
+    assert bulk.status_code == 200 and bulk.json()["refused"][0]["jobId"] == job_id
+    assert call("POST", "/v1/admin/jobs/redrive", body={"status": "DEAD"}).status_code == 200
 
     created = call("POST", "/v1/websites", body={"domain": "Example.ORG.", "faviconUrl": None})
     assert created.status_code in (200, 201)

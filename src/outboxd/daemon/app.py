@@ -39,6 +39,7 @@ from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.tasks import TaskService
@@ -189,6 +190,7 @@ def build_api_deps(
 ) -> ApiDeps:
     """Everything the HTTP API needs, wired the same way in the daemon and in tests."""
     readiness = Readiness(store, queues)
+    admin = AdminService(store, readiness if queues is not None else None)
     return ApiDeps(
         settings=settings,
         store=store,
@@ -203,10 +205,11 @@ def build_api_deps(
             store, max_per_user_per_hour=settings.api.max_websites_per_user_per_hour
         ),
         tasks=TaskService(store),
-        admin=AdminService(store, readiness if queues is not None else None),
+        admin=admin,
         tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),
         metrics=metrics,
         readiness=readiness,
+        gauges=StatsGauges(metrics, admin, readiness, settings.metrics.refresh_s),
         runtime=runtime,
         waits=JobWaits(store, store.changes, settings.api.max_waiters),
         tracing=tracing,
@@ -335,7 +338,7 @@ async def _serve(
     stack: contextlib.AsyncExitStack,
     tracing: Tracing = NO_TRACING,
 ) -> int:
-    metrics = Metrics()
+    metrics = Metrics(roles)
     store = await open_configured_store(settings)
     stack.push_async_callback(store.close)
     keys = load_keys(settings, env)

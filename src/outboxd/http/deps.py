@@ -16,6 +16,7 @@ from outboxd.config import Settings
 from outboxd.observability import Metrics
 from outboxd.security import Principal, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import PortalJobService
 from outboxd.services.tasks import TaskService
@@ -53,6 +54,7 @@ class ApiDeps:
     tokens: TokenVerifier
     metrics: Metrics
     readiness: Readiness
+    gauges: StatsGauges
     runtime: RuntimeView | None = None
     # Requests held on a job (`Prefer: wait`); None: every request is answered at once.
     waits: JobWaits | None = None

@@ -92,11 +92,12 @@ RETURNING *;
 -- name: job_cancel_now
 -- A cancel that needs no worker's help: a QUEUED job (its unsent outbox rows are deleted in
 -- the same transaction, so it is never published), or a RUNNING one nobody holds (its
--- message waits on the queue, to be deleted unrun). Its credentials go at once.
+-- message waits on the queue, to be deleted unrun). Its credentials go at once. :version is
+-- the job as the cancel looked at it (and deleted its rows for).
 UPDATE jobs
    SET status = 'CANCELLED', cancel_requested = TRUE, finished_at = :now, updated_at = :now,
        lease_until = NULL, sealed = NULL, key_id = NULL, version = version + 1
- WHERE id = :id
+ WHERE id = :id AND version = :version
    AND (status = 'QUEUED' OR (status = 'RUNNING' AND (lease_until IS NULL OR lease_until < :now)))
 RETURNING *;
 
@@ -119,11 +120,12 @@ RETURNING *;
 -- Runs before job_cancel_now, so a cancel takes the outbox rows' locks before the job's, in
 -- the order the relay's SENT marks take them (Postgres: no deadlock between the two). A row a
 -- publish holds right now is deleted too: its SENT mark then finds no row, and the message,
--- if it went out, is deleted unrun by the consumer.
+-- if it went out, is deleted unrun by the consumer. Only for the job at :version, the one
+-- job_cancel_now then cancels (or the cancel looks again).
 DELETE FROM relay_outbox
  WHERE job_id = :id AND status IN ('PENDING', 'RETRYABLE_FAILED')
    AND EXISTS (SELECT 1 FROM jobs
-                WHERE jobs.id = :id
+                WHERE jobs.id = :id AND jobs.version = :version
                   AND (jobs.status = 'QUEUED'
                        OR (jobs.status = 'RUNNING'
                            AND (jobs.lease_until IS NULL OR jobs.lease_until < :now))));
@@ -229,6 +231,13 @@ UPDATE relay_outbox
  WHERE id = :id AND status = 'DEAD'
 RETURNING *;
 
+-- name: relay_supersede_dead
+-- A redrive of the whole job closes its DEAD rows: the fresh row carries the retry, and the
+-- dead ones stay as history, out of the DEAD listings and counts.
+UPDATE relay_outbox
+   SET status = 'SUPERSEDED', claimed_until = NULL, version = version + 1
+ WHERE job_id = :job_id AND status = 'DEAD';
+
 -- name: task_dead
 UPDATE task_runs SET status = 'DEAD', error = :error, finished_at = :now, version = version + 1
  WHERE id = :id AND status IN ('PENDING', 'SENT');
@@ -253,7 +262,7 @@ SELECT * FROM relay_outbox
  LIMIT :limit;
 
 -- name: list_relay_unsent
--- list_relay for a status other than SENT (PENDING, RETRYABLE_FAILED, DEAD): the
+-- list_relay for a status other than SENT (PENDING, RETRYABLE_FAILED, DEAD, SUPERSEDED): the
 -- literal `status <> 'SENT'` is the predicate of relay_outbox_unsent, which lets both
 -- planners read that small index instead of passing over every SENT row in time order.
 SELECT * FROM relay_outbox

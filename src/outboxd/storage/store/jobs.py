@@ -11,7 +11,7 @@ import json
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Literal
 
-from outboxd.errors import InvalidState, NotFound
+from outboxd.errors import InvalidState, NotFound, StorageUnavailable
 from outboxd.storage.db import Op, TxBody, execute, fetch
 from outboxd.storage.ports import (
     CancelOutcome,
@@ -27,6 +27,9 @@ from outboxd.storage.ports import (
 )
 from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import dump, job_event_record, job_record, relay_record
+
+# How often a cancel looks at a job that others keep changing before it answers 503.
+_CANCEL_LOOKS = 3
 
 
 class SqlJobs(StoreBase):
@@ -261,26 +264,36 @@ class SqlJobs(StoreBase):
             NewEvent("dead", now, {"code": error[0]}),
         )
 
+    def _redrive(
+        self, job_id: str, outbox_id: str, now: float
+    ) -> Generator[Op, Any, JobRecord | NotFound | InvalidState]:
+        """One job's redrive inside a transaction: the job (QUEUED again), or why not."""
+        row = yield from self._job_change(
+            "redrive_job",
+            {"id": job_id, "now": now},
+            NewEvent("redriven", now, {"outboxId": outbox_id}),
+        )
+        if row is None:
+            current = yield from self._one("select_job", {"id": job_id})
+            if current is None:
+                return NotFound(f"job {job_id}")
+            if current["status"] == "DEAD":
+                return InvalidState("the job's credentials were erased; it cannot be redriven")
+            return InvalidState(f"job is {current['status']}, not DEAD")
+        # The job's DEAD outbox rows are answered by this redrive: they become SUPERSEDED
+        # (history, not dead letters), and the fresh row carries the retry.
+        yield execute(self.q["relay_supersede_dead"], {"job_id": job_id})
+        yield from self._insert_relay(
+            outbox_id, "job", job_id, None, job_id, now, traceparent=row["traceparent"]
+        )
+        return job_record(row)
+
     async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
         def body() -> Generator[Op, Any, JobRecord]:
-            row = yield from self._job_change(
-                "redrive_job",
-                {"id": job_id, "now": now},
-                NewEvent("redriven", now, {"outboxId": outbox_id}),
-            )
-            if row is None:
-                current = yield from self._one("select_job", {"id": job_id})
-                if current is None:
-                    raise NotFound(f"job {job_id}")
-                if current["status"] == "DEAD":
-                    raise InvalidState("the job's credentials were erased; it cannot be redriven")
-                raise InvalidState(f"job is {current['status']}, not DEAD")
-            # Any DEAD outbox row of the job stays as history; the fresh row
-            # carries the retry.
-            yield from self._insert_relay(
-                outbox_id, "job", job_id, None, job_id, now, traceparent=row["traceparent"]
-            )
-            return job_record(row)
+            outcome = yield from self._redrive(job_id, outbox_id, now)
+            if isinstance(outcome, NotFound | InvalidState):
+                raise outcome
+            return outcome
 
         job = await self.db.run(body)
         self.changes.publish((job.id,))
@@ -288,27 +301,37 @@ class SqlJobs(StoreBase):
 
     async def cancel_job(self, job_id: str, now: float, by: str) -> tuple[JobRecord, CancelOutcome]:
         def body() -> Generator[Op, Any, tuple[JobRecord, CancelOutcome]]:
-            # The outbox rows first, then the job: the lock order of the relay's SENT marks.
-            yield execute(self.q["delete_unsent_relay_if_cancellable"], {"id": job_id, "now": now})
-            row = yield from self._job_change(
-                "job_cancel_now", {"id": job_id, "now": now}, NewEvent("cancelled", now, {"by": by})
-            )
-            if row is not None:
-                return job_record(row), "cancelled"
-            row = yield from self._job_change(
-                "job_cancel_request",
-                {"id": job_id, "now": now},
-                NewEvent("cancel_requested", now, {"by": by}),
-            )
-            if row is not None:
-                return job_record(row), "requested"
-            current = yield from self._one("select_job", {"id": job_id})
-            if current is None:
-                raise NotFound(f"job {job_id}")
-            job = job_record(current)
-            if job.status == "CANCELLED" or (job.status == "RUNNING" and job.cancel_requested):
-                return job, "unchanged"
-            raise InvalidState(f"job is {job.status}: it cannot be cancelled")
+            # Each statement reads afresh: a job changed by someone else between the look
+            # and the guarded update (a redrive's fresh outbox row, a worker's start) is
+            # looked at again, so the rows deleted are those of the job as cancelled.
+            for _ in range(_CANCEL_LOOKS):
+                current = yield from self._one("select_job", {"id": job_id})
+                if current is None:
+                    raise NotFound(f"job {job_id}")
+                job = job_record(current)
+                seen = {"id": job_id, "now": now, "version": job.version}
+                # The outbox rows first, then the job: the relay's SENT marks lock them in
+                # that order.
+                yield execute(self.q["delete_unsent_relay_if_cancellable"], seen)
+                row = yield from self._job_change(
+                    "job_cancel_now", seen, NewEvent("cancelled", now, {"by": by})
+                )
+                if row is not None:
+                    return job_record(row), "cancelled"
+                row = yield from self._job_change(
+                    "job_cancel_request", seen, NewEvent("cancel_requested", now, {"by": by})
+                )
+                if row is not None:
+                    return job_record(row), "requested"
+                current = yield from self._one("select_job", {"id": job_id})
+                if current is None:
+                    raise NotFound(f"job {job_id}")
+                job = job_record(current)
+                if job.status == "CANCELLED" or (job.status == "RUNNING" and job.cancel_requested):
+                    return job, "unchanged"
+                if job.terminal:
+                    raise InvalidState(f"job is {job.status}: it cannot be cancelled")
+            raise StorageUnavailable("the job kept changing while it was being cancelled")
 
         job, outcome = await self.db.run(body)
         if outcome != "unchanged":
@@ -341,6 +364,24 @@ class SqlJobs(StoreBase):
             return {r["job_id"]: int(r["seq"]) for r in rows}
 
         return await self.db.read(body)
+
+    async def redrive_jobs(
+        self, jobs: Sequence[tuple[str, str]], now: float
+    ) -> list[JobRecord | NotFound | InvalidState]:
+        """Several (job id, fresh outbox id) redriven in one transaction, each outcome in
+        order: a job that cannot be redriven changes nothing and does not stop the others."""
+
+        def body() -> Generator[Op, Any, list[JobRecord | NotFound | InvalidState]]:
+            out: list[JobRecord | NotFound | InvalidState] = []
+            for job_id, outbox_id in jobs:
+                out.append((yield from self._redrive(job_id, outbox_id, now)))
+            return out
+
+        if not jobs:
+            return []
+        outcomes = await self.db.run(body)
+        self.changes.publish(o.id for o in outcomes if isinstance(o, JobRecord))
+        return outcomes
 
     async def list_jobs(
         self, status: str | None, limit: int, cursor: str | None, where: JobFilter | None = None
