@@ -55,6 +55,8 @@ class StorageSettings:
     # How long a request waits for a pooled connection or a locked SQLite file
     # before answering STORAGE_UNAVAILABLE instead of hanging.
     acquire_timeout_s: float = 5.0
+    # How long `serve` waits for a database that cannot be reached at start; 0: forever.
+    start_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -411,6 +413,11 @@ def _validate(s: Settings) -> None:
     need(url != "sqlite:///", "storage.url", "names no file")
     need(1 <= s.storage.pool_size <= 200, "storage.pool_size", "must be 1-200")
     need(s.storage.acquire_timeout_s > 0, "storage.acquire_timeout_s", "must be positive")
+    need(
+        s.storage.start_timeout_s >= 0,
+        "storage.start_timeout_s",
+        "must not be negative (0: wait for the database forever)",
+    )
     endpoint = s.sqs.endpoint_url
     need(
         endpoint is None

@@ -35,6 +35,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from outboxd.security import generate_key, generate_token, hash_token
 from tests.acceptance.conftest import PortalThread, http_request, wait_for
 from tests.support import postgres as pg
+from tests.support.daemon import listening_url
 from tests.support.moto import MotoServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -217,9 +218,8 @@ def test_wheel_to_a_unit_like_service_offline(
         try:
             wait_for("READY=1", lambda: "READY=1" in notify.lines or proc.poll(), 90)
             assert proc.poll() is None, err.read_text()[-3000:] + out.read_text()[-3000:]
-            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", err.read_text())
-            assert m, err.read_text()
-            base = m.group(1)
+            base = listening_url(out.read_text())
+            assert base is not None and base.startswith("http://127.0.0.1:"), out.read_text()
 
             # 6. A portal job to SUCCEEDED.
             auth = {"Authorization": f"Bearer {token}"}
