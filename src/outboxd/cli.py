@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import getpass
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ from outboxd.security import generate_key, generate_token, hash_token
 from outboxd.storage.ports import RELAY_STATUSES
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+LIMIT_MAX = 500
 
 _EPILOG = """\
 Config: TOML; any key can be overridden by OUTBOXD_<SECTION>__<KEY> (e.g.
@@ -43,6 +46,19 @@ def version() -> str:
         return dist_version("outboxd")
     except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
         return "unknown"
+
+
+def _limit(text: str) -> int:
+    """--limit: an integer 1-500 (argparse exits 2 with the message otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer 1-{LIMIT_MAX}, got {text!r}"
+        ) from None
+    if not 1 <= value <= LIMIT_MAX:
+        raise argparse.ArgumentTypeError(f"must be 1-{LIMIT_MAX}, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
         "migrate",
         parents=[common],
         help="apply pending database migrations (Postgres: under an advisory lock)",
+        description="Apply the pending database migrations and print their names (or "
+        '"up to date"). On Postgres they run under an advisory lock, so several instances '
+        "may migrate at once. Needed only with storage.auto_migrate = false: serve "
+        "migrates at start otherwise.",
     )
     st = sub.add_parser(
         "status",
@@ -89,7 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=RELAY_STATUSES,
         help="only rows in this status (default: all)",
     )
-    ol.add_argument("--limit", type=int, default=50, help="at most this many rows, 1-500 (50)")
+    ol.add_argument(
+        "--limit", type=_limit, default=50, help=f"at most this many rows, 1-{LIMIT_MAX} (50)"
+    )
     ol.add_argument("--json", action="store_true", help="print JSON instead of a table")
     orr = osub.add_parser("redrive", parents=[common], help="put a DEAD outbox row back to PENDING")
     orr.add_argument("id", help="the outbox row id (from `outboxd outbox list --status DEAD`)")
@@ -101,7 +123,15 @@ def _parser() -> argparse.ArgumentParser:
     jr.add_argument("id", help="the job id")
     queues = sub.add_parser("queues", parents=[common], help="SQS queues")
     qsub = queues.add_subparsers(dest="queues_command", required=True, metavar="SUBCOMMAND")
-    qsub.add_parser("create", parents=[common], help="create queues, DLQs and redrive policies")
+    qsub.add_parser(
+        "create",
+        parents=[common],
+        help="create queues, DLQs and redrive policies",
+        description="Create the jobs and tasks queues and their dead-letter queues with the "
+        "redrive policy (sqs.max_receive_count), as serve does with sqs.create_queues = "
+        "true, and print the four queue URLs. Idempotent. Needs sqs:CreateQueue and "
+        "sqs:SetQueueAttributes; not for the embedded SQS.",
+    )
     token = sub.add_parser("token", parents=[common], help="API tokens")
     tsub = token.add_subparsers(dest="token_command", required=True, metavar="SUBCOMMAND")
     tc = tsub.add_parser(
@@ -117,6 +147,9 @@ def _parser() -> argparse.ArgumentParser:
         "keygen",
         parents=[common],
         help="print a new encryption key (one line of security.keys_file)",
+        description="Print a new random encryption key, alone on one line, in the format of "
+        "security.keys_file. Put it first in the file to encrypt with it; keep the older "
+        "keys below it so what they sealed can still be read. Reads no config.",
     )
     cc = sub.add_parser(
         "check-config",
@@ -158,15 +191,47 @@ def _load(args: argparse.Namespace) -> Settings:
     return Settings.from_toml(path)
 
 
-def _config_error(exc: ConfigError) -> None:
+def _config_error(exc: ConfigError, daemon: bool = False) -> None:
     # Under systemd the unit's stderr is the journal too: mark the refusal as an error
     # (<3>) so `journalctl -p warning` shows why the service does not start.
     prefix = "<3>" if os.environ.get("JOURNAL_STREAM") else ""
-    print(f"{prefix}{exc}", file=sys.stderr)
+    text = str(exc)
+    if daemon and not sys.stderr.isatty():
+        # serve's output is JSON lines, this one too (a log reader parses every line).
+        text = json.dumps(
+            {
+                "event": "config_invalid",
+                "level": "error",
+                "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+                "error": text,
+            },
+            ensure_ascii=False,
+        )
+    print(f"{prefix}{text}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    sys.exit(run(argv))
+    try:
+        code = run(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`outboxd outbox list | head -1`): stop quietly, and keep
+        # the interpreter's last flush from complaining about the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_FAIL
+    sys.exit(code)
+
+
+def cli_actor() -> str:
+    """Who runs this command, for the log line of an admin action: `cli:<user>`, the user
+    who ran sudo when it was run through sudo."""
+    user = os.environ.get("SUDO_USER", "").strip()
+    if not user:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no passwd entry for this uid (a container)
+            user = f"uid {os.getuid()}"
+    return f"cli:{user}"
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -189,7 +254,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         settings = _load(args)
     except ConfigError as exc:
-        _config_error(exc)
+        _config_error(exc, daemon=cmd == "serve")
         return EXIT_USAGE
     if cmd in ("check-config", "serve"):
         from outboxd.daemon.app import preflight
@@ -197,7 +262,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         try:
             preflight(settings, os.environ)
         except ConfigError as exc:
-            _config_error(exc)
+            _config_error(exc, daemon=cmd == "serve")
             return EXIT_USAGE
     if cmd == "check-config":
         if args.json:
@@ -209,6 +274,11 @@ def run(argv: Sequence[str] | None = None) -> int:
         from outboxd.daemon import app
 
         return asyncio.run(app.run(settings))
+    from outboxd.observability import configure_logging
+
+    # A one-shot command's log lines (an admin action, a warning) go to stderr: stdout is
+    # its output (a table, or JSON for a pipe).
+    configure_logging(settings.logging.level, settings.logging.format, stream=sys.stderr)
     handlers: dict[str, Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "migrate": _migrate,
         "status": _status,
@@ -283,6 +353,14 @@ def _pace_line(name: str, pace: dict[str, Any]) -> str:
     )
 
 
+def queue_line(name: str, depth: Mapping[str, int]) -> str:
+    """One queue's depths for `status`: messages waiting, being worked on, in its DLQ."""
+    return (
+        f"queue {name:<8} visible {depth['visible']:>7}  in flight {depth['inFlight']:>7}  "
+        f"dlq {depth['dlq']:>7}"
+    )
+
+
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.daemon.readiness import Readiness
     from outboxd.queue.sqs import QueueError, SqsQueues
@@ -321,9 +399,11 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     for name, pace in stats["pace"].items():
         print(_pace_line(name, pace))
     q = stats.get("queues")
-    if isinstance(q, dict):
+    if isinstance(q, dict) and "error" in q:
+        print(f"queues: not reachable ({q['error']})")
+    elif isinstance(q, dict):
         for name, depth in q.items():
-            print(f"queue {name:<8} {depth}")
+            print(queue_line(name, depth))
     elif settings.sqs.endpoint_url == "embedded":
         print("queues: not reachable from here (embedded SQS lives inside the daemon)")
     else:
@@ -338,7 +418,7 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
     store = await _open(settings)
     try:
         if args.outbox_command == "list":
-            page = await store.list_relay_rows(args.status, max(1, min(args.limit, 500)), None)
+            page = await store.list_relay_rows(args.status, args.limit, None)
             items = [relay_item(r) for r in page.items]
             if args.json:
                 print(json.dumps(items, indent=2))
@@ -352,7 +432,7 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
                     )
             return EXIT_OK
         try:
-            row = await AdminService(store).redrive_outbox_row(args.id)
+            row = await AdminService(store).redrive_outbox_row(args.id, actor=cli_actor())
         except NotFound:
             print(f"outboxd: no outbox row {args.id}", file=sys.stderr)
             return EXIT_FAIL
@@ -370,7 +450,7 @@ async def _jobs(settings: Settings, args: argparse.Namespace) -> int:
 
     store = await _open(settings)
     try:
-        job = await AdminService(store).redrive_job(args.id)
+        job = await AdminService(store).redrive_job(args.id, actor=cli_actor())
     except NotFound:
         print(f"outboxd: no job {args.id}", file=sys.stderr)
         return EXIT_FAIL

@@ -139,6 +139,18 @@ DEFAULT_CATEGORIES = (
 )
 
 
+# The offline rules when none are configured: a few obvious ones and a catch-all last, so
+# the default classifies every website (most as "other") instead of failing each one
+# max_attempts times with "no rule matches".
+DEFAULT_RULES = (
+    ClassifierRule("education", suffix="ac.kr"),
+    ClassifierRule("education", suffix="edu"),
+    ClassifierRule("government", suffix="gov"),
+    ClassifierRule("news", contains="news"),
+    ClassifierRule("other"),
+)
+
+
 @dataclass(frozen=True)
 class ClassifierSettings:
     provider: Literal["rules", "openai"] = "rules"
@@ -147,7 +159,7 @@ class ClassifierSettings:
     api_key_env: str = "OPENAI_API_KEY"
     categories: tuple[str, ...] = DEFAULT_CATEGORIES
     timeout_s: float = 30.0
-    rules: tuple[ClassifierRule, ...] = ()
+    rules: tuple[ClassifierRule, ...] = DEFAULT_RULES
 
 
 @dataclass(frozen=True)
@@ -303,6 +315,15 @@ def _derive_defaults(data: dict[str, Any]) -> None:
     if base is not None:
         fill("relay", "backoff_max_s", max(RelaySettings.backoff_max_s, base))
     scrapers = data.get("scrapers")
+    classifier = scrapers.get("classifier") if isinstance(scrapers, dict) else None
+    categories = classifier.get("categories") if isinstance(classifier, dict) else None
+    if isinstance(classifier, dict) and isinstance(categories, list) and "rules" not in classifier:
+        # Own categories and no rules: the default rules whose category is among them.
+        classifier["rules"] = [
+            {k: v for k, v in dataclasses.asdict(r).items() if v is not None}
+            for r in DEFAULT_RULES
+            if r.category in categories
+        ]
     timeout = _number(
         scrapers.get("classifier") if isinstance(scrapers, dict) else None, "timeout_s"
     )

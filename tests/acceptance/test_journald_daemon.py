@@ -132,4 +132,9 @@ def test_a_refused_config_is_an_error_line_in_the_journal(tmp_path: Path) -> Non
     path.write_text('[sqs]\nendpoint_url = ""\n')
     done = serve_once(path, 60, keys=False)
     assert done.returncode == 2
-    assert done.stderr.startswith("<3>config: sqs.endpoint_url:"), done.stderr
+    (line,) = done.stderr.splitlines()
+    m = LINE.match(line)
+    assert m and m.group(1) == "3", line  # an error, as one JSON object
+    event = json.loads(m.group(2))
+    assert (event["event"], event["level"]) == ("config_invalid", "error")
+    assert event["error"].startswith("config: sqs.endpoint_url:"), event

@@ -169,6 +169,8 @@ def test_wheel_to_a_unit_like_service_offline(
         "OUTBOXD_STORAGE__URL": dsn,
         "AWS_CONFIG_FILE": "/nonexistent/aws-config",
         "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+        # The example's placeholder token replaced, as an operator must before it starts.
+        "OUTBOXD_AUTH__TOKENS": f'[{{sha256 = "{hash_token(token)}", user = "ops"}}]',
     }
     try:
         # 4. check-config on the example: AWS (no endpoint) resolves, nothing leaks.
@@ -206,7 +208,6 @@ def test_wheel_to_a_unit_like_service_offline(
             "OUTBOXD_SCRAPERS__SUWON__PORTAL_BASE_URL": portal.urls["portal_base_url"],
             "OUTBOXD_SCRAPERS__SUWON__INFO_BASE_URL": portal.urls["info_base_url"],
             "OUTBOXD_SCRAPERS__SUWON__MIN_INTERVAL_S": "0",
-            "OUTBOXD_AUTH__TOKENS": f'[{{sha256 = "{hash_token(token)}", user = "ops"}}]',
         }
         sh(*as_service, outboxd, "check-config", "--config", etc / "config.toml", env=env)
         out, err = workdir / "stdout.log", workdir / "stderr.log"

@@ -40,7 +40,7 @@ from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
 from outboxd.services.admin import AdminService
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
-from outboxd.services.tasks import TaskService
+from outboxd.services.tasks import TASK_TYPES, TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store
@@ -173,6 +173,8 @@ def load_keys(settings: Settings, env: Mapping[str, str]) -> KeyRing:
 
 
 EMBEDDED_EXTRA = "outboxd[embedded]"
+# The user of systemd/outboxd.example.toml's [[auth.tokens]] entry, which must not stay.
+PLACEHOLDER_USER = "CHANGE-ME"
 
 
 def embedded_extra_missing() -> str | None:
@@ -217,7 +219,25 @@ def preflight(settings: Settings, env: Mapping[str, str]) -> None:
             )
     except SecurityError as exc:
         raise ConfigError(f"config: {exc}") from None
+    for i, job in enumerate(settings.scheduler.jobs):
+        if job.task not in TASK_TYPES:
+            raise ConfigError(
+                f"config: scheduler.jobs[{i}].task: unknown task type {job.task!r} "
+                f"(known: {', '.join(TASK_TYPES)})"
+            )
+    for i, tok in enumerate(settings.auth.tokens):
+        if tok.sha256.strip("0") == "" or tok.user == PLACEHOLDER_USER:
+            raise ConfigError(
+                f"config: auth.tokens[{i}]: still the example's placeholder; make a token with "
+                "`outboxd token create --user NAME --role admin` and paste its entry here"
+            )
     cl = settings.scrapers.classifier
+    if "claimer" in settings.daemon.roles and cl.provider == "rules" and not cl.rules:
+        raise ConfigError(
+            'config: scrapers.classifier.rules: provider "rules" with no rules fails every '
+            'website; add rules (a last { category = "other" } matches the rest), or set '
+            'provider = "openai"'
+        )
     needs_key = "claimer" in settings.daemon.roles and cl.provider == "openai"
     if needs_key and not env.get(cl.api_key_env, "").strip():
         raise ConfigError(

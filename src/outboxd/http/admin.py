@@ -11,7 +11,7 @@ from aiohttp import web
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.http import checks, inputs, models
-from outboxd.http.deps import deps_of
+from outboxd.http.deps import deps_of, principal_of
 from outboxd.http.problems import INVALID_STATE, NOT_FOUND, ApiError, field_error
 from outboxd.http.render import (
     iso,
@@ -53,24 +53,26 @@ async def list_outbox(request: web.Request) -> web.Response:
 async def redrive_outbox(request: web.Request) -> web.Response:
     deps = deps_of(request)
     try:
-        row = await deps.admin.redrive_outbox_row(inputs.path_id(request, "outbox_id"))
+        row = await deps.admin.redrive_outbox_row(
+            inputs.path_id(request, "outbox_id"), actor=principal_of(request).user
+        )
     except NotFound:
         raise ApiError(NOT_FOUND, "no such outbox row") from None
     except InvalidState as exc:
         raise ApiError(INVALID_STATE, str(exc)) from None
-    log.info("outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id)
     return json_response(relay_model(row))
 
 
 async def redrive_job(request: web.Request) -> web.Response:
     deps = deps_of(request)
     try:
-        job = await deps.admin.redrive_job(inputs.path_id(request, "job_id"))
+        job = await deps.admin.redrive_job(
+            inputs.path_id(request, "job_id"), actor=principal_of(request).user
+        )
     except NotFound:
         raise ApiError(NOT_FOUND, "no such job") from None
     except InvalidState as exc:
         raise ApiError(INVALID_STATE, str(exc)) from None
-    log.info("job_redriven", job_id=job.id)
     return json_response(job_model(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 
@@ -109,7 +111,7 @@ async def retry_website(request: web.Request) -> web.Response:
     deps = deps_of(request)
     try:
         domain = normalize_domain(inputs.path_id(request, "domain", 300))
-        website = await deps.websites.retry(domain)
+        website = await deps.websites.retry(domain, actor=principal_of(request).user)
     except (InvalidDomain, UnicodeError, NotFound):
         raise ApiError(NOT_FOUND, "no such website") from None
     except InvalidState as exc:
@@ -168,7 +170,7 @@ async def enqueue_task(request: web.Request) -> web.Response:
         raise field_error(
             "dedupId", "must be 1-128 characters of letters, digits and ASCII punctuation"
         )
-    run, created = await deps.tasks.enqueue(type_, payload, dedup)
+    run, created = await deps.tasks.enqueue(type_, payload, dedup, actor=principal_of(request).user)
     if not created and run.type != type_:
         raise ApiError(INVALID_STATE, "dedupId is already used by a task of another type")
     return json_response(models.TaskAccepted(run.id), 202)

@@ -3,8 +3,8 @@
 `POST /v1/admin/jobs/{id}/redrive` and `outboxd jobs redrive`, `POST
 /v1/admin/outbox/{id}/redrive` and `outboxd outbox redrive` call the same methods;
 `GET /v1/admin/stats`, `outboxd status` and the /metrics gauges read the same
-`collect_stats`. Nothing here logs: the API logs each redrive it made, the
-command prints its own line.
+`collect_stats`. Every action is logged here, once, with the `actor` who asked: the
+API's principal, or `cli:<user>` for the command.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
+
+import structlog
 
 from outboxd.ids import new_id
 from outboxd.storage.ports import (
@@ -23,6 +25,8 @@ from outboxd.storage.ports import (
     RelayStore,
     StatsStore,
 )
+
+log = structlog.get_logger(__name__)
 
 
 class QueueStats(Protocol):
@@ -53,13 +57,19 @@ class AdminService:
         self._queues = queues
         self._clock = clock
 
-    async def redrive_job(self, job_id: str) -> JobRecord:
+    async def redrive_job(self, job_id: str, *, actor: str) -> JobRecord:
         """A DEAD job back to QUEUED with a fresh outbox row; NotFound or InvalidState."""
-        return await self._store.redrive_job(job_id, new_id(), self._clock())
+        job = await self._store.redrive_job(job_id, new_id(), self._clock())
+        log.info("job_redriven", job_id=job.id, actor=actor)
+        return job
 
-    async def redrive_outbox_row(self, outbox_id: str) -> RelayRow:
+    async def redrive_outbox_row(self, outbox_id: str, *, actor: str) -> RelayRow:
         """A DEAD outbox row back to PENDING, its job or task with it; NotFound or InvalidState."""
-        return await self._store.redrive_relay_row(outbox_id, self._clock())
+        row = await self._store.redrive_relay_row(outbox_id, self._clock())
+        log.info(
+            "outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id, actor=actor
+        )
+        return row
 
     async def stats(self) -> dict[str, Any]:
         return await collect_stats(self._store, self._queues)
