@@ -231,11 +231,22 @@ def workdir(prefix: str) -> Iterator[Path]:
 
 
 def run_loadgen(
-    url: str, concurrency: int, dur: float, warm: float, pids: Mapping[str, int], tag: str
+    url: str,
+    concurrency: int,
+    dur: float,
+    warm: float,
+    pids: Mapping[str, int],
+    tag: str,
+    rate: float | None = None,
 ) -> Results:
-    """One load run of POST /v1/portal-link-jobs from a separate process (bench/loadgen.py)."""
+    """One load run of POST /v1/portal-link-jobs from a separate process (bench/loadgen.py):
+    `concurrency` connections in a closed loop, or requests due at `rate` per second."""
     argv = [PY, "-m", "bench.loadgen", "--url", url + "/v1/portal-link-jobs"]
-    argv += ["--concurrency", str(concurrency), "--duration", str(dur), "--warmup", str(warm)]
+    if rate is None:
+        argv += ["--concurrency", str(concurrency)]
+    else:
+        argv += ["--rate", f"{rate:.1f}"]
+    argv += ["--duration", str(dur), "--warmup", str(warm)]
     argv += ["--key-prefix", f"{tag}-{uuid.uuid4().hex[:8]}"]
     for name, pid in pids.items():
         argv += ["--watch", f"{name}={pid}"]

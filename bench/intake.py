@@ -12,19 +12,27 @@ Per backend (SQLite, Postgres), in one run, trials interleaved so drift hits all
   at concurrency 1, 16 and 64, each beside the bare HTTP handler and the bare two-insert
   loop at the same concurrency.
 
-    python -m bench.intake [--quick] [--backends sqlite,postgres] [--no-moto] [--json-out F]
+With `--baseline REV` the API servers of another commit (checked out into a scratch
+worktree, its own code run) are measured beside this one's, dispatch off and to the stub,
+interleaved: the figures a change is judged by (a move, a new table) in one run.
+
+    python -m bench.intake [--quick] [--backends sqlite,postgres] [--no-moto] [--baseline REV]
+                           [--json-out F]
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from testkit.daemon import FakeProcess
 
 from bench.common import (
+    ROOT,
     Results,
     SqsEndpoint,
     backends_arg,
@@ -50,6 +58,7 @@ from bench.measure import bare_pg, bare_sqlite_aiosqlite, bare_sqlite_one_hop, m
 POOL = 16
 OURS, BARE, AIO = "ours: create_portal_job", "bare: BEGIN+2 INSERT+COMMIT", "bare, aiosqlite"
 BARE_STORE = "bare handler + storage layer"
+BASELINE = "baseline dispatch"
 PerConc = dict[int, list[Results]]
 
 
@@ -108,14 +117,34 @@ def http_runs(
 
 
 def api_server(
-    name: str, wd: Path, db: str | None, sqs_url: str | None = None, mode: str = ""
+    name: str,
+    wd: Path,
+    db: str | None,
+    sqs_url: str | None = None,
+    mode: str = "",
+    tree: Path | None = None,
 ) -> FakeProcess:
     argv = [mode or ("outboxd" if db else "bare")]
     if db:
         argv += ["--db", db, "--workdir", str(wd), "--pool-size", str(POOL)]
     if sqs_url:
         argv += ["--sqs", sqs_url]
-    return FakeProcess(wd, "bench.servers", *argv, name=name, timeout_s=60)
+    return FakeProcess(wd, "bench.servers", *argv, name=name, timeout_s=60, tree=tree)
+
+
+@contextlib.contextmanager
+def baseline_tree(rev: str | None, wd: Path) -> Iterator[Path | None]:
+    """A detached scratch worktree of `rev` (removed afterwards), or None without one."""
+    if rev is None:
+        yield None
+        return
+    path = wd / "baseline"
+    git = ["git", "-C", str(ROOT)]
+    subprocess.run([*git, "worktree", "add", "--detach", "-q", str(path), rev], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
 
 
 async def run_backend(
@@ -124,6 +153,7 @@ async def run_backend(
     sqs: dict[str, SqsEndpoint],
     concs: list[int],
     timing: tuple[int, float, float],
+    baseline: Path | None = None,
 ) -> Results:
     async with contextlib.AsyncExitStack() as stack:
         url = await stack.enter_async_context(database(backend, "intake", wd))
@@ -135,6 +165,14 @@ async def run_backend(
                 endpoint = sqs[mode].url if mode in sqs else None
                 name = f"api-{backend}-{mode}"
                 servers[f"dispatch {mode}"] = api_server(name, wd, db, endpoint)
+            if baseline is not None:
+                for mode in ("off", "stub"):
+                    db = await stack.enter_async_context(database(backend, f"base_{mode}", wd))
+                    endpoint = sqs[mode].url if mode in sqs else None
+                    name = f"base-{backend}-{mode}"
+                    servers[f"{BASELINE} {mode}"] = api_server(
+                        name, wd, db, endpoint, tree=baseline
+                    )
             # The ceiling over our storage layer: aiohttp's bare handler calling it.
             db = await stack.enter_async_context(database(backend, "intake_bare_store", wd))
             name = f"api-{backend}-bare-store"
@@ -195,6 +233,7 @@ def report(results: Results, concs: list[int]) -> None:
 async def main_async() -> int:
     p = base_parser(__doc__ or "")
     p.add_argument("--no-moto", action="store_true", help="skip dispatch to moto")
+    p.add_argument("--baseline", help="a commit whose API is measured beside this one's")
     args = p.parse_args()
     backends = await backends_arg(args.backends)
     timing = (1, 2.0, 0.5) if args.quick else (3, 4.0, 1.0)
@@ -202,7 +241,16 @@ async def main_async() -> int:
     emit(f"\n## Intake  ({machine_line()})")
     emit(f"trials={timing[0]} × {timing[1]:g} s per point after {timing[2]:g} s; pool={POOL}")
     results: Results = {"backends": {}}
-    with workdir("intake") as wd:
+    if args.baseline:
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        results["baseline"] = rev
+        emit(f"baseline: the API of {rev}, measured beside this one's")
+    with workdir("intake") as wd, baseline_tree(args.baseline, wd) as base:
         sqs = sqs_servers(wd, moto=not args.no_moto)
         try:
             bare = api_server("api-bare", wd, None)
@@ -213,7 +261,9 @@ async def main_async() -> int:
             finally:
                 bare.stop()
             for backend in backends:
-                results["backends"][backend] = await run_backend(backend, wd, sqs, concs, timing)
+                results["backends"][backend] = await run_backend(
+                    backend, wd, sqs, concs, timing, base
+                )
         finally:
             for srv in sqs.values():
                 srv.stop()

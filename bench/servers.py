@@ -9,6 +9,8 @@
 aiohttp server; `--sqs` turns dispatch on (synchronous publish through the relay's
 `publish_now` to that endpoint), without it dispatch is off (`queues=None,
 dispatcher=None`: the job stays QUEUED for a relay, as with roles = ["api"] and no SQS).
+`--relay` also runs the relay loop in the same process, shaped for the backend as the
+daemon runs it (roles api and relay), for what a publish on the request missed.
 Logs are the daemon's JSON lines, written to `--log` (default /dev/null).
 
 `bare`: the ceiling for HTTP: an aiohttp handler that reads the JSON body and answers 202
@@ -179,7 +181,7 @@ async def build_outboxd_app(
     from outboxd.observability import Metrics
     from outboxd.queue.sqs import SqsQueues
     from outboxd.security import KeyRing
-    from outboxd.workers.relay import Relay
+    from outboxd.workers.relay import Relay, relay_shape
 
     tag = uuid.uuid4().hex[:8]
     sqs = {
@@ -198,8 +200,27 @@ async def build_outboxd_app(
         queues = SqsQueues(settings.sqs, args.sqs, max_connections=64)
         await queues.start()
         cleanups.append(queues.close)
-        relay = Relay(store, queues, settings.relay, metrics)
+        stop = asyncio.Event()
+        shape = relay_shape(store.backend)
+        relay = Relay(
+            store,
+            queues,
+            settings.relay,
+            metrics,
+            stop=stop,
+            lanes=shape.lanes,
+            batches_per_round=shape.batches_per_round,
+        )
         info["jobs_queue_url"] = queues.queue_url("jobs")
+        if args.relay:
+            loop_task = asyncio.ensure_future(relay.run(stop))
+
+            async def stop_relay() -> None:
+                stop.set()
+                await loop_task
+                await relay.drain(2.0)
+
+            cleanups.append(stop_relay)
     deps = build_api_deps(settings, store, keys, metrics, queues=queues, dispatcher=relay)
     return create_app(deps)
 
@@ -256,6 +277,7 @@ if __name__ == "__main__":
     p.add_argument("mode", choices=("outboxd", "bare", "bare-store", "sqs-stub"))
     p.add_argument("--db", help="storage.url (outboxd and bare-store)")
     p.add_argument("--sqs", help="SQS endpoint URL: dispatch on (outboxd mode)")
+    p.add_argument("--relay", action="store_true", help="run the relay loop too (with --sqs)")
     p.add_argument("--pool-size", type=int, default=16)
     p.add_argument("--workdir", default=".")
     p.add_argument("--log", help="where the JSON logs go (default: /dev/null)")

@@ -190,13 +190,24 @@ class FakeProcess:
     benchmarks' servers. It writes its addresses to F as JSON once it listens (`info`)."""
 
     def __init__(
-        self, workdir: Path, module: str, *args: str, name: str = "", timeout_s: float = 20.0
+        self,
+        workdir: Path,
+        module: str,
+        *args: str,
+        name: str = "",
+        timeout_s: float = 20.0,
+        tree: Path | None = None,
     ) -> None:
+        """`tree`: another checkout to run the module from (its own code first on the path),
+        e.g. an earlier commit measured beside this one."""
         name = name or module.rsplit(".", 1)[-1]
         self.port_file = workdir / f"{name}.port.json"
         self.port_file.unlink(missing_ok=True)
         self.log_path = workdir / f"{name}.log"
-        root = Path(__file__).resolve().parents[1]
+        root = tree or Path(__file__).resolve().parents[1]
+        env = None
+        if tree is not None:
+            env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}:{tree}"}
         with self.log_path.open("ab") as sink:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", module, "--port-file", str(self.port_file), *args],
@@ -204,6 +215,7 @@ class FakeProcess:
                 stderr=sink,
                 stdin=subprocess.DEVNULL,
                 cwd=root,
+                env=env,
             )
         self.pid = self.proc.pid
         deadline = time.monotonic() + timeout_s

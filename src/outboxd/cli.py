@@ -20,12 +20,15 @@ import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from outboxd.config import ConfigError, Settings
 from outboxd.errors import InvalidState, NotFound, OutboxdError
 from outboxd.security import generate_key, generate_token, hash_token
 from outboxd.storage.ports import RELAY_STATUSES
+
+if TYPE_CHECKING:
+    from outboxd.http.models import PaceSlot
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 LIMIT_MAX = 500
@@ -337,7 +340,7 @@ async def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _pace_line(name: str, pace: dict[str, Any]) -> str:
+def _pace_line(name: str, pace: PaceSlot) -> str:
     """One cluster pace row for `status`: slot times as UTC, relative to the database's now."""
 
     def when(ts: float | None) -> str:
@@ -345,24 +348,23 @@ def _pace_line(name: str, pace: dict[str, Any]) -> str:
             return "-"
         return time.strftime("%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}"
 
-    paused = pace["pausedForSeconds"]
+    paused = pace.paused_for_seconds
     return (
-        f"pace {name:<8} last slot {when(pace['lastSlotAt'])}  "
-        f"next slot {when(pace['nextSlotAt'])} (in {pace['nextSlotInSeconds']:.1f} s)  "
-        f"paused {f'{paused:.1f} s more' if paused > 0 else 'no'}  sessions {pace['sessions']}"
+        f"pace {name:<8} last slot {when(pace.last_slot_at)}  "
+        f"next slot {when(pace.next_slot_at)} (in {pace.next_slot_in_seconds:.1f} s)  "
+        f"paused {f'{paused:.1f} s more' if paused > 0 else 'no'}  sessions {pace.sessions}"
     )
 
 
-def queue_line(name: str, depth: Mapping[str, int]) -> str:
+def queue_line(name: str, visible: int, in_flight: int, dlq: int) -> str:
     """One queue's depths for `status`: messages waiting, being worked on, in its DLQ."""
-    return (
-        f"queue {name:<8} visible {depth['visible']:>7}  in flight {depth['inFlight']:>7}  "
-        f"dlq {depth['dlq']:>7}"
-    )
+    return f"queue {name:<8} visible {visible:>7}  in flight {in_flight:>7}  dlq {dlq:>7}"
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.daemon.readiness import Readiness
+    from outboxd.http.models import to_builtins
+    from outboxd.http.render import stats_model
     from outboxd.queue.sqs import QueueError, SqsQueues
     from outboxd.services.admin import AdminService
 
@@ -386,24 +388,24 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         if queues is not None:
             await queues.close()
         await store.close()
+    body = stats_model(stats)
     if args.json:
-        print(json.dumps(stats, indent=2, sort_keys=True))
+        print(json.dumps(to_builtins(body), indent=2, sort_keys=True))
         return EXIT_OK
     print(f"{'table':<14} {'status':<18} {'count':>8}")
-    for table, counts in stats["tables"].items():
+    for table, counts in stats.tables.items():
         for status, n in sorted(counts.items()):
             print(f"{table:<14} {status:<18} {n:>8}")
     print()
-    for table, age in stats["oldestPendingAgeSeconds"].items():
+    for table, age in stats.oldest_pending_age_s.items():
         print(f"oldest pending {table:<14} {'-' if age is None else f'{age:.1f} s'}")
-    for name, pace in stats["pace"].items():
+    for name, pace in body.pace.items():
         print(_pace_line(name, pace))
-    q = stats.get("queues")
-    if isinstance(q, dict) and "error" in q:
-        print(f"queues: not reachable ({q['error']})")
-    elif isinstance(q, dict):
-        for name, depth in q.items():
-            print(queue_line(name, depth))
+    if stats.queues_error is not None:
+        print(f"queues: not reachable ({stats.queues_error})")
+    elif stats.queues is not None:
+        for name, depth in stats.queues.items():
+            print(queue_line(name, depth.visible, depth.in_flight, depth.dlq_visible))
     elif settings.sqs.endpoint_url == "embedded":
         print("queues: not reachable from here (embedded SQS lives inside the daemon)")
     else:

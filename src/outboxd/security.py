@@ -70,10 +70,10 @@ class RandomBytes:
     """Bytes from os.urandom read 4 KiB at a time, handed out once each.
 
     os.urandom releases the GIL for its system call; on the event loop, with SQLite's
-    writer thread running Python, taking the GIL back cost 0.1-0.2 ms per call, more than
-    the call. Each byte is still the kernel's CSPRNG output and is used once; a forked
-    child starts with an empty buffer, so it never repeats its parent's next bytes (a
-    repeated AES-GCM nonce would be fatal).
+    writer thread running Python, taking the GIL back costs more than the call
+    (docs/decisions/0014-http-hot-path.md). Each byte is still the kernel's CSPRNG output
+    and is used once; a forked child starts with an empty buffer, so it never repeats its
+    parent's next bytes (a repeated AES-GCM nonce would be fatal).
     """
 
     def __init__(self, chunk: int = 4096) -> None:

@@ -161,6 +161,26 @@ async def test_get_unknown_is_404_c04(api: Client, domain: str) -> None:
     assert_problem(await resp.json(), 404, "C04")
 
 
+async def test_registration_lookup_and_retry_share_the_domain_rule(
+    api: Client, db_url: str
+) -> None:
+    """One rule (services/websites.py): a name over 253 characters is refused by
+    registration with its reason, and names no website for the lookup and the retry."""
+    too_long = ".".join(["a" * 63] * 4)  # 255 characters, every label legal
+    resp = await api.post("/v1/websites", json={"domain": too_long})
+    assert resp.status == 400
+    body = await resp.json()
+    assert body["errors"] == [{"field": "domain", "message": "is longer than 253 characters"}]
+    assert await counts(db_url) == (0, 0)
+    assert (await api.get(f"/v1/websites/{too_long}")).status == 404
+    assert (await api.post(f"/v1/admin/websites/{too_long}/retry")).status == 404
+    # The same spelling rule for all three: one registered name, found and retried by any.
+    await api.post("/v1/websites", json={"domain": "Rule.Example."})
+    assert (await api.get("/v1/websites/RULE.example")).status == 200
+    retried = await api.post("/v1/admin/websites/rule.EXAMPLE./retry")
+    assert retried.status == 409  # found; its classification is not FAILED
+
+
 async def test_twenty_concurrent_registrations_make_one_website_and_one_work_row(
     api: Client, store: SqlStore, db_url: str
 ) -> None:

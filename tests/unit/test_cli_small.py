@@ -45,7 +45,7 @@ def test_these_commands_explain_themselves_in_their_help(path: tuple[str, ...]) 
 
 
 def test_status_prints_queue_depths_for_a_person() -> None:
-    line = cli.queue_line("jobs", {"visible": 12, "inFlight": 3, "dlq": 0})
+    line = cli.queue_line("jobs", 12, 3, 0)
     assert "{" not in line and "'" not in line
     assert line.split() == ["queue", "jobs", "visible", "12", "in", "flight", "3", "dlq", "0"]
 

@@ -86,6 +86,28 @@ def test_rejects_names_over_253_characters() -> None:
         normalize_domain(name)
 
 
+def test_the_limit_is_253_characters_without_the_trailing_dot() -> None:
+    name = ".".join(["a" * 63] * 3 + ["b" * 61])  # 253 characters
+    assert normalize_domain(name) == name
+    assert normalize_domain(name + ".") == name
+    with pytest.raises(InvalidDomain, match="longer than 253"):
+        normalize_domain("a" + name)
+
+
+def test_a_long_text_is_too_long_before_idna_reads_it() -> None:
+    # One label of 300 characters: IDNA would call it a bad label; the length says it first.
+    with pytest.raises(InvalidDomain, match="longer than 253"):
+        normalize_domain("a" * 300)
+    with pytest.raises(InvalidDomain, match="longer than 253"):
+        normalize_domain("ü" * 254 + ".example")
+
+
+def test_text_idna_cannot_read_is_an_invalid_domain() -> None:
+    for text in ("exa\ud800mple.com", "exa\x00mple.com", "exa\x7fmple.com"):
+        with pytest.raises(InvalidDomain):
+            normalize_domain(text)
+
+
 def test_reasons_name_the_problem() -> None:
     def reason(text: str) -> str:
         with pytest.raises(InvalidDomain) as info:

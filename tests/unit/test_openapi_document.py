@@ -22,8 +22,16 @@ from outboxd.http.problems import (
     VALIDATION_FAILED,
     ApiError,
 )
-from outboxd.http.render import dispatch_body, job_body, relay_item, task_item, website_body
+from outboxd.http.render import (
+    dispatch_body,
+    job_body,
+    relay_item,
+    stats_body,
+    task_item,
+    website_body,
+)
 from outboxd.http.responses import problem
+from outboxd.queue.sqs import QueueDepth, QueueKind
 from outboxd.services.admin import collect_stats
 from outboxd.storage.ports import (
     JobRecord,
@@ -481,13 +489,13 @@ class _Counts:
 
 
 class _Queues:
-    async def queue_stats(self) -> dict[str, dict[str, int]]:
-        return {"main": {"visible": 1, "inFlight": 0}, "dlq": {"visible": 0, "inFlight": 0}}
+    async def queue_stats(self) -> dict[QueueKind, QueueDepth]:
+        return {"jobs": QueueDepth(1, 0, 0), "tasks": QueueDepth(0, 0, 2)}
 
 
 async def test_stats_bodies_validate(doc: dict[str, Any]) -> None:
     """admin.collect_stats with and without queue statistics matches Stats."""
-    _assert_valid(doc, "Stats", await collect_stats(_Counts(), None))
-    _assert_valid(doc, "Stats", await collect_stats(_Counts(), _Queues()))
+    _assert_valid(doc, "Stats", stats_body(await collect_stats(_Counts(), None)))
+    _assert_valid(doc, "Stats", stats_body(await collect_stats(_Counts(), _Queues())))
     _assert_valid(doc, "Readiness", {"status": "unavailable", "checks": {"sqs": "timeout"}})
     _assert_valid(doc, "Health", {"status": "ok"})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from outboxd.queue.sqs import KINDS, QueueError, SqsQueues
+from outboxd.queue.sqs import KINDS, QueueDepth, QueueError, QueueKind, SqsQueues
 from outboxd.storage.store import SqlStore
 from outboxd.workers.loops import LoopFailures, sleep_or_stop
 
@@ -65,13 +65,12 @@ class Readiness:
             checks["sqs"] = await _probe(self.queues.ping)
         return checks
 
-    async def queue_stats(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
+    async def queue_stats(self) -> dict[QueueKind, QueueDepth]:
+        out: dict[QueueKind, QueueDepth] = {}
         if self.queues is None:
             return out
         for kind in KINDS:
-            d = await asyncio.wait_for(self.queues.depth(kind), READY_CHECK_TIMEOUT_S)
-            out[kind] = {"visible": d.visible, "inFlight": d.in_flight, "dlq": d.dlq_visible}
+            out[kind] = await asyncio.wait_for(self.queues.depth(kind), READY_CHECK_TIMEOUT_S)
         return out
 
 

@@ -4,6 +4,8 @@ retry, stats, tasks, and the console's runtime view."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import structlog
@@ -14,17 +16,16 @@ from outboxd.http import checks, inputs, models
 from outboxd.http.deps import deps_of, principal_of
 from outboxd.http.problems import INVALID_STATE, NOT_FOUND, ApiError, field_error
 from outboxd.http.render import (
-    iso,
-    job_body,
+    job_detail_model,
     job_model,
-    relay_item,
     relay_model,
+    runtime_model,
+    stats_model,
     task_model,
     website_model,
 )
 from outboxd.http.responses import json_response
-from outboxd.services.tasks import BUILTIN_TASKS
-from outboxd.services.websites import InvalidDomain, normalize_domain
+from outboxd.http.websites import domain_in_path
 from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, WORK_STATUSES
 
 log = structlog.get_logger(__name__)
@@ -50,29 +51,33 @@ async def list_outbox(request: web.Request) -> web.Response:
     return json_response(models.OutboxPage([relay_model(r) for r in page.items], page.next_cursor))
 
 
+@contextmanager
+def _operator_action(names: str) -> Iterator[None]:
+    """How every operator action answers: NotFound is 404 (no such `names`), InvalidState
+    409 with its reason."""
+    try:
+        yield
+    except NotFound:
+        raise ApiError(NOT_FOUND, f"no such {names}") from None
+    except InvalidState as exc:
+        raise ApiError(INVALID_STATE, str(exc)) from None
+
+
 async def redrive_outbox(request: web.Request) -> web.Response:
     deps = deps_of(request)
-    try:
+    with _operator_action("outbox row"):
         row = await deps.admin.redrive_outbox_row(
             inputs.path_id(request, "outbox_id"), actor=principal_of(request).user
         )
-    except NotFound:
-        raise ApiError(NOT_FOUND, "no such outbox row") from None
-    except InvalidState as exc:
-        raise ApiError(INVALID_STATE, str(exc)) from None
     return json_response(relay_model(row))
 
 
 async def redrive_job(request: web.Request) -> web.Response:
     deps = deps_of(request)
-    try:
+    with _operator_action("job"):
         job = await deps.admin.redrive_job(
             inputs.path_id(request, "job_id"), actor=principal_of(request).user
         )
-    except NotFound:
-        raise ApiError(NOT_FOUND, "no such job") from None
-    except InvalidState as exc:
-        raise ApiError(INVALID_STATE, str(exc)) from None
     return json_response(job_model(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 
@@ -92,7 +97,7 @@ async def get_job_detail(request: web.Request) -> web.Response:
     if job is None:
         raise ApiError(NOT_FOUND, "no such job")
     rows = await deps.store.relay_rows_for_job(job.id, 20)
-    return json_response({**job_body(job), "outbox": [relay_item(r) for r in rows]})
+    return json_response(job_detail_model(job, rows))
 
 
 async def list_websites(request: web.Request) -> web.Response:
@@ -109,13 +114,10 @@ async def list_websites(request: web.Request) -> web.Response:
 
 async def retry_website(request: web.Request) -> web.Response:
     deps = deps_of(request)
-    try:
-        domain = normalize_domain(inputs.path_id(request, "domain", 300))
-        website = await deps.websites.retry(domain, actor=principal_of(request).user)
-    except (InvalidDomain, UnicodeError, NotFound):
-        raise ApiError(NOT_FOUND, "no such website") from None
-    except InvalidState as exc:
-        raise ApiError(INVALID_STATE, str(exc)) from None
+    with _operator_action("website"):
+        website = await deps.websites.retry(
+            domain_in_path(request), actor=principal_of(request).user
+        )
     return json_response(website_model(website))
 
 
@@ -123,36 +125,19 @@ async def runtime(request: web.Request) -> web.Response:
     deps = deps_of(request)
     checks = await deps.readiness.check()
     rt = deps.runtime
-    pace = rt.claimer_pace() if rt is not None else None
     return json_response(
-        {
-            "now": iso(time.time()),
-            "readiness": {
-                "status": "ok" if all(v == "ok" for v in checks.values()) else "unavailable",
-                "checks": checks,
-            },
-            "claimer": None
-            if pace is None
-            else {
-                "lastTickAt": iso(pace[0]),
-                "nextTickAt": iso(pace[1]),
-                "pausedUntil": iso(pace[2]),
-            },
-            "schedules": [
-                {"name": name, "task": task, "nextFireAt": iso(at)}
-                for name, task, at in (rt.schedules() if rt is not None else [])
-            ],
-            "throughput": [
-                {"minute": iso(at), "accepted": accepted, "finished": finished}
-                for at, accepted, finished in (rt.throughput_series() if rt is not None else [])
-            ],
-            "taskTypes": list(BUILTIN_TASKS),
-        }
+        runtime_model(
+            time.time(),
+            checks,
+            rt.claimer_pace() if rt is not None else None,
+            rt.schedules() if rt is not None else [],
+            rt.throughput_series() if rt is not None else [],
+        )
     )
 
 
 async def stats(request: web.Request) -> web.Response:
-    return json_response(await deps_of(request).admin.stats())
+    return json_response(stats_model(await deps_of(request).admin.stats()))
 
 
 async def enqueue_task(request: web.Request) -> web.Response:

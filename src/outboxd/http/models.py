@@ -3,27 +3,29 @@
 Each Struct is the single definition of one JSON body: its camelCase field names
 (`rename="camel"`), its types, its limits (`Meta`) and its description. From it come
 
-- the OpenAPI components (`openapi_components`, used by http/openapi.py);
+- the OpenAPI components (http/openapi.py renders `MODELS`, nothing by hand);
 - the request checks (http/checks.py), which read the same limits and answer with
   the field-by-field VALIDATION_FAILED messages the API has always used;
 - the JSON the handlers send (`encode`; `to_builtins` for the dict renderers).
 
 Patterns that a check implements in code rather than with a regex (the domain's IDNA
-rules, "not blank") are documentation here and enforced by http/checks.py and the
-handlers; a pattern is never the only guard.
+rules in services/websites.py, "not blank") are documentation here and enforced by
+http/checks.py and the services; a pattern is never the only guard.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import Meta, Struct
 
+from outboxd.http.portal_models import PortalResult
 from outboxd.http.problems import PROBLEM_CODES, PROBLEM_TYPE, PROBLEMS, VALIDATION_FAILED
 from outboxd.services.portal_jobs import PORTALS
 from outboxd.services.tasks import BUILTIN_TASKS
+from outboxd.services.websites import HOST_NAME, MAX_DOMAIN_CHARS
 from outboxd.storage.ports import CURSOR_PATTERN, JobStatus, RelayStatus, TaskStatus, WorkStatus
 
 __all__ = ["CURSOR_PATTERN", "PROBLEM_TYPE"]
@@ -43,15 +45,6 @@ DEDUP_ID_RE: Final = re.compile(DEDUP_ID_PATTERN)
 # before its emptiness check).
 _CTRL: Final = "\\u0000-\\u001f\\u007f-\\u009f"
 VISIBLE_TEXT: Final = f"^[^{_CTRL}]*[^\\s{_CTRL}][^{_CTRL}]*$"
-# What the document promises to accept as a domain: ASCII letter-digit-hyphen labels of
-# 1-63 characters, no leading or trailing hyphen and no "--" in the 3rd and 4th place
-# (the rules IDNA adds for ASCII labels, so never an invalid `xn--` label); two labels at
-# least, the last starting with a letter. Every such name passes IDNA. IDN input
-# (U-labels, valid A-labels) is accepted too and described in words.
-_A: Final = "[A-Za-z0-9]"
-_L: Final = "[A-Za-z0-9-]"
-_LABEL_TAIL: Final = f"(?:{_L}?{_A})?|{_L}{_L}{_A}|{_L}(?:{_A}{_L}|-{_A}){_L}{{0,58}}{_A}"
-HOST_NAME: Final = f"^(?:{_A}(?:{_LABEL_TAIL})\\.)+[A-Za-z](?:{_LABEL_TAIL})\\.?$"
 
 if TYPE_CHECKING:
     PortalName = str
@@ -69,7 +62,9 @@ Uuid = Annotated[str, Meta(extra_json_schema={"format": "uuid"})]
 Count = Annotated[int, Meta(ge=0)]
 
 
-_DATE_TIME: Final = Meta(extra_json_schema={"format": "date-time"})
+# A timestamp; `DateTime | None` keeps the format inside the nullable alternative, so a
+# generated client reads both as a datetime.
+DateTime = Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
 _RFC3339: Final = " (RFC 3339, UTC, millisecond precision)."
 
 
@@ -115,7 +110,7 @@ class WebsiteRequest(_Body):
         str,
         Meta(
             min_length=1,
-            max_length=253,
+            max_length=MAX_DOMAIN_CHARS,
             pattern=HOST_NAME,
             description="A bare host name: lowercased, IDNA-encoded, one trailing dot dropped. "
             "The pattern states the ASCII names every IDNA implementation accepts; an "
@@ -156,11 +151,7 @@ class TaskPayload(Struct, forbid_unknown_fields=True):
 class TaskRequest(_Body):
     """Enqueue a task through the task outbox; unknown fields are rejected."""
 
-    # The registry's order, not msgspec's sorted one: the enum lists the task types as
-    # services/tasks.py does.
-    type: Annotated[
-        TaskType, Meta(extra_json_schema={"enum": list(BUILTIN_TASKS)}, extra={"max_length": 100})
-    ]
+    type: Annotated[TaskType, Meta(extra={"max_length": 100})]
     payload: TaskPayload = msgspec.field(default_factory=TaskPayload)
     dedup_id: (
         Annotated[
@@ -249,63 +240,6 @@ class JobError(Struct):
     message: str
 
 
-class PortalStudent(Struct, rename="camel"):
-    """The student's profile."""
-
-    student_number: Annotated[str | None, Meta(description="Student number.")]
-    name: Annotated[str | None, Meta(description="Name.")]
-    college: Annotated[str | None, Meta(description="College.")]
-    department: Annotated[str | None, Meta(description="Department.")]
-    major: Annotated[str | None, Meta(description="Major.")]
-    status: Annotated[str | None, Meta(description="Enrolment status, as the portal words it.")]
-    year: Annotated[int | None, Meta(description="Year of study.")]
-
-
-class PortalCourse(Struct, rename="camel"):
-    """One course taken in a semester."""
-
-    code: Annotated[str | None, Meta(description="Course code.")]
-    title: Annotated[str | None, Meta(description="Course title.")]
-    credits: Annotated[float | None, Meta(description="Credits.")]
-    grade: Annotated[str | None, Meta(description="Letter grade (A+ ... F, or P).")]
-    grade_points: Annotated[float | None, Meta(description="Grade points.")]
-    category: Annotated[str | None, Meta(description="Category, e.g. 전공필수 or 교양선택.")]
-    department: Annotated[str | None, Meta(description="Offering department.")]
-
-
-class PortalSemester(Struct, rename="camel"):
-    """One semester taken, with its courses."""
-
-    year: Annotated[int | None, Meta(description="Academic year.")]
-    term: Annotated[
-        Literal["1", "summer", "2", "winter"],
-        Meta(description="First, summer, second or winter term."),
-    ]
-    credits_attempted: Annotated[float | None, Meta(description="Credits attempted.")]
-    credits_earned: Annotated[float | None, Meta(description="Credits earned.")]
-    gpa: Annotated[float | None, Meta(description="Grade point average.")]
-    percentile: Annotated[float | None, Meta(description="Percentile score.")]
-    rank: Annotated[str | None, Meta(description='Rank in the department, e.g. "6/33".')]
-    courses: list[PortalCourse]
-
-
-class PortalTotals(Struct, rename="camel"):
-    """Totals over all semesters."""
-
-    credits_attempted: Annotated[float | None, Meta(description="Credits attempted.")]
-    credits_earned: Annotated[float | None, Meta(description="Credits earned.")]
-    gpa: Annotated[float | None, Meta(description="Grade point average.")]
-    percentile: Annotated[float | None, Meta(description="Percentile score.")]
-
-
-class PortalResult(Struct):
-    """The academic record a SUCCEEDED portal job fetched."""
-
-    student: PortalStudent
-    semesters: list[PortalSemester]
-    totals: PortalTotals
-
-
 class Job(Struct, rename="camel"):
     """A portal link job, as its owner (or an admin) sees it."""
 
@@ -314,15 +248,11 @@ class Job(Struct, rename="camel"):
     portal: PortalName
     status: JobStatus
     attempts: Annotated[int, Meta(ge=0, description="Processing attempts so far.")]
-    created_at: Annotated[str, _DATE_TIME, Meta(description="When the job was accepted" + _RFC3339)]
-    updated_at: Annotated[str, _DATE_TIME, Meta(description="Last change" + _RFC3339)]
+    created_at: Annotated[DateTime, Meta(description="When the job was accepted" + _RFC3339)]
+    updated_at: Annotated[DateTime, Meta(description="Last change" + _RFC3339)]
     finished_at: Annotated[
-        str | None,
-        Meta(
-            description="When it reached SUCCEEDED, FAILED or DEAD (RFC 3339, UTC, "
-            "millisecond precision).",
-            extra_json_schema={"format": "date-time"},
-        ),
+        DateTime | None,
+        Meta(description="When it reached SUCCEEDED, FAILED or DEAD" + _RFC3339),
     ]
     # The stored JSON documents, rendered as they are (typed here for the document).
     progress: JobProgress | None
@@ -361,53 +291,46 @@ class TaskRun(Struct, rename="camel"):
     type: str
     dedup_id: str
     status: TaskStatus
-    enqueued_at: Annotated[str, _DATE_TIME, Meta(description="When it was enqueued" + _RFC3339)]
-    finished_at: Annotated[
-        str | None,
-        Meta(
-            description="When it finished (RFC 3339, UTC, millisecond precision).",
-            extra_json_schema={"format": "date-time"},
-        ),
-    ]
+    enqueued_at: Annotated[DateTime, Meta(description="When it was enqueued" + _RFC3339)]
+    finished_at: Annotated[DateTime | None, Meta(description="When it finished" + _RFC3339)]
     error: Annotated[str | None, Meta(description="Why it failed.")]
 
 
-class OutboxItem(Struct, rename="camel", kw_only=True):
-    """A relay outbox row (its payload is never shown): jobId for kind job, taskId for kind
-    task."""
+# Closed (additionalProperties: false in the document): a row with the other kind's id
+# matches neither variant.
+class _OutboxItem(
+    Struct, rename="camel", kw_only=True, forbid_unknown_fields=True, tag_field="kind"
+):
+    """What every relay outbox row shows (its payload is never shown)."""
 
     id: Uuid
-    kind: Literal["job", "task"]
-    job_id: str | msgspec.UnsetType = msgspec.UNSET
-    task_id: str | msgspec.UnsetType = msgspec.UNSET
     status: RelayStatus
     attempts: Annotated[int, Meta(ge=0, description="Publish attempts.")]
     next_attempt_at: Annotated[
-        str | None,
+        DateTime | None,
         Meta(
-            description="Next publish attempt; null unless PENDING or RETRYABLE_FAILED" + _RFC3339,
-            extra_json_schema={"format": "date-time"},
+            description="Next publish attempt; null unless PENDING or RETRYABLE_FAILED" + _RFC3339
         ),
     ]
     last_error: Annotated[str | None, Meta(description="The last publish error.")]
     message_id: Annotated[str | None, Meta(description="The SQS message id once published.")]
-    created_at: Annotated[str, _DATE_TIME, Meta(description="When the row was created" + _RFC3339)]
+    created_at: Annotated[DateTime, Meta(description="When the row was created" + _RFC3339)]
 
 
-# What JSON Schema says of OutboxItem beyond its fields: exactly one of jobId and taskId,
-# the one its kind names.
-OUTBOX_ITEM_ONE_OF: Final = [
-    {
-        "properties": {"kind": {"const": "job"}},
-        "required": ["jobId"],
-        "not": {"required": ["taskId"]},
-    },
-    {
-        "properties": {"kind": {"const": "task"}},
-        "required": ["taskId"],
-        "not": {"required": ["jobId"]},
-    },
-]
+class JobOutboxItem(_OutboxItem, tag="job"):
+    """A relay outbox row that publishes a portal job."""
+
+    job_id: Uuid
+
+
+class TaskOutboxItem(_OutboxItem, tag="task"):
+    """A relay outbox row that publishes a task run."""
+
+    task_id: str
+
+
+# A relay outbox row: its `kind` says which id it carries.
+OutboxItem: TypeAlias = JobOutboxItem | TaskOutboxItem
 
 
 class OutboxPage(Struct, rename="camel"):
@@ -451,6 +374,144 @@ class Readiness(Struct):
     checks: Annotated[dict[str, str], Meta(description='Component name -> "ok" or a short reason.')]
 
 
+class OpenApiDocument(Struct):
+    """An OpenAPI 3.1 document (this one)."""
+
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
+
+
+# ------------------------------------------------------------------ the console's admin reads
+
+
+class JobDetail(Job):
+    """A job with its relay outbox rows (admin view)."""
+
+    outbox: Annotated[
+        list[OutboxItem],
+        Meta(max_length=20, description="The job's relay outbox rows, newest first."),
+    ]
+
+
+_StatusCounts = Annotated[dict[str, Count], Meta(description="Row count per status.")]
+_Age = Annotated[float, Meta(ge=0)]
+
+
+class TableCounts(Struct):
+    """Row counts per table and status."""
+
+    jobs: _StatusCounts
+    relay_outbox: _StatusCounts
+    work_outbox: _StatusCounts
+    task_runs: _StatusCounts
+
+
+class PendingAges(Struct):
+    """Age in seconds of each table's oldest pending row; null when it has none."""
+
+    jobs: _Age | None
+    relay_outbox: _Age | None
+    work_outbox: _Age | None
+    task_runs: _Age | None
+
+
+class PaceSlot(Struct, rename="camel"):
+    """One pace row, on the database's clock (Unix seconds); pausedUntil is set by a 429's
+    Retry-After."""
+
+    last_slot_at: float | None
+    next_slot_at: float | None
+    next_slot_in_seconds: _Age
+    paused_until: float | None
+    paused_for_seconds: _Age
+    sessions: Count
+    database_now: float
+
+
+class QueueDepth(Struct, rename="camel"):
+    """Approximate message counts of one queue."""
+
+    visible: Annotated[Count, Meta(description="Messages waiting to be received.")]
+    in_flight: Annotated[Count, Meta(description="Messages received and not yet deleted.")]
+    dlq: Annotated[Count, Meta(description="Messages in its dead-letter queue.")]
+
+
+class QueueDepths(Struct):
+    """SQS depth per queue, or only `error` when SQS did not answer."""
+
+    jobs: QueueDepth | msgspec.UnsetType = msgspec.UNSET
+    tasks: QueueDepth | msgspec.UnsetType = msgspec.UNSET
+    error: Annotated[str, Meta(description="Why SQS did not answer.")] | msgspec.UnsetType = (
+        msgspec.UNSET
+    )
+
+
+class Stats(Struct, rename="camel"):
+    """Counts and ages (shared with `outboxd status` and /metrics)."""
+
+    tables: TableCounts
+    oldest_pending_age_seconds: PendingAges
+    pace: Annotated[
+        dict[str, PaceSlot],
+        Meta(
+            description="Cluster pace per resource (`ai`, `suwon`): the slots every instance "
+            "shares; empty until a cluster-scope instance takes a slot."
+        ),
+    ]
+    queues: Annotated[QueueDepths | None, Meta(description="Null without a queue.")]
+
+
+class ClaimerPace(Struct, rename="camel"):
+    """This process's claimer pace."""
+
+    last_tick_at: Annotated[DateTime | None, Meta(description="When the last tick started.")]
+    next_tick_at: Annotated[DateTime | None, Meta(description="When the next tick is due.")]
+    paused_until: Annotated[
+        DateTime | None,
+        Meta(description="End of a provider-asked pause (429); null when not paused."),
+    ]
+
+
+class Schedule(Struct, rename="camel"):
+    """One schedule."""
+
+    name: str
+    task: str
+    next_fire_at: Annotated[DateTime, Meta(description="The next fire time" + _RFC3339)]
+
+
+class MinuteCount(Struct):
+    """One minute."""
+
+    minute: Annotated[DateTime, Meta(description="The minute's start" + _RFC3339)]
+    accepted: Annotated[Count, Meta(description="Jobs accepted.")]
+    finished: Annotated[Count, Meta(description="Jobs that reached SUCCEEDED, FAILED or DEAD.")]
+
+
+class Runtime(Struct, rename="camel"):
+    """What only the running process knows: readiness, claimer pace, schedules, throughput."""
+
+    now: Annotated[DateTime, Meta(description="The server's clock" + _RFC3339)]
+    readiness: Readiness
+    claimer: Annotated[
+        ClaimerPace | None, Meta(description="Null when this process runs no claimer.")
+    ]
+    schedules: Annotated[list[Schedule], Meta(description="This process's scheduler entries.")]
+    throughput: Annotated[
+        list[MinuteCount],
+        Meta(
+            description="Portal jobs accepted by this process's API and finished by its "
+            "consumer, per minute over the last hour, oldest first (kept in memory; empty "
+            "after a restart)."
+        ),
+    ]
+    task_types: Annotated[
+        list[TaskType],
+        Meta(description="The built-in task types POST /v1/admin/tasks accepts."),
+    ]
+
+
 MODELS: Final = (
     Problem,
     FieldError,
@@ -468,30 +529,18 @@ MODELS: Final = (
     TaskAccepted,
     TaskRun,
     TaskPage,
+    JobOutboxItem,
+    TaskOutboxItem,
     OutboxPage,
     JobPage,
     WebsitePage,
     Health,
     Readiness,
+    OpenApiDocument,
+    JobDetail,
+    Stats,
+    Runtime,
 )
-
-
-def openapi_components(ref_prefix: str) -> dict[str, dict[str, Any]]:
-    """The JSON Schema of every model, as OpenAPI components (refs under `ref_prefix`)."""
-    _, components = msgspec.json.schema_components(MODELS, ref_template=ref_prefix + "{name}")
-    for schema in components.values():
-        schema.pop("title", None)
-    components["OutboxItem"]["oneOf"] = OUTBOX_ITEM_ONE_OF
-    # msgspec sorts a Literal's values; an enum given in Meta keeps its own order.
-    for model in MODELS:
-        info = msgspec.inspect.type_info(model)
-        assert isinstance(info, msgspec.inspect.StructType)
-        for f in info.fields:
-            extra = getattr(f.type, "extra_json_schema", None) or {}
-            if "enum" in extra:
-                components[model.__name__]["properties"][f.encode_name]["enum"] = extra["enum"]
-    return components
-
 
 # ------------------------------------------------------------------ JSON out
 

@@ -2,8 +2,8 @@
 
 Its paths come from the route table (http/routes.py) that the router is built from,
 its bodies from the msgspec models (http/models.py) and its error responses from the
-problem table (http/problems.py).
-Nullable fields use the 3.1 form (`"type": ["string", "null"]`), never `nullable`.
+problem table (http/problems.py). No schema is written here by hand.
+A nullable field is an `anyOf` with `{"type": "null"}` (OpenAPI 3.1), never `nullable`.
 The document is built once; every call returns a deep copy, so a caller that
 mutates its copy cannot change what the next caller gets.
 """
@@ -11,10 +11,13 @@ mutates its copy cannot change what the next caller gets.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from functools import cache
 from importlib import metadata
-from typing import Any, Final
+from types import UnionType
+from typing import Any, Final, get_args
 
+import msgspec
 from msgspec import Struct
 
 from outboxd.http import models
@@ -27,8 +30,7 @@ from outboxd.http.problems import (
     ProblemKind,
 )
 from outboxd.http.routes import ROUTES, Ok, Param, Route
-from outboxd.services.tasks import BUILTIN_TASKS
-from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, TASK_STATUSES
+from outboxd.storage.ports import JobStatus, RelayStatus, TaskStatus, WorkStatus
 
 Schema = dict[str, Any]
 
@@ -42,203 +44,73 @@ def _ref(name: str) -> Schema:
     return {"$ref": _SCHEMAS + name}
 
 
-def _timestamp(description: str, *, nullable: bool = False) -> Schema:
-    return {
-        "type": ["string", "null"] if nullable else "string",
-        "format": "date-time",
-        "description": description + " (RFC 3339, UTC, millisecond precision).",
-    }
+# ------------------------------------------------------------------ schemas, from the models
+
+# The types that are not Structs but have a name in the document: a component each, which
+# every body holding the type points to.
+NAMED_TYPES: Final[dict[str, tuple[Any, str]]] = {
+    "OutboxItem": (models.OutboxItem, "A relay outbox row; its kind says which id it carries."),
+    "JobStatus": (
+        JobStatus,
+        "QUEUED (committed, not yet on the queue), RUNNING (on the queue or being worked), "
+        "SUCCEEDED, FAILED (not retryable) or DEAD (retries exhausted).",
+    ),
+    "RelayStatus": (RelayStatus, "Relay outbox state."),
+    "TaskStatus": (TaskStatus, "Task run state."),
+    "WorkStatus": (WorkStatus, "Classification work state."),
+}
+# msgspec sorts a Literal's values; these are listed in the order they are declared.
+_ORDERED_ENUMS: Final = tuple(
+    get_args(t) for t in (JobStatus, RelayStatus, TaskStatus, WorkStatus, models.TaskType)
+)
 
 
-def _count(description: str) -> Schema:
-    return {"type": "integer", "minimum": 0, "description": description}
+def _nodes(node: Any) -> Iterator[Schema]:
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _nodes(value)
+    elif isinstance(node, list | tuple):
+        for value in node:
+            yield from _nodes(value)
 
 
-def _object(properties: dict[str, Schema], *, description: str, closed: bool = False) -> Schema:
-    """An object whose every listed property is always present (the renderers emit them all)."""
-    schema: Schema = {
-        "type": "object",
-        "description": description,
-        "required": list(properties),
-        "properties": properties,
-    }
-    if closed:
-        schema["additionalProperties"] = False
-    return schema
+def _declared_order(schemas: Any) -> None:
+    for node in _nodes(schemas):
+        values = node.get("enum")
+        for declared in _ORDERED_ENUMS:
+            if isinstance(values, list) and set(values) == set(declared):
+                node["enum"] = list(declared)
 
 
-# ------------------------------------------------------------------ schemas
-
-
-def _job_schemas() -> dict[str, Schema]:
-    relay_status: Schema = {
-        "type": "string",
-        "enum": list(RELAY_STATUSES),
-        "description": "Relay outbox state.",
-    }
-    return {
-        "JobStatus": {
-            "type": "string",
-            "enum": list(JOB_STATUSES),
-            "description": "QUEUED (committed, not yet on the queue), RUNNING (on the queue or "
-            "being worked), SUCCEEDED, FAILED (not retryable) or DEAD (retries exhausted).",
-        },
-        "RelayStatus": relay_status,
-    }
-
-
-def _admin_schemas() -> dict[str, Schema]:
-    counts: Schema = {
-        "type": "object",
-        "description": "Row count per status.",
-        "additionalProperties": {"type": "integer", "minimum": 0},
-    }
-    table_names = ("jobs", "relay_outbox", "work_outbox", "task_runs")
-    return {
-        "Stats": _object(
-            {
-                "tables": {
-                    "type": "object",
-                    "description": "Row counts per table and status.",
-                    "required": list(table_names),
-                    "properties": {name: counts for name in table_names},
-                    "additionalProperties": counts,
-                },
-                "oldestPendingAgeSeconds": {
-                    "type": "object",
-                    "description": "Age of each table's oldest pending row; null when none.",
-                    "required": list(table_names),
-                    "additionalProperties": {"type": ["number", "null"], "minimum": 0},
-                },
-                "pace": {
-                    "type": "object",
-                    "description": "Cluster pace per resource (`ai`, `suwon`): the slots "
-                    "every instance shares, on the database's clock (Unix seconds); empty "
-                    "until a cluster-scope instance takes a slot.",
-                    "additionalProperties": _object(
-                        {
-                            "lastSlotAt": {"type": ["number", "null"]},
-                            "nextSlotAt": {"type": ["number", "null"]},
-                            "nextSlotInSeconds": {"type": "number", "minimum": 0},
-                            "pausedUntil": {"type": ["number", "null"]},
-                            "pausedForSeconds": {"type": "number", "minimum": 0},
-                            "sessions": {"type": "integer", "minimum": 0},
-                            "databaseNow": {"type": "number"},
-                        },
-                        description="One pace row; pausedUntil is set by a 429's Retry-After.",
-                    ),
-                },
-                "queues": {
-                    "type": ["object", "null"],
-                    "description": "SQS depth per queue (main, DLQ) and state, "
-                    '{"error": "..."} when SQS did not answer, null without a queue.',
-                    "additionalProperties": {
-                        "anyOf": [
-                            {"type": "object", "additionalProperties": {"type": "integer"}},
-                            {"type": "string"},
-                        ]
-                    },
-                },
-            },
-            description="Counts and ages (shared with `outboxd status` and /metrics).",
-        ),
-        "TaskStatus": {"type": "string", "enum": list(TASK_STATUSES)},
-    }
-
-
-def _console_schemas() -> dict[str, Schema]:
-    """The admin reads the operator console (/ui/) is built on."""
-    return {
-        "JobDetail": {
-            "allOf": [
-                _ref("Job"),
-                {
-                    "type": "object",
-                    "required": ["outbox"],
-                    "properties": {
-                        "outbox": {
-                            "type": "array",
-                            "items": _ref("OutboxItem"),
-                            "maxItems": 20,
-                            "description": "The job's relay outbox rows, newest first.",
-                        }
-                    },
-                },
-            ],
-            "description": "A job with its relay outbox rows (admin view).",
-        },
-        "Runtime": _object(
-            {
-                "now": _timestamp("The server's clock"),
-                "readiness": _ref("Readiness"),
-                "claimer": {
-                    "anyOf": [
-                        _object(
-                            {
-                                "lastTickAt": _timestamp(
-                                    "When the last tick started", nullable=True
-                                ),
-                                "nextTickAt": _timestamp(
-                                    "When the next tick is due", nullable=True
-                                ),
-                                "pausedUntil": _timestamp(
-                                    "End of a provider-asked pause (429); null when not paused",
-                                    nullable=True,
-                                ),
-                            },
-                            description="This process's claimer pace.",
-                        ),
-                        {"type": "null"},
-                    ],
-                    "description": "Null when this process runs no claimer.",
-                },
-                "schedules": {
-                    "type": "array",
-                    "description": "This process's scheduler entries.",
-                    "items": _object(
-                        {
-                            "name": {"type": "string"},
-                            "task": {"type": "string"},
-                            "nextFireAt": _timestamp("The next fire time"),
-                        },
-                        description="One schedule.",
-                    ),
-                },
-                "throughput": {
-                    "type": "array",
-                    "description": "Portal jobs accepted by this process's API and finished by "
-                    "its consumer, per minute over the last hour, oldest first (kept in memory; "
-                    "empty after a restart).",
-                    "items": _object(
-                        {
-                            "minute": _timestamp("The minute's start"),
-                            "accepted": _count("Jobs accepted."),
-                            "finished": _count("Jobs that reached SUCCEEDED, FAILED or DEAD."),
-                        },
-                        description="One minute.",
-                    ),
-                },
-                "taskTypes": {
-                    "type": "array",
-                    "items": {"type": "string", "enum": list(BUILTIN_TASKS)},
-                    "description": "The built-in task types POST /v1/admin/tasks accepts.",
-                },
-            },
-            description="What only the running process knows: readiness, claimer pace, "
-            "schedules, throughput.",
-        ),
-    }
+def _point_to(schemas: dict[str, Schema], name: str, inline: Schema) -> None:
+    """Every inline copy of a named type (with or without a description) becomes a $ref."""
+    for node in _nodes(schemas):
+        if {k: v for k, v in node.items() if k != "description"} == inline:
+            described = {"description": node["description"]} if "description" in node else {}
+            node.clear()
+            node.update({"$ref": _SCHEMAS + name, **described})
 
 
 def _schemas() -> dict[str, Schema]:
-    """The bodies defined in http/models.py, and the few written here by hand."""
-    return {
-        **models.openapi_components(_SCHEMAS),
-        **_job_schemas(),
-        **_admin_schemas(),
-        **_console_schemas(),
-        "OpenApiDocument": {"type": "object", "required": ["openapi", "info", "paths"]},
-    }
+    """The JSON Schema of every model in http/models.py, named types as components."""
+    types = [t for t, _ in NAMED_TYPES.values()]
+    inline, schemas = msgspec.json.schema_components(
+        (*models.MODELS, *types), ref_template=_SCHEMAS + "{name}"
+    )
+    for schema in schemas.values():
+        schema.pop("title", None)
+    _declared_order([inline, schemas])
+    for (name, (_, description)), named in zip(
+        NAMED_TYPES.items(), inline[len(models.MODELS) :], strict=True
+    ):
+        _point_to(schemas, name, named)
+        if "anyOf" in named:  # a tagged union: exactly one variant, chosen by the tag
+            schemas[name] = {"oneOf": named["anyOf"], "discriminator": named["discriminator"]}
+        else:
+            schemas[name] = {"type": "string", **named}
+        schemas[name]["description"] = description
+    return dict(sorted(schemas.items()))
 
 
 # ------------------------------------------------------------------ paths, from the route table
@@ -294,10 +166,12 @@ def _headers(names: tuple[str, ...] = ()) -> dict[str, Schema]:
     }
 
 
-def _body_schema(body: type[Struct] | str | None) -> Schema:
+def _body_schema(body: type[Struct] | UnionType | None) -> Schema:
     if body is None:
         return {"type": "string"}
-    return _ref(body if isinstance(body, str) else body.__name__)
+    if isinstance(body, type):
+        return _ref(body.__name__)
+    return _ref(next(name for name, (t, _) in NAMED_TYPES.items() if t == body))
 
 
 def _ok(ok: Ok) -> Schema:

@@ -7,6 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from outboxd.http import models
 from outboxd.http.deps import OPENAPI_JSON, ApiDeps, deps_of
+from outboxd.http.render import pace_model, readiness_model
 from outboxd.http.responses import json_response
 
 
@@ -15,11 +16,8 @@ async def healthz(_request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    checks = await deps_of(request).readiness.check()
-    ok = all(v == "ok" for v in checks.values())
-    return json_response(
-        {"status": "ok" if ok else "unavailable", "checks": checks}, status=200 if ok else 503
-    )
+    readiness = readiness_model(await deps_of(request).readiness.check())
+    return json_response(readiness, status=200 if readiness.status == "ok" else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -39,26 +37,26 @@ async def refresh_gauges(deps: ApiDeps) -> None:
         m.ready.labels(check).set(1 if verdict == "ok" else 0)
     stats = await deps.admin.stats()
     m.rows.clear()
-    for table, counts in stats["tables"].items():
+    for table, counts in stats.tables.items():
         for status, n in counts.items():
             m.rows.labels(table, status).set(n)
     m.oldest_pending_age.clear()
-    for table, age in stats["oldestPendingAgeSeconds"].items():
+    for table, age in stats.oldest_pending_age_s.items():
         m.oldest_pending_age.labels(table).set(age or 0.0)
     m.pace_last_slot.clear()
     m.pace_next_slot.clear()
     m.pace_paused_until.clear()
     m.pace_sessions.clear()
-    for name, pace in stats["pace"].items():
-        m.pace_last_slot.labels(name).set(pace["lastSlotAt"] or 0.0)
-        m.pace_next_slot.labels(name).set(pace["nextSlotAt"] or 0.0)
-        m.pace_paused_until.labels(name).set(pace["pausedUntil"] or 0.0)
-        m.pace_sessions.labels(name).set(pace["sessions"])
-    queues = stats.get("queues")
-    if isinstance(queues, dict) and "error" not in queues:
-        for qname, depth in queues.items():
-            for state, n in depth.items():
-                m.queue_depth.labels(qname, state).set(n)
+    for p in stats.pace:
+        pace = pace_model(p)
+        m.pace_last_slot.labels(p.name).set(pace.last_slot_at or 0.0)
+        m.pace_next_slot.labels(p.name).set(pace.next_slot_at or 0.0)
+        m.pace_paused_until.labels(p.name).set(pace.paused_until or 0.0)
+        m.pace_sessions.labels(p.name).set(pace.sessions)
+    for qname, depth in (stats.queues or {}).items():
+        m.queue_depth.labels(qname, "visible").set(depth.visible)
+        m.queue_depth.labels(qname, "inFlight").set(depth.in_flight)
+        m.queue_depth.labels(qname, "dlq").set(depth.dlq_visible)
 
 
 async def openapi(request: web.Request) -> web.Response:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import msgspec
 
 from outboxd.http import models
-from outboxd.storage.ports import RELAY_UNSENT_STATUSES, JobRecord, RelayRow, TaskRun, Website
+from outboxd.services.admin import Stats
+from outboxd.services.tasks import BUILTIN_TASKS
+from outboxd.storage.ports import (
+    RELAY_UNSENT_STATUSES,
+    JobRecord,
+    PaceState,
+    RelayRow,
+    TaskRun,
+    Website,
+)
 
 
 def iso(ts: float | None) -> str | None:
@@ -45,6 +55,13 @@ def job_body(job: JobRecord) -> dict[str, Any]:
     return models.to_builtins(job_model(job))
 
 
+def job_detail_model(job: JobRecord, rows: Sequence[RelayRow]) -> models.JobDetail:
+    """The job with its relay outbox rows (the admin's view)."""
+    return models.JobDetail(
+        **msgspec.structs.asdict(job_model(job)), outbox=[relay_model(r) for r in rows]
+    )
+
+
 def dispatch_model(outbox: RelayRow | None) -> models.Dispatch | None:
     if outbox is None:
         return None
@@ -57,17 +74,28 @@ def dispatch_body(outbox: RelayRow | None) -> dict[str, Any] | None:
 
 
 def relay_model(row: RelayRow) -> models.OutboxItem:
-    return models.OutboxItem(
+    next_at = iso(row.next_attempt_at) if row.status in RELAY_UNSENT_STATUSES else None
+    created_at = cast(str, iso(row.created_at))
+    if row.kind == "job":
+        return models.JobOutboxItem(
+            id=row.id,
+            job_id=cast(str, row.job_id),
+            status=row.status,
+            attempts=row.attempt_count,
+            next_attempt_at=next_at,
+            last_error=row.last_error,
+            message_id=row.queue_message_id,
+            created_at=created_at,
+        )
+    return models.TaskOutboxItem(
         id=row.id,
-        kind=row.kind,
-        job_id=cast(str, row.job_id) if row.kind == "job" else msgspec.UNSET,
-        task_id=cast(str, row.task_id) if row.kind == "task" else msgspec.UNSET,
+        task_id=cast(str, row.task_id),
         status=row.status,
         attempts=row.attempt_count,
-        next_attempt_at=iso(row.next_attempt_at) if row.status in RELAY_UNSENT_STATUSES else None,
+        next_attempt_at=next_at,
         last_error=row.last_error,
         message_id=row.queue_message_id,
-        created_at=cast(str, iso(row.created_at)),
+        created_at=created_at,
     )
 
 
@@ -103,3 +131,71 @@ def website_model(w: Website) -> models.Website:
 
 def website_body(w: Website) -> dict[str, Any]:
     return models.to_builtins(website_model(w))
+
+
+def readiness_model(checks: dict[str, str]) -> models.Readiness:
+    ok = all(v == "ok" for v in checks.values())
+    return models.Readiness("ok" if ok else "unavailable", checks)
+
+
+def stats_model(stats: Stats) -> models.Stats:
+    t, age = stats.tables, stats.oldest_pending_age_s
+    queues: models.QueueDepths | None = None
+    if stats.queues_error is not None:
+        queues = models.QueueDepths(error=stats.queues_error)
+    elif stats.queues is not None:
+        depth = {
+            k: models.QueueDepth(d.visible, d.in_flight, d.dlq_visible)
+            for k, d in stats.queues.items()
+        }
+        queues = models.QueueDepths(
+            jobs=depth.get("jobs", msgspec.UNSET), tasks=depth.get("tasks", msgspec.UNSET)
+        )
+    return models.Stats(
+        tables=models.TableCounts(t["jobs"], t["relay_outbox"], t["work_outbox"], t["task_runs"]),
+        oldest_pending_age_seconds=models.PendingAges(
+            age["jobs"], age["relay_outbox"], age["work_outbox"], age["task_runs"]
+        ),
+        pace={p.name: pace_model(p) for p in stats.pace},
+        queues=queues,
+    )
+
+
+def stats_body(stats: Stats) -> dict[str, Any]:
+    return models.to_builtins(stats_model(stats))
+
+
+def pace_model(p: PaceState) -> models.PaceSlot:
+    """One cluster pace row (docs/pacing.md), times on the database's clock."""
+    return models.PaceSlot(
+        last_slot_at=p.last_at,
+        next_slot_at=p.next_at if p.last_at is not None else None,
+        next_slot_in_seconds=round(max(0.0, p.next_at - p.now), 3),
+        paused_until=p.paused_until if p.paused_until > 0 else None,
+        paused_for_seconds=round(p.paused_for_s, 3),
+        sessions=p.sessions,
+        database_now=p.now,
+    )
+
+
+def runtime_model(
+    now: float,
+    checks: dict[str, str],
+    claimer: tuple[float | None, float | None, float | None] | None,
+    schedules: Iterable[tuple[str, str, float]],
+    throughput: Iterable[tuple[float, int, int]],
+) -> models.Runtime:
+    """What only this process knows, for the console."""
+    return models.Runtime(
+        now=cast(str, iso(now)),
+        readiness=readiness_model(checks),
+        claimer=None
+        if claimer is None
+        else models.ClaimerPace(iso(claimer[0]), iso(claimer[1]), iso(claimer[2])),
+        schedules=[models.Schedule(name, task, cast(str, iso(at))) for name, task, at in schedules],
+        throughput=[
+            models.MinuteCount(cast(str, iso(at)), accepted, finished)
+            for at, accepted, finished in throughput
+        ],
+        task_types=list(BUILTIN_TASKS),
+    )

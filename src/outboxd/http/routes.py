@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import UnionType
 from typing import Any, Final, Literal
 
 from aiohttp import web
@@ -58,11 +59,12 @@ class Link:
 
 @dataclass(frozen=True)
 class Ok:
-    """A success response: a model (or a named schema) as JSON, or another media type."""
+    """A success response: a model (a Struct, or a union named in the document) as JSON,
+    or another media type."""
 
     status: int
     description: str
-    body: type[Struct] | str | None = None
+    body: type[Struct] | UnionType | None = None
     media: str = "application/json"
     headers: tuple[str, ...] = ()
     links: tuple[Link, ...] = ()
@@ -252,7 +254,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "getStats",
         "admin",
         "Counts per table and status, oldest pending ages, SQS depth.",
-        ok=(Ok(200, "The numbers.", "Stats"),),
+        ok=(Ok(200, "The numbers.", models.Stats),),
         errors=(STORAGE_UNAVAILABLE,),
         access="admin",
     ),
@@ -307,7 +309,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "getJobDetail",
         "admin",
         "Any user's job with its relay outbox rows.",
-        ok=(Ok(200, "The job.", "JobDetail"),),
+        ok=(Ok(200, "The job.", models.JobDetail),),
         errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
         access="admin",
         params=(JOB_ID,),
@@ -347,7 +349,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "getRuntime",
         "admin",
         "Readiness, claimer pace, schedules and per-minute throughput of this process.",
-        ok=(Ok(200, "This process's state.", "Runtime"),),
+        ok=(Ok(200, "This process's state.", models.Runtime),),
         errors=(STORAGE_UNAVAILABLE,),
         access="admin",
     ),
@@ -395,7 +397,7 @@ _OPERATIONS: Final[tuple[Route, ...]] = (
         "openapi",
         "operations",
         "This document.",
-        ok=(Ok(200, "The OpenAPI 3.1 document.", "OpenApiDocument"),),
+        ok=(Ok(200, "The OpenAPI 3.1 document.", models.OpenApiDocument),),
         access="public",
     ),
 )

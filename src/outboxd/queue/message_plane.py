@@ -9,12 +9,11 @@ creating and inspecting queues) is the control plane's, on aiobotocore
 (`SqsClientView`), so both planes reach one endpoint, trust one CA bundle and sign with
 one credential chain.
 
-Why: botocore spends about 1.6 ms of CPU on one SendMessageBatch of ten (endpoint rules,
-its event hooks, serialisation, signing, parsing), on the event loop that also answers
-the API. The same request built here costs about 0.6 ms, most of it aiohttp's. The wire
-format is small and stable: a POST to the endpoint's `/` with `X-Amz-Target:
-AmazonSQS.<Operation>` and a JSON body, answered with JSON
-(docs/architecture.md, "The SQS wire path").
+Why: botocore's machinery per call (endpoint rules, event hooks, serialisation, signing,
+parsing) costs the event loop that also answers the API several times what this request
+costs (docs/decisions/0006-sqs-json-client.md). The wire format is small and stable: a
+POST to the endpoint's `/` with `X-Amz-Target: AmazonSQS.<Operation>` and a JSON body,
+answered with JSON.
 
 Errors and retries are the ones of queue/failures.py, shared with the control plane.
 """

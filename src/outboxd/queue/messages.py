@@ -13,8 +13,8 @@ from typing import Literal
 import msgspec
 
 IdField = Literal["jobId", "taskId", "outboxId"]
-# msgspec writes these small objects about seven times faster than json.dumps (the relay
-# encodes a body per message); compact JSON, the same fields in the same order.
+# msgspec, not json.dumps: the relay encodes a body per message
+# (docs/decisions/0005-relay-rounds.md); compact JSON, the same fields in the same order.
 _encode = msgspec.json.Encoder().encode
 
 

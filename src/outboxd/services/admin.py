@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
 from outboxd.ids import new_id
+from outboxd.queue.sqs import QueueDepth, QueueKind
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
     JobRecord,
@@ -30,7 +32,7 @@ log = structlog.get_logger(__name__)
 
 
 class QueueStats(Protocol):
-    async def queue_stats(self) -> dict[str, dict[str, int]]: ...
+    async def queue_stats(self) -> dict[QueueKind, QueueDepth]: ...
 
 
 class AdminStore(JobStore, RelayStore, StatsStore, Protocol):
@@ -71,11 +73,22 @@ class AdminService:
         )
         return row
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> Stats:
         return await collect_stats(self._store, self._queues)
 
 
-async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Stats:
+    """What the operator reads: rows per table and status, ages, pace, queue depths."""
+
+    tables: dict[str, dict[str, int]]  # table -> status -> rows
+    oldest_pending_age_s: dict[str, float | None]  # table -> seconds; None when none pending
+    pace: list[PaceState]
+    queues: dict[QueueKind, QueueDepth] | None  # None without a queue or when SQS failed
+    queues_error: str | None = None  # why SQS did not answer
+
+
+async def collect_stats(store: StatsStore, queues: QueueStats | None) -> Stats:
     """Row counts per table and status, oldest pending ages, cluster pace, queue depths."""
     now = time.time()
     tables: dict[str, dict[str, int]] = {table: {} for table in _PENDING_STATUSES}
@@ -85,32 +98,17 @@ async def collect_stats(store: StatsStore, queues: QueueStats | None) -> dict[st
         if sc.status in _PENDING_STATUSES.get(sc.table, ()) and sc.oldest_created_at is not None:
             prev = oldest.get(sc.table)
             oldest[sc.table] = min(prev, sc.oldest_created_at) if prev else sc.oldest_created_at
-    result: dict[str, Any] = {
-        "tables": tables,
-        "oldestPendingAgeSeconds": {
-            t: (round(max(0.0, now - ts), 3) if ts is not None else None)
-            for t in tables
-            for ts in [oldest.get(t)]
-        },
-        "pace": {p.name: pace_item(p) for p in await store.pace_states(now)},
-        "queues": None,
+    ages = {
+        t: (round(max(0.0, now - ts), 3) if ts is not None else None)
+        for t in tables
+        for ts in [oldest.get(t)]
     }
+    pace = await store.pace_states(now)
+    depths: dict[QueueKind, QueueDepth] | None = None
+    error: str | None = None
     if queues is not None:
         try:
-            result["queues"] = await queues.queue_stats()
+            depths = await queues.queue_stats()
         except Exception as exc:
-            result["queues"] = {"error": str(exc)[:200]}
-    return result
-
-
-def pace_item(p: PaceState) -> dict[str, Any]:
-    """One cluster pace row (docs/pacing.md), times on the database's clock."""
-    return {
-        "lastSlotAt": p.last_at,
-        "nextSlotAt": p.next_at if p.last_at is not None else None,
-        "nextSlotInSeconds": round(max(0.0, p.next_at - p.now), 3),
-        "pausedUntil": p.paused_until if p.paused_until > 0 else None,
-        "pausedForSeconds": round(p.paused_for_s, 3),
-        "sessions": p.sessions,
-        "databaseNow": p.now,
-    }
+            error = str(exc)[:200]
+    return Stats(tables, ages, pace, depths, error)

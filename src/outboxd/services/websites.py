@@ -1,10 +1,16 @@
-"""Websites and their category: registration is the work outbox's transaction boundary."""
+"""Websites and their category: the domain rule, and registration (the work outbox's
+transaction boundary).
+
+`normalize_domain` is the one domain rule: registration, the lookup and the admin retry
+all call it, and the OpenAPI document states its limit and pattern from here.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import time
 from collections.abc import Callable
+from typing import Final
 
 import idna
 import structlog
@@ -14,8 +20,22 @@ from outboxd.storage.ports import Page, Website, WebsiteStore
 
 log = structlog.get_logger(__name__)
 
+# A name in its ASCII text form, without the trailing dot (RFC 1035's 255 octets on the wire).
+MAX_DOMAIN_CHARS: Final = 253
+
+# What the document promises to accept as a domain: ASCII letter-digit-hyphen labels of
+# 1-63 characters, no leading or trailing hyphen and no "--" in the 3rd and 4th place
+# (the rules IDNA adds for ASCII labels, so never an invalid `xn--` label); two labels at
+# least, the last starting with a letter. Every such name passes `normalize_domain`; IDN
+# input (U-labels, valid A-labels) is accepted too and described in words.
+_A: Final = "[A-Za-z0-9]"
+_L: Final = "[A-Za-z0-9-]"
+_LABEL_TAIL: Final = f"(?:{_L}?{_A})?|{_L}{_L}{_A}|{_L}(?:{_A}{_L}|-{_A}){_L}{{0,58}}{_A}"
+HOST_NAME: Final = f"^(?:{_A}(?:{_LABEL_TAIL})\\.)+[A-Za-z](?:{_LABEL_TAIL})\\.?$"
+
 _LDH = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 _FORBIDDEN = set("/\\?#@:[]% \t\r\n")
+_TOO_LONG: Final = f"is longer than {MAX_DOMAIN_CHARS} characters"
 
 
 class InvalidDomain(ValueError):
@@ -26,11 +46,14 @@ def normalize_domain(text: str) -> str:
     """Lowercase, IDNA to ASCII, one trailing dot dropped; anything else is rejected.
 
     Rejecting instead of stripping is deliberate: `https://a.com/x` is a client
-    bug, and guessing which part they meant would register the wrong thing.
+    bug, and guessing which part they meant would register the wrong thing. The length
+    is checked first as given and again in ASCII form, so IDNA never reads a long text.
     """
     value = text.strip()
     if not value:
         raise InvalidDomain("must not be empty")
+    if len(value.removesuffix(".")) > MAX_DOMAIN_CHARS:
+        raise InvalidDomain(_TOO_LONG)
     if "://" in value:
         raise InvalidDomain("must be a host name, not a URL (no scheme)")
     bad = _FORBIDDEN.intersection(value)
@@ -52,6 +75,8 @@ def normalize_domain(text: str) -> str:
         ascii_name = idna.encode(value, uts46=True).decode("ascii")
     except idna.IDNAError as exc:
         raise InvalidDomain(f"is not a valid internationalised name ({str(exc)[:80]})") from None
+    except UnicodeError:  # lone surrogates and the like, which IDNA cannot even read
+        raise InvalidDomain("is not a valid internationalised name") from None
     ascii_name = ascii_name.lower()
     labels = ascii_name.split(".")
     if len(labels) < 2:
@@ -65,8 +90,8 @@ def normalize_domain(text: str) -> str:
             raise InvalidDomain("labels may hold only letters, digits and inner hyphens")
     if labels[-1].isdigit():
         raise InvalidDomain("must be a host name, not an IP address")
-    if len(ascii_name) > 253:
-        raise InvalidDomain("is longer than 253 characters")
+    if len(ascii_name) > MAX_DOMAIN_CHARS:
+        raise InvalidDomain(_TOO_LONG)
     return ascii_name
 
 

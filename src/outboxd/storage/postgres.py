@@ -117,9 +117,9 @@ class PostgresDatabase:
         intake_in_one_statement=True,
         sent_in_one_statement=True,
         outcomes_share_commits=False,
-        # Writes run side by side, but two groups at a time, so that groups form: with
-        # four, HTTP intake at concurrency 16 wrote smaller groups and spent about a fifth
-        # more CPU per request (docs/architecture.md, "Group commit").
+        # Writes run side by side, but two groups at a time, so that groups form: more
+        # writers made smaller groups and cost CPU per request
+        # (docs/decisions/0003-group-commit.md).
         group_writers=2,
         rerun_unavailable=True,
     )

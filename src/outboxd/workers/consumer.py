@@ -25,6 +25,7 @@ from outboxd.config import ConsumerSettings, SqsSettings
 from outboxd.crashpoints import crash_point
 from outboxd.errors import SecurityError, StorageError
 from outboxd.observability import Metrics
+from outboxd.queue.messages import IdField
 from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
@@ -196,11 +197,8 @@ class Consumer:
     # ------------------------------------------------------------------ jobs
 
     async def _handle_job(self, msg: ReceivedMessage) -> str:
-        job_id = _message_id_field(msg.body, "jobId")
+        job_id = await self._id_or_retry_later("jobs", msg, "jobId")
         if job_id is None:
-            log.error("message_malformed", queue="jobs", message_id=msg.message_id)
-            # Never deleted: it ends in the DLQ for a human, as SQS intends.
-            await self._retry_later("jobs", msg)
             return "malformed"
         bind = {"job_id": job_id, "message_id": msg.message_id}
         now = self._clock()
@@ -324,6 +322,17 @@ class Consumer:
         )
         return "retry"
 
+    async def _id_or_retry_later(
+        self, kind: QueueKind, msg: ReceivedMessage, field: IdField
+    ) -> str | None:
+        """The message's row id; None for a malformed message, which is never deleted: it
+        ends in the DLQ for a human, as SQS intends."""
+        row_id = _message_id_field(msg.body, field)
+        if row_id is None:
+            log.error("message_malformed", queue=kind, message_id=msg.message_id)
+            await self._retry_later(kind, msg)
+        return row_id
+
     async def _retry_later(self, kind: QueueKind, msg: ReceivedMessage) -> int:
         # No jitter: the slot pool and the portal's own pacing already queue a burst of
         # retries, and an exact delay keeps receive count x delay (the road to the DLQ)
@@ -356,10 +365,8 @@ class Consumer:
     # ------------------------------------------------------------------ tasks
 
     async def _handle_task(self, msg: ReceivedMessage) -> str:
-        task_id = _message_id_field(msg.body, "taskId")
+        task_id = await self._id_or_retry_later("tasks", msg, "taskId")
         if task_id is None:
-            log.error("message_malformed", queue="tasks", message_id=msg.message_id)
-            await self._retry_later("tasks", msg)
             return "malformed"
         bind = {"task_id": task_id, "message_id": msg.message_id}
         run = await self._store.get_task(task_id)

@@ -44,23 +44,20 @@ class RelayShape:
 
 
 def relay_shape(backend: str) -> RelayShape:
-    """The relay loop's lanes and round size on `backend` (docs/architecture.md, "The relay
-    loop").
+    """The relay loop's lanes and round size on `backend`
+    (docs/decisions/0005-relay-rounds.md).
 
     On Postgres a pass waits mostly on its round statement, and claims skip each other's
-    rows (SKIP LOCKED): while one lane sends, the other keeps the database busy. Three
-    lanes sent 10-20% more than two against the bench's instant stub, but a slow SQS then
-    holds up to 30 calls at once: against moto, whose answers slow with the calls it
-    holds, calls passed relay.publish_timeout_s, their rows were published again, and
-    the relay fell to 61 msg/s with 1,582 rows left backing off, where two lanes sent 99
-    with 80 (capping three lanes at 20 calls did not help: they kept all 20 out).
+    rows (SKIP LOCKED): while one lane sends, the other keeps the database busy. A third
+    lane sent a little more to an instant SQS but held so many calls at a slow one that
+    they passed relay.publish_timeout_s and were published again
+    (docs/decisions/0020-tried-and-dropped.md).
 
     SQLite has one writer, and the statements of a second lane would only queue behind
     it. There the writer thread is the limit, and each round's transaction costs a commit
     (an fsync) and a hop to that thread however many rows it records, so a round is twice
-    as large: 200 rows sent 14,059-14,306 msg/s where 100 sent 11,797-12,298 (300 and
-    400: 13,409-13,649). Its 20 calls at once are what two Postgres lanes make (against
-    moto: 98 msg/s, 20 rows left backing off).
+    as large, the size that sent the most. Its 20 calls at once are what two Postgres
+    lanes make.
     """
     if backend == "postgres":
         return RelayShape(lanes=2, batches_per_round=10)

@@ -3,12 +3,12 @@ the endpoint's answers (docs/architecture.md, "The send window").
 
 A fixed number of calls in flight is right for a fast SQS and wrong for a slow one. An
 endpoint that answers one call at a time (moto under load, a throttled or congested
-SQS) makes every call wait for all the others: with twenty out, a call that takes
-100 ms alone takes two seconds, passes `relay.publish_timeout_s`, and its rows are
-published again while the first copy is still being stored, which slows the endpoint
-further. The window narrows as soon as calls come back slow, so the calls out are
-answered within the timeout and the endpoint sends as much as it can; it widens again,
-one call at a time, while they come back fast.
+SQS) makes every call wait for all the others: with twenty out, each call waits for the
+other nineteen, passes `relay.publish_timeout_s`, and its rows are published again while
+the first copy is still being stored, which slows the endpoint further
+(docs/decisions/0007-send-window.md). The window narrows as soon as calls come back slow,
+so the calls out are answered within the timeout and the endpoint sends as much as it
+can; it widens again, one call at a time, while they come back fast.
 """
 
 from __future__ import annotations

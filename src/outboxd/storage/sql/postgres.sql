@@ -100,8 +100,7 @@ RETURNING *;
 -- out, as after a crash between SQS's answer and this statement: a duplicate message,
 -- which the consumer's idempotency absorbs. Any later commit that waits for the flush (an
 -- intake, the consumer's) makes this one durable too: the WAL is flushed in order.
--- Dispatch to the stub at 16 clients: faster in 8 of 9 interleaved pairs, median +7%
--- (docs/architecture.md, "What bounds dispatch on Postgres").
+-- Measured in docs/decisions/0008-async-sent-commit-postgres.md.
 WITH sent AS (
 {relay_mark_sent}
 ), running AS (

@@ -79,9 +79,9 @@ class SqlRelay(StoreBase):
 
         if self.db.features.sent_in_one_statement and not failures:
             # One statement (`relay_sent_many`: the rows SENT, their jobs RUNNING, their
-            # tasks SENT), atomic on its own: one round trip, no BEGIN or COMMIT. It is
-            # cheaper than the relay loop's round statement with nothing to claim (2.5-2.9
-            # against 3.3-4.1 ms for eight rows, on 2 cores).
+            # tasks SENT), atomic on its own: one round trip, no BEGIN or COMMIT; cheaper
+            # than the relay loop's round statement with nothing to claim
+            # (docs/decisions/0004-coalesced-dispatch.md).
             return await self.db.run(body, one_statement=True)
 
         if self.group is not None and self.db.features.outcomes_share_commits:
