@@ -40,11 +40,18 @@ class ServerSettings:
     keepalive_timeout_s: float = 60.0
     # Connections beyond this are answered 503 and closed at once.
     max_connections: int = 1024
+    # A response that makes no progress (the client does not read) for this long is aborted.
+    write_timeout_s: float = 30.0
+    # The request line and headers together; past it (or 64 fields) 431, nothing kept.
+    max_header_bytes: int = 16 * 1024
 
 
 @dataclass(frozen=True)
 class ApiSettings:
     require_dispatch: bool = False
+    # Per-user caps, 0 = off: one token may serve a whole backend.
+    max_active_jobs_per_user: int = 0
+    max_websites_per_user_per_hour: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,10 @@ class SuwonScraperSettings:
     verify_tls: bool = True
     # "cluster": min_interval_s and max_concurrency hold across instances (docs/pacing.md).
     pace_scope: Literal["instance", "cluster"] = "instance"
+    # After this many PORTAL_AUTH_FAILED jobs for one portal username within the window,
+    # its further jobs fail PORTAL_LOGIN_LOCKED without a login (0 = off).
+    max_auth_failures: int = 3
+    auth_failure_window_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -425,6 +436,22 @@ def _validate(s: Settings) -> None:
     need(s.server.read_timeout_s > 0, "server.read_timeout_s", "must be positive")
     need(s.server.keepalive_timeout_s > 0, "server.keepalive_timeout_s", "must be positive")
     need(s.server.max_connections >= 1, "server.max_connections", "must be at least 1")
+    need(s.server.write_timeout_s > 0, "server.write_timeout_s", "must be positive")
+    need(
+        s.api.max_active_jobs_per_user >= 0,
+        "api.max_active_jobs_per_user",
+        "must not be negative (0: no cap)",
+    )
+    need(
+        s.api.max_websites_per_user_per_hour >= 0,
+        "api.max_websites_per_user_per_hour",
+        "must not be negative (0: no cap)",
+    )
+    need(
+        1024 <= s.server.max_header_bytes <= 1024 * 1024,
+        "server.max_header_bytes",
+        "must be 1024-1048576",
+    )
     url = s.storage.url
     need(
         url.startswith(("sqlite:///", "postgresql://", "postgres://")),
@@ -506,6 +533,12 @@ def _validate(s: Settings) -> None:
     need(su.timeout_s > 0, "scrapers.suwon.timeout_s", "must be positive")
     need(su.max_concurrency >= 1, "scrapers.suwon.max_concurrency", "must be at least 1")
     need(su.min_interval_s >= 0, "scrapers.suwon.min_interval_s", "must not be negative")
+    need(
+        su.max_auth_failures >= 0,
+        "scrapers.suwon.max_auth_failures",
+        "must not be negative (0: no lock)",
+    )
+    need(su.auth_failure_window_s > 0, "scrapers.suwon.auth_failure_window_s", "must be positive")
     cl = s.scrapers.classifier
     need(len(cl.categories) > 0, "scrapers.classifier.categories", "must not be empty")
     need(cl.timeout_s > 0, "scrapers.classifier.timeout_s", "must be positive")

@@ -25,3 +25,11 @@ class InvalidState(OutboxdError):
 
 class SecurityError(OutboxdError):
     """Key material is missing or a ciphertext cannot be opened."""
+
+
+class QuotaExceeded(OutboxdError):
+    """A per-user cap is reached; `retry_after_s` is when trying again may succeed."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -58,6 +58,7 @@ class _Key:
     key_id: str
     aead: AESGCM
     fingerprint_key: bytes
+    login_key: bytes
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class KeyRing:
                     key_id=key_id,
                     aead=AESGCM(_derive(raw, b"outboxd credentials v1")),
                     fingerprint_key=_derive(raw, b"outboxd fingerprint v1"),
+                    login_key=_derive(raw, b"outboxd portal login v1"),
                 )
             )
         self._keys = keys
@@ -207,6 +209,13 @@ class KeyRing:
             # current key, which will not match, so the caller answers a conflict.
             return False
         return hmac.compare_digest(mac, self._mac(key, canonical))
+
+    def login_subject(self, portal: str, username: str) -> str:
+        """Who a portal login is for, as the login lock stores it: a hex HMAC-SHA256 of the
+        portal and username under a key derived from the first key (never the username).
+        A new first key starts every count afresh."""
+        data = f"{portal}\x00{username}".encode("utf-8", "surrogatepass")
+        return hmac.new(self._keys[0].login_key, data, hashlib.sha256).hexdigest()
 
     @staticmethod
     def _mac(key: _Key, canonical: Mapping[str, Any]) -> str:

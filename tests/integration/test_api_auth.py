@@ -171,3 +171,143 @@ def test_tokens_allow_a_public_host(make_settings: Callable[..., Settings]) -> N
     """With tokens configured a non-loopback server.host is accepted."""
     s = make_settings(server={"host": "0.0.0.0"}, auth={"tokens": TOKENS})
     assert s.server.host == "0.0.0.0" and len(s.auth.tokens) == 2
+
+
+# ------------------------------------------------------------------ auth-off: this operator only
+
+
+async def _dead_job(client: Client, store: SqlStore, key: str) -> str:
+    resp = await client.post(URL, json=BODY, headers={"Idempotency-Key": key})
+    assert resp.status == 202, await resp.text()
+    job_id: str = (await resp.json())["jobId"]
+    assert await store.mark_job_dead(job_id, ("RETRIES_EXHAUSTED", "x"), 1.0) is not None
+    return job_id
+
+
+async def _problem(resp: Any, status: int, code: str) -> None:
+    text = await resp.text()
+    assert resp.status == status, text
+    assert resp.content_type == "application/problem+json"
+    assert json.loads(text)["code"] == code
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "evil.example",
+        "evil.example:8080",
+        "rebind.attacker.test:8080",
+        "127.0.0.1.nip.io:8080",
+        "localhost.evil.example",
+        "[::2]:8080",
+        "10.0.0.1:8080",
+        "127.0.0.1:80x",
+        "[::1]x",
+        "",
+    ],
+)
+async def test_no_tokens_refuses_a_foreign_host_421(
+    make_settings: Callable[..., Settings], store: SqlStore, keys: KeyRing, host: str
+) -> None:
+    """DNS rebinding: a page whose name now resolves to 127.0.0.1 reads nothing."""
+    client = await _client(make_settings(), store, keys)
+    try:
+        job_id = await _dead_job(client, store, "k-host")
+        for path in ("/v1/admin/jobs", f"/v1/jobs/{job_id}", "/ui/", "/healthz", "/nope"):
+            resp = await client.get(path, headers={"Host": host})
+            await _problem(resp, 421, "C03")
+            assert job_id not in await resp.text()
+        resp = await client.post(
+            f"/v1/admin/jobs/{job_id}/redrive", headers={"Host": host, "Origin": f"http://{host}"}
+        )
+        await _problem(resp, 421, "C03")
+        job = await store.get_job(job_id)
+        assert job is not None and job.status == "DEAD"
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "127.0.0.1:8080", "localhost", "LOCALHOST:8080", "[::1]", "[::1]:8080",
+             "127.0.0.2:9", "localhost.:8080"],
+)  # fmt: skip
+async def test_no_tokens_serves_a_loopback_host(
+    make_settings: Callable[..., Settings], store: SqlStore, keys: KeyRing, host: str
+) -> None:
+    client = await _client(make_settings(), store, keys)
+    try:
+        resp = await client.get("/v1/admin/stats", headers={"Host": host})
+        assert resp.status == 200, await resp.text()
+        job_id = await _dead_job(client, store, "k-loop")
+        # The console's own POST: Origin is the daemon's origin, the fetch is same-origin.
+        redrive = await client.post(
+            f"/v1/admin/jobs/{job_id}/redrive",
+            headers={"Host": host, "Origin": f"http://{host}", "Sec-Fetch-Site": "same-origin"},
+        )
+        assert redrive.status == 202, await redrive.text()
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},
+        {"Origin": "http://127.0.0.2:{port}"},
+        {"Origin": "http://127.0.0.1:1"},
+        {"Origin": "https://127.0.0.1:{port}"},
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},
+        {"Origin": "http://127.0.0.1:{port}", "Sec-Fetch-Site": "cross-site"},
+    ],
+    ids=["other-site", "null", "other-loopback", "other-port", "https", "cross", "same-site",
+         "cross-with-own-origin"],
+)  # fmt: skip
+async def test_no_tokens_refuses_a_cross_origin_state_change_403(
+    make_settings: Callable[..., Settings],
+    store: SqlStore,
+    keys: KeyRing,
+    db_url: str,
+    headers: dict[str, str],
+) -> None:
+    """A form post or no-cors fetch from another origin (another site, another local port)
+    changes nothing: every POST route is refused before it runs."""
+    client = await _client(make_settings(), store, keys)
+    try:
+        job_id = await _dead_job(client, store, "k-csrf")
+        port = client.server.port
+        sent = {k: v.format(port=port) for k, v in headers.items()}
+        before = {t: await raw_count(db_url, t) for t in ("jobs", "websites", "task_runs")}
+        for path, kwargs in [
+            (f"/v1/admin/jobs/{job_id}/redrive", {}),
+            ("/v1/admin/tasks", {"json": {"type": "noop"}}),
+            ("/v1/websites", {"json": {"domain": "csrf.example"}}),
+            (URL, {"json": BODY, "headers": {"Idempotency-Key": "k-csrf-2"}}),
+        ]:
+            extra = kwargs.pop("headers", {})
+            resp = await client.post(path, headers={**sent, **extra}, **kwargs)
+            await _problem(resp, 403, "C03")
+        job = await store.get_job(job_id)
+        assert job is not None and job.status == "DEAD"
+        assert {t: await raw_count(db_url, t) for t in before} == before
+        # Reads stay open to the operator's browser tabs of any origin: they change nothing,
+        # and without CORS headers another origin cannot read the answer.
+        assert (await client.get("/v1/admin/stats", headers=sent)).status == 200
+    finally:
+        await client.close()
+
+
+async def test_tokens_configured_do_not_check_host_or_origin(authed: Client) -> None:
+    """With tokens, the bearer token is the guard (a browser never sends one on its own)."""
+    resp = await authed.post(
+        URL,
+        json=BODY,
+        headers={
+            "Authorization": f"Bearer {USER_TOKEN}",
+            "Idempotency-Key": "k-any-host",
+            "Host": "outboxd.internal.example",
+            "Origin": "https://app.example",
+        },
+    )
+    assert resp.status == 202, await resp.text()

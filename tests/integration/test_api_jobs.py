@@ -448,3 +448,80 @@ async def test_admin_can_read_any_job(make_client: ClientFactory, store: SqlStor
         "result",
     }
     assert "password" not in json.dumps(body) and "pw-jobs" not in json.dumps(body)
+
+
+# ------------------------------------------------------------------ bidirectional controls
+
+BIDI = ["\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"]
+
+
+@pytest.mark.parametrize("bidi", BIDI, ids=[f"U+{ord(c):04X}" for c in BIDI])
+async def test_a_username_with_a_bidi_control_is_400_c01(
+    api: Client, store: SqlStore, db_url: str, bidi: str
+) -> None:
+    """A username shows up in the console and the logs of whoever reads them: it may not
+    hold text that displays as something else (`2020\u202e4321` reads as `20201234`)."""
+    body = {**BODY, "username": f"2020{bidi}4321"}
+    resp = await api.post(URL, json=body, headers={"Idempotency-Key": "k-bidi"})
+    problem = await assert_problem(resp, 400, "C01")
+    assert problem["errors"][0]["field"] == "username"
+    await assert_nothing_stored(db_url)
+
+
+async def test_an_idempotency_key_with_a_bidi_control_is_400_c01(
+    api: Client, store: SqlStore, db_url: str
+) -> None:
+    resp = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-\u2067-1"})
+    problem = await assert_problem(resp, 400, "C01")
+    assert problem["errors"][0]["field"] == "Idempotency-Key"
+    await assert_nothing_stored(db_url)
+
+
+async def test_a_password_may_hold_a_bidi_control(api: Client, store: SqlStore) -> None:
+    """A password is never shown: whatever the portal accepts is accepted."""
+    body = {**BODY, "password": "pw\u202e-x"}
+    resp = await api.post(URL, json=body, headers={"Idempotency-Key": "k-bidi-pw"})
+    assert resp.status == 202, await resp.text()
+
+
+# ------------------------------------------------------------------ per-user caps
+
+
+async def test_active_jobs_over_the_cap_are_429_c12_and_a_replay_is_not(
+    make_client: ClientFactory, store: SqlStore, db_url: str
+) -> None:
+    """api.max_active_jobs_per_user = 2: a third QUEUED/RUNNING job of one user is 429 C12
+    with Retry-After and stores nothing; replaying an existing job still answers 202;
+    another user is not affected; once a job ends, a new one is accepted."""
+    client = await make_client(auth={"tokens": TOKENS}, api={"max_active_jobs_per_user": 2})
+    first = await client.post(URL, json=BODY, headers=bearer(ALICE, **{"Idempotency-Key": "a1"}))
+    second = await client.post(URL, json=BODY, headers=bearer(ALICE, **{"Idempotency-Key": "a2"}))
+    assert (first.status, second.status) == (202, 202)
+    over = await client.post(URL, json=BODY, headers=bearer(ALICE, **{"Idempotency-Key": "a3"}))
+    problem = await assert_problem(over, 429, "C12")
+    assert int(over.headers["Retry-After"]) >= 1
+    assert "password" not in json.dumps(problem) and BODY["password"] not in json.dumps(problem)
+    assert await raw_count(db_url, "jobs") == 2
+
+    replay = await client.post(URL, json=BODY, headers=bearer(ALICE, **{"Idempotency-Key": "a1"}))
+    assert replay.status == 202, await replay.text()
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert (await replay.json())["jobId"] == (await first.json())["jobId"]
+    bob = await client.post(URL, json=BODY, headers=bearer(BOB, **{"Idempotency-Key": "a3"}))
+    assert bob.status == 202
+
+    done = await store.get_job((await first.json())["jobId"])
+    assert done is not None
+    assert await store.mark_job_dead(done.id, ("RETRIES_EXHAUSTED", "x"), done.updated_at)
+    again = await client.post(URL, json=BODY, headers=bearer(ALICE, **{"Idempotency-Key": "a3"}))
+    assert again.status == 202, await again.text()
+    assert await raw_count(db_url, "jobs") == 4
+
+
+async def test_with_no_cap_a_user_may_have_any_number_of_active_jobs(
+    api: Client, db_url: str
+) -> None:
+    for n in range(6):
+        resp = await api.post(URL, json=BODY, headers={"Idempotency-Key": f"nocap-{n}"})
+        assert resp.status == 202
+    assert await raw_count(db_url, "jobs") == 6

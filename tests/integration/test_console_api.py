@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from testkit.fakes.ai import FakeAI
 
@@ -261,6 +262,10 @@ async def test_console_files_are_public_with_strict_headers(
     csp = CONTENT_SECURITY_POLICY
     assert "default-src 'self'" in csp and "script-src 'self';" in csp
     assert "unsafe-inline" not in csp and "http" not in csp and "*" not in csp
+    # What a browser needs to refuse framing, spelled out (not read from the module).
+    frame = await client.get("/ui/")
+    assert "frame-ancestors 'none'" in _directives(frame.headers["Content-Security-Policy"])
+    assert frame.headers["X-Frame-Options"] == "DENY"
 
     html = await (await client.get("/ui/")).text()
     # No inline script or style, nothing from another origin.
@@ -274,3 +279,42 @@ async def test_console_files_are_public_with_strict_headers(
     await problem_of(await client.get("/ui/assets/other.js"), 404, "C04")
     await problem_of(await client.get("/ui/nowhere"), 404, "C04")
     await problem_of(await client.get("/ui/jobs/not-a-job-id"), 404, "C04")
+
+
+def _directives(policy: str) -> list[str]:
+    return [d.strip() for d in policy.split(";")]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/ui/nowhere", 404, "C04"),
+        ("GET", "/ui/jobs/not-a-job-id", 404, "C04"),
+        ("GET", "/ui/assets/other.js", 404, "C04"),
+        ("GET", "/ui", 404, "C04"),
+        ("POST", "/ui/", 405, "C10"),
+        ("DELETE", "/ui/assets/app.js", 405, "C10"),
+    ],
+)
+async def test_console_errors_carry_the_console_headers(
+    two_role_api: tuple[Client, str, str], method: str, path: str, status: int, code: str
+) -> None:
+    """A 404 or 405 under /ui/ is still a page a browser may render or frame: it carries the
+    console's policy, nosniff and the frame refusal like the pages do."""
+    client, _user, admin = two_role_api
+    resp = await client.request(method, path, headers={"Authorization": f"Bearer {admin}"})
+    await problem_of(resp, status, code)
+    policy = _directives(resp.headers["Content-Security-Policy"])
+    assert "frame-ancestors 'none'" in policy and "default-src 'self'" in policy
+    assert "script-src 'self'" in policy
+    assert resp.headers["X-Content-Type-Options"] == "nosniff"
+    assert resp.headers["X-Frame-Options"] == "DENY"
+
+
+async def test_api_errors_do_not_carry_the_console_policy(
+    two_role_api: tuple[Client, str, str],
+) -> None:
+    client, _user, _admin = two_role_api
+    resp = await client.get("/v1/nowhere")
+    assert resp.status == 404
+    assert "Content-Security-Policy" not in resp.headers

@@ -45,12 +45,14 @@ from outboxd.queue.sqs import (
 )
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing
-from outboxd.storage.ports import JobRecord, NewPortalJob
+from outboxd.storage.ports import JobRecord, LoginFailure, NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.consumer import Consumer
 from outboxd.workers.publishing import message_body
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
+from tests.support.config import merge
+from tests.support.db import sql
 from tests.support.moto import MotoServer
 from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 from tests.support.sqs import read_all
@@ -144,11 +146,20 @@ class Rig:
             self.settings.sqs,
             Metrics(),
             self.settings.security.dead_retention_s,
+            portal_settings=self.settings.scrapers.suwon,
         )
         self.tasks.append(asyncio.create_task(consumer.run(self.stop)))
         return consumer
 
-    async def create(self, username: str, password: str) -> tuple[str, str]:
+    async def stop_consumers(self) -> None:
+        """Stop every consumer started so far (new ones may be started after)."""
+        self.stop.set()
+        for t in self.tasks:
+            await asyncio.wait_for(t, 15)
+        self.tasks.clear()
+        self.stop = asyncio.Event()
+
+    async def create(self, username: str, password: str, user: str = "alice") -> tuple[str, str]:
         """A job and its outbox row, committed as the API does: (job id, outbox id)."""
         job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
         canonical = {"portal": "suwon", "username": username, "password": password}
@@ -159,7 +170,7 @@ class Rig:
             NewPortalJob(
                 job_id=job_id,
                 outbox_id=outbox_id,
-                user_id="alice",
+                user_id=user,
                 idempotency_key=f"key-{job_id}",
                 fingerprint=self.keys.fingerprint(canonical),
                 portal="suwon",
@@ -170,9 +181,9 @@ class Rig:
         )
         return job_id, outbox_id
 
-    async def submit(self, username: str, password: str) -> str:
+    async def submit(self, username: str, password: str, user: str = "alice") -> str:
         """Create and publish a job through the relay's request path; the job id."""
-        job_id, outbox_id = await self.create(username, password)
+        job_id, outbox_id = await self.create(username, password, user)
         relay = Relay(self.store, self.publisher, self.settings.relay, Metrics())
         assert await relay.publish_now(outbox_id)
         return job_id
@@ -268,7 +279,7 @@ async def make_rig(
             },
         }
         for name, values in sections.items():
-            base[name] = {**base.get(name, {}), **values}
+            base[name] = merge(base.get(name, {}), values)
         settings = make_settings(**base)
         queues = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
         await queues.start()
@@ -659,3 +670,100 @@ async def test_the_heartbeat_renews_the_job_lease_so_a_duplicate_does_not_run_th
     assert job.status == "SUCCEEDED" and job.attempts == 1, job
     assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
     await rig.wait_queue_empty()
+
+
+# ---------------------------------------------------------------- the portal login lock
+
+
+async def test_a_username_locked_after_failed_logins_gets_no_login_from_any_user(
+    backend: str, db_url: str, make_rig: RigFactory, tmp_path: Path
+) -> None:
+    """scrapers.suwon.max_auth_failures (3) wrong-password jobs for one username, from three
+    users, lock it: a fourth job, from a fourth user and with the right password, ends
+    FAILED PORTAL_LOGIN_LOCKED and the portal sees no login for it; on another instance on
+    the same database too. Another username is not affected. The database holds only a
+    keyed hash of the username."""
+    rig = await make_rig()
+    rig.start_consumer()
+    for user in ("alice", "bob", "carol"):
+        job = await rig.wait_status(
+            await rig.submit(SAMPLE_SNO, f"pw-wrong-{user}", user=user), *FINAL
+        )
+        assert (job.status, job.error_code) == ("FAILED", "PORTAL_AUTH_FAILED")
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 3}
+    # The next job runs on another instance (a second store on the same database).
+    other_store = await open_store(db_url, tmp_path, 3, 5.0) if backend == "postgres" else None
+    try:
+        await rig.stop_consumers()
+        rig.start_consumer(other_store)
+        locked = await rig.wait_status(
+            await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD, user="dave"), *FINAL
+        )
+        assert (locked.status, locked.error_code) == ("FAILED", "PORTAL_LOGIN_LOCKED")
+        assert locked.sealed is None and locked.result is None
+        assert SAMPLE_SNO not in (locked.error_message or "")
+        # Another username logs in as before (unknown to the portal: one rejected login).
+        other = await rig.wait_status(await rig.submit("20209998", "pw", user="dave"), *FINAL)
+        assert other.error_code == "PORTAL_AUTH_FAILED"
+        await rig.wait_queue_empty()
+        assert rig.portal.login_attempts == {SAMPLE_SNO: 3, "20209998": 1}
+    finally:
+        await rig.close()
+        if other_store is not None:
+            await other_store.close()
+    subjects = await sql(db_url, "SELECT subject FROM portal_login_failures")
+    assert len(subjects) == 4
+    assert all(SAMPLE_SNO not in s[0] and "20209998" not in s[0] for s in subjects)
+
+
+async def test_failures_older_than_the_window_do_not_lock(
+    db_url: str, make_rig: RigFactory
+) -> None:
+    """The lock holds until auth_failure_window_s has passed since the last failure: three
+    failures recorded just over a window ago lock nothing; two more recent ones, with one
+    old, lock nothing either (only two within the window); a third does."""
+    rig = await make_rig(scrapers={"suwon": {"auth_failure_window_s": 600.0}})
+    subject = rig.keys.login_subject("suwon", SAMPLE_SNO)
+    now = time.time()
+
+    async def fail_at(at: float) -> None:
+        job_id, _ = await rig.create(SAMPLE_SNO, "pw-old")
+        job = await rig.store.start_job_run(job_id, at, 60)
+        assert job is not None
+        done = await rig.store.finish_job(
+            job,
+            "FAILED",
+            at,
+            error=("PORTAL_AUTH_FAILED", "x"),
+            login_failure=LoginFailure(subject, at - 1200),
+        )
+        assert done is not None
+
+    for at in (now - 1500, now - 900, now - 800, now - 610):
+        await fail_at(at)
+    rig.start_consumer()
+    ok = await rig.wait_status(await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD), *FINAL)
+    assert ok.status == "SUCCEEDED", ok
+    await fail_at(now - 100)
+    assert (await rig.wait_status(await rig.submit(SAMPLE_SNO, "pw-new"), *FINAL)).error_code == (
+        "PORTAL_AUTH_FAILED"
+    )
+    # -100 and the failure just recorded are within a window of each other, -610 is not:
+    # a third login is tried, and its failure locks.
+    third = await rig.wait_status(await rig.submit(SAMPLE_SNO, "pw-3"), *FINAL)
+    assert third.error_code == "PORTAL_AUTH_FAILED"
+    locked = await rig.wait_status(await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD), *FINAL)
+    assert locked.error_code == "PORTAL_LOGIN_LOCKED"
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 3}
+    # The failure two windows old was dropped when a newer one was recorded.
+    times = await sql(db_url, "SELECT failed_at FROM portal_login_failures ORDER BY failed_at")
+    assert len(times) == 6 and min(float(t[0]) for t in times) > now - 1300
+
+
+async def test_the_lock_can_be_turned_off(make_rig: RigFactory) -> None:
+    rig = await make_rig(scrapers={"suwon": {"max_auth_failures": 0}})
+    rig.start_consumer()
+    for n in range(4):
+        job = await rig.wait_status(await rig.submit(SAMPLE_SNO, f"pw-{n}"), *FINAL)
+        assert job.error_code == "PORTAL_AUTH_FAILED"
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 4}

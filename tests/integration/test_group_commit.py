@@ -275,6 +275,40 @@ async def test_a_member_failing_after_its_first_insert_leaves_nothing(
     assert await raw_count(db_url, "relay_outbox") == 12
 
 
+async def test_a_member_that_failed_only_because_of_its_group_runs_again_alone(
+    store: SqlStore, db_url: str
+) -> None:
+    """A member refused inside a group for a reason of the moment, not of its own rows (a
+    deadlock or lock timeout, met here on its first run only), is rolled back to its
+    savepoint and run again alone: its caller gets what the lone run gives, a success,
+    never the error the group met."""
+    runs: list[int] = []
+
+    def flaky() -> Generator[Op, Any, str]:
+        runs.append(len(runs))
+        rows = yield fetch(
+            store.q["insert_website"],
+            {"id": "gc-flaky", "domain": "flaky.example", "favicon_url": None, "now": 1.0},
+        )
+        if len(runs) == 1:
+            raise StorageError("deadlock detected")
+        return str(rows[0]["id"]) if rows else "found"
+
+    assert store.website_group is not None
+    width = store.website_group.max_groups
+    others = [
+        store.register_website(f"gc-w{i}", f"gc-o{i}", f"w{i}.example", None, time.time())
+        for i in range(width + 6)
+    ]
+    results = await asyncio.gather(*others, store.website_group.run(flaky), return_exceptions=True)
+    assert store.website_group.stats.groups >= 1
+    assert store.website_group.stats.member_failures == 1
+    assert results[-1] == "gc-flaky", results[-1]
+    assert len(runs) == 2
+    assert all(not isinstance(r, BaseException) for r in results[:-1]), results
+    assert await raw_count(db_url, "websites") == width + 7
+
+
 # ------------------------------------------------------------------ dispatch outcomes
 
 

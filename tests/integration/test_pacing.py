@@ -22,9 +22,11 @@ from outboxd.config import ClaimerSettings, ClassifierSettings, SuwonScraperSett
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.services.websites import WebsiteService
+from outboxd.storage.ports import PaceSlot, PaceStore
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.claimer import AI_PACE, Claimer
-from outboxd.workers.pacing import ClusterPortalPacing
+from outboxd.workers.pacing import PORTAL_PACE, ClusterPortalPacing, DbClock
+from tests.support.db import raw_rows
 
 KEY_ENV = "PACING_TEST_AI_KEY"
 KEY = "sk-pacing-test-90aa"
@@ -187,6 +189,45 @@ async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
         await c._classifier.close()
 
 
+class LateOnce(DbClock):
+    """The claimer's DbClock, with the process descheduled across its first slot: the event
+    loop is blocked from just before that deadline until `late_s` after it."""
+
+    def __init__(self, late_s: float) -> None:
+        super().__init__()
+        self.late_s = late_s
+        self.deadlines: list[float] = []
+
+    async def take(self, store: PaceStore, name: str, delay_s: float) -> tuple[PaceSlot, float]:
+        slot, deadline = await super().take(store, name, delay_s)
+        self.deadlines.append(deadline)
+        if len(self.deadlines) == 1:
+            # The loop's clock is time.monotonic, as the deadline's is.
+            asyncio.get_running_loop().call_at(deadline - 0.01, time.sleep, self.late_s + 0.01)
+        return slot, deadline
+
+
+async def test_a_cluster_claimer_woken_late_skips_its_slot(store: SqlStore, ai: FakeAI) -> None:
+    """Woken well after its slot (here 0.3 s: past the 5 % allowed, short of a whole
+    fixed_delay_s), a cluster claimer does not call the provider then, which would crowd the
+    next slot's holder: it takes the next slot and calls at that one."""
+    delay = 1.0
+    await register(store, "late.example")
+    await store.pace_take(AI_PACE, delay, time.time())  # the claimer's slot is a delay ahead
+    claimer = cluster_claimer(store, ai, fixed_delay_s=delay)
+    late = LateOnce(0.3)
+    claimer._db_clock = late
+    try:
+        assert await claimer.tick() == "completed"
+    finally:
+        await claimer._classifier.close()
+    assert len(late.deadlines) == 2, "the late slot was used"
+    assert len(ai.calls) == 1
+    started = ai.calls[0].started_at_monotonic
+    assert started >= late.deadlines[1] - 0.01
+    assert late.deadlines[1] - late.deadlines[0] >= 0.99 * delay
+
+
 async def test_a_429_pauses_both_cluster_claimers(
     store: SqlStore, other: SqlStore, ai: FakeAI
 ) -> None:
@@ -268,6 +309,42 @@ async def test_portal_pacing_spaces_requests_and_limits_sessions_across_instance
     assert len(starts) == 12 and min(gaps) >= 0.09, gaps
     states = {s.name: s for s in await store.pace_states(time.time())}
     assert states["suwon"].sessions == 0  # every session given back
+
+
+async def test_a_portal_session_longer_than_its_lease_is_renewed_early_and_never_shared(
+    store: SqlStore, other: SqlStore, db_url: str
+) -> None:
+    """A scrape that outlives its session lease keeps the session: the lease is renewed well
+    before it would run out (never left to its last moment, where a slow renewal loses it),
+    and another instance polling for a session meanwhile never gets one (max_concurrency 1),
+    so the portal never sees more sessions than allowed."""
+    settings = SuwonScraperSettings(max_concurrency=1, timeout_s=2.0, pace_scope="cluster")
+    slow = ClusterPortalPacing(store, settings, holder="slow")
+    slow.lease_s = 1.2  # the scrape below lasts three leases
+    margins: list[float] = []
+    taken_by_other: list[int] = []
+
+    async def watch(until: float) -> None:
+        while time.monotonic() < until:
+            rows = await raw_rows(
+                db_url, "SELECT expires_at FROM pace_leases WHERE holder = 'slow'"
+            )
+            if rows:
+                margins.append(float(rows[0]["expires_at"]) - time.time())
+            lease = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time())
+            if lease is not None:
+                taken_by_other.append(lease.slot)
+                await other.lease_release(lease)
+            await asyncio.sleep(0.03)
+
+    async with slow.session():
+        await watch(time.monotonic() + 3 * slow.lease_s)
+    assert taken_by_other == [], "another instance took the session of a running scrape"
+    assert len(margins) > 20
+    # Renewed every third of the lease: at least about two thirds of it always remain.
+    assert min(margins) > slow.lease_s / 3, sorted(margins)[:5]
+    after = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time())
+    assert after is not None  # given back at the end
 
 
 # --- the operator's view ----------------------------------------------------------------------

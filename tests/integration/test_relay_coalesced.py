@@ -202,6 +202,34 @@ async def test_a_row_claimed_at_intake_but_never_published_goes_out_after_its_le
     assert [mid for mid, _ in await drain(queues)] == [row.queue_message_id]
 
 
+async def test_a_request_whose_intake_lease_ran_out_does_not_publish_the_row_again(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """A request that stalls past its intake lease (a long pause between its commit and
+    its publish): the relay loop has taken the row meanwhile and sent it. The request then
+    does not publish the row it was handed at intake a second time (a duplicate message):
+    it claims it like any other row, finds it sent, and answers with that."""
+    clock = Clock()
+    pub = PartialFailurePublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+    claimed_until = relay.intake_claim_until(clock.now)
+    assert claimed_until is not None
+    _, outbox_id = await insert_portal_job(store, clock.now, claimed_until=claimed_until)
+    as_inserted = await store.get_relay_row(outbox_id)
+    assert as_inserted is not None and as_inserted.claimed_until == claimed_until
+
+    clock.now = claimed_until + 0.001  # the request's lease is over
+    assert await relay.relay_once() == 1  # and the loop sent the row
+    sent = await store.get_relay_row(outbox_id)
+    assert sent is not None and sent.status == "SENT"
+
+    answer = await relay.dispatch(outbox_id, as_inserted)
+    assert answer is not None and answer.status == "SENT"
+    assert answer.queue_message_id == sent.queue_message_id
+    assert len(pub.batches) == 1, "the row was published twice"
+    assert [mid for mid, _ in await drain(queues)] == [sent.queue_message_id]
+
+
 async def test_a_lone_request_goes_out_in_a_batch_of_its_own(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:

@@ -8,7 +8,9 @@ for the outage.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -17,11 +19,15 @@ from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.queue.embedded import EmbeddedSqs
-from outboxd.queue.sqs import SqsQueues
+from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
+from tests.integration.test_relay import PartialFailurePublisher, queues, relay_settings, settings
+from tests.support.clock import Clock
+
+__all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-dispatch"}
@@ -113,3 +119,58 @@ async def test_with_sqs_down_require_dispatch_answers_503_c08_and_202_once_it_is
                 assert len(rows) == 1 and rows[0].job_id in body["detail"]
             finally:
                 await client.close()
+
+
+class LoopHeldPublisher(PartialFailurePublisher):
+    """Fails every entry. While `hold` is set, a batch waits for `gate` first (`entered`
+    says one is waiting): the relay loop's publish in flight."""
+
+    def __init__(self, inner: SqsQueues) -> None:
+        super().__init__(inner, fail=lambda _m: "ServiceUnavailable")
+        self.hold = False
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        if self.hold:
+            self.entered.set()
+            await self.gate.wait()
+        return await super().send_batch(kind, messages)
+
+
+async def test_a_replay_while_the_relay_loop_fails_its_publish_is_503_c08(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """A replay finds the row held by the relay loop, whose publish then fails: the
+    request waits for that outcome and is told the truth, 503 C08 (the row is
+    RETRYABLE_FAILED), not "dispatched"."""
+    settings = make_settings(api={"require_dispatch": True})
+    clock = Clock()
+    pub = LoopHeldPublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+    client = await client_for(build_api_deps(settings, store, keys, Metrics(), queues, relay))
+    try:
+        status, body, _ = await post(client, "k-held")
+        assert status == 503 and body["code"] == "C08", body  # its own publish failed
+        (row,) = (await store.list_relay_rows("RETRYABLE_FAILED", 10, None)).items
+
+        clock.now = row.next_attempt_at + 0.001  # due: the loop takes it
+        pub.hold = True
+        loop_round = asyncio.create_task(relay.relay_once())
+        await asyncio.wait_for(pub.entered.wait(), 10)
+        held = await store.get_relay_row(row.id)
+        assert held is not None and (held.claimed_until or 0) > clock.now
+
+        replay = asyncio.create_task(post(client, "k-held"))
+        # Ordering only (the replay meets the row while it is held); the answer below
+        # must be the same if the loop's outcome lands first.
+        await asyncio.sleep(0.3)
+        pub.gate.set()
+        status, body, headers = await asyncio.wait_for(replay, 10)
+        await loop_round
+        assert status == 503, body
+        assert body["code"] == "C08" and headers.get("Retry-After") == "1"
+        after = await store.get_relay_row(row.id)
+        assert after is not None and after.status == "RETRYABLE_FAILED"
+    finally:
+        await client.close()

@@ -7,13 +7,19 @@ PENDING work row commit together; an existing one (in any spelling) is returned 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 
+from outboxd.daemon.app import build_api_deps
+from outboxd.http.app import create_app
+from outboxd.observability import Metrics
+from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
-from tests.support.db import raw_scalar
+from tests.conftest import SettingsFactory
+from tests.support.db import raw_count, raw_scalar
 
 Client = TestClient[Any, Any]
 
@@ -199,3 +205,85 @@ async def test_twenty_concurrent_registrations_make_one_website_and_one_work_row
         db_url, "SELECT COUNT(*) AS n FROM work_outbox o JOIN websites w ON w.id = o.website_id"
     )
     assert ids == 1
+
+
+@pytest.mark.parametrize("bidi", ["\u202e", "\u2066", "\u202a"])
+async def test_a_favicon_url_with_a_bidi_control_is_400_c01(
+    api: Client, store: SqlStore, db_url: str, bidi: str
+) -> None:
+    body = {"domain": "bidi.example", "faviconUrl": f"https://bidi.example/{bidi}oci.f"}
+    resp = await api.post("/v1/websites", json=body)
+    assert resp.status == 400, await resp.text()
+    problem = await resp.json()
+    assert problem["code"] == "C01" and problem["errors"][0]["field"] == "faviconUrl"
+    assert await raw_count(db_url, "websites") == 0
+
+
+async def test_a_classified_website_whose_work_row_was_pruned_stays_listed_completed(
+    api: Client, store: SqlStore, db_url: str
+) -> None:
+    """outbox.prune deletes COMPLETED work rows; their websites stay in the listing and
+    answer classification COMPLETED (attempts and last error went with the row)."""
+    for domain in ("done.example", "waiting.example"):
+        assert (await api.post("/v1/websites", json={"domain": domain})).status == 201
+    row = await store.claim_work(time.time(), 60.0, 300.0)
+    assert row is not None
+    done = await store.website_by_id(row.website_id)
+    assert done is not None and done.domain == "done.example"
+    assert await store.complete_work(row, "news", time.time())
+    pruned = await store.prune(time.time() + 60, time.time() + 60, 100)
+    assert await raw_count(db_url, "work_outbox") == 1, pruned
+
+    listed = await (await api.get("/v1/admin/websites")).json()
+    by_domain = {w["domain"]: w for w in listed["items"]}
+    assert set(by_domain) == {"done.example", "waiting.example"}
+    assert by_domain["done.example"]["category"] == "news"
+    assert by_domain["done.example"]["classification"] == {
+        "status": "COMPLETED",
+        "attempts": 0,
+        "lastError": None,
+    }
+    assert by_domain["waiting.example"]["classification"]["status"] == "PENDING"
+    completed = await (await api.get("/v1/admin/websites?status=COMPLETED")).json()
+    assert [w["domain"] for w in completed["items"]] == ["done.example"]
+    pending = await (await api.get("/v1/admin/websites?status=PENDING")).json()
+    assert [w["domain"] for w in pending["items"]] == ["waiting.example"]
+    one = await (await api.get("/v1/websites/done.example")).json()
+    assert one["classification"]["status"] == "COMPLETED" and one["category"] == "news"
+
+
+async def test_new_websites_over_the_hourly_cap_are_429_c12(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing, db_url: str
+) -> None:
+    """api.max_websites_per_user_per_hour = 2: a third new website of one user within the
+    hour is 429 C12 with a Retry-After of at most an hour; a known domain is still
+    answered (it costs no classification); another user is not affected."""
+    tokens = {"alice": "tok-web-alice-" + "a" * 20, "bob": "tok-web-bob-" + "b" * 20}
+    settings = make_settings(
+        auth={"tokens": [{"sha256": hash_token(t), "user": u} for u, t in tokens.items()]},
+        api={"max_websites_per_user_per_hour": 2},
+    )
+    deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
+    client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+    await client.start_server()
+    try:
+
+        async def register(user: str, domain: str) -> Any:
+            return await client.post(
+                "/v1/websites",
+                json={"domain": domain},
+                headers={"Authorization": f"Bearer {tokens[user]}"},
+            )
+
+        assert (await register("alice", "one.example")).status == 201
+        assert (await register("alice", "two.example")).status == 201
+        over = await register("alice", "three.example")
+        assert over.status == 429, await over.text()
+        assert (await over.json())["code"] == "C12"
+        assert 1 <= int(over.headers["Retry-After"]) <= 3600
+        assert (await register("alice", "one.example")).status == 200
+        assert (await register("bob", "three.example")).status == 201
+        assert await raw_count(db_url, "websites") == 3
+        assert await raw_count(db_url, "work_outbox") == 3
+    finally:
+        await client.close()

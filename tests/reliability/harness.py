@@ -295,7 +295,7 @@ def http(
 def raw_post(path: str, body: bytes, extra: bytes = b"") -> bytes:
     """A whole POST request as bytes (JSON body, `extra` header lines), closing after."""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n".encode()
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
         + extra
         + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
         + body

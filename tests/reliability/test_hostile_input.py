@@ -326,6 +326,10 @@ def test_each_input_that_once_reached_a_500_is_400_c01(
         ("GET", "/v1/jobs/a%01b"),
         ("GET", "/v1/jobs/" + "a" * 129),
         ("POST", "/v1/admin/jobs/a%00b/redrive"),
+        ("GET", "/v1/admin/jobs/%00"),
+        ("GET", "/v1/admin/jobs/a%00b"),
+        ("GET", "/v1/admin/jobs/%E2%80%AE"),
+        ("POST", "/v1/admin/websites/a%00b.com/retry"),
         ("POST", "/v1/admin/outbox/a%00b/redrive"),
         ("GET", "/v1/websites/a%00b.com"),
         ("GET", "/v1/jobs/%ED%A0%80"),
@@ -334,8 +338,9 @@ def test_each_input_that_once_reached_a_500_is_400_c01(
     ],
 )
 def test_a_path_id_no_row_can_have_is_not_found(live: LiveApi, method: str, path: str) -> None:
-    """NUL, control characters, over-long ids and bytes that are not UTF-8 name nothing:
-    404 C04 (on Postgres a NUL used to reach the driver and answer 500)."""
+    """NUL, control characters, bidirectional controls, over-long ids and bytes that are
+    not UTF-8 name nothing: 404 C04 (on Postgres a NUL used to reach the driver and answer
+    500, on the admin routes too)."""
     raw = (
         f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n"
         "Content-Length: 0\r\nConnection: close\r\n\r\n"

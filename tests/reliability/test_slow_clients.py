@@ -7,20 +7,27 @@
 - a client that hangs up mid-body is `client_disconnected` at info: no error-level
   line, no 5xx in the access log or the metrics;
 - a broken gzip, deflate or chunked body is 400 C01; parser errors are problem+json
-  that never echo the request; CONNECT is 405; `Server:` carries no version.
+  that never echo the request; CONNECT is 405; `Server:` carries no version;
+- clients that pipeline and never read are cut off after `server.write_timeout_s`,
+  so they cannot hold `server.max_connections`: new clients are served;
+- a head over `server.max_header_bytes` or 64 fields is 431 C13, never echoed; a flood
+  of such heads leaves the daemon's RSS bounded (a daemon subprocess, read from /proc).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from outboxd.config import Settings
+from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import raw_post
 from tests.support.live_api import LiveApi, parse_response, read_until_closed
 
@@ -80,7 +87,7 @@ def _assert_408(data: bytes) -> None:
 
 def test_half_sent_headers_are_closed_and_others_are_served(live: LiveApi) -> None:
     with live.connect() as slow:
-        slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
         time.sleep(0.5)
         _healthy(live)  # the daemon keeps answering while one client stalls
         elapsed, data = _closed_after(slow)
@@ -119,7 +126,7 @@ def test_a_half_sent_body_is_closed(live: LiveApi) -> None:
     before = live.counts()
     with live.connect() as slow:
         slow.sendall(
-            b"POST /v1/websites HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/websites HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 200\r\n\r\n"
             b'{"domain": "exa'
         )
@@ -134,7 +141,7 @@ def test_a_fast_request_on_a_reused_connection_gets_a_fresh_deadline(live: LiveA
     """The deadline is per request: a keep-alive connection used slowly but steadily lives."""
     with live.connect() as sock:
         for _ in range(3):
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             got = b""
             while b'"ok"' not in got:
                 chunk = sock.recv(65536)
@@ -147,7 +154,7 @@ def test_a_fast_request_on_a_reused_connection_gets_a_fresh_deadline(live: LiveA
 def test_an_idle_keep_alive_connection_is_closed(make_live: Callable[..., LiveApi]) -> None:
     live = make_live(keepalive_timeout_s=3.0)
     with live.connect() as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         elapsed, data = _closed_after(sock)
     assert data.startswith(b"HTTP/1.1 200")
     assert elapsed < 3.0 + 6.0
@@ -158,7 +165,7 @@ def test_connections_beyond_the_cap_are_answered_503_at_once(live: LiveApi) -> N
     try:
         # Each held connection has been accepted once it answers a request.
         for sock in held:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")
         with live.connect() as extra:
             started = time.monotonic()
@@ -184,7 +191,7 @@ def test_connections_beyond_the_cap_are_answered_503_at_once(live: LiveApi) -> N
 def test_a_client_hanging_up_mid_body_is_not_a_server_error(live: LiveApi) -> None:
     with live.connect() as sock:
         sock.sendall(
-            b"POST /v1/websites HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/websites HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 1000\r\n\r\n"
             b'{"domain": "exa'
         )
@@ -229,7 +236,7 @@ def test_a_valid_gzip_body_is_accepted(live: LiveApi) -> None:
 
 def test_a_malformed_chunk_after_the_body_started_is_400(live: LiveApi) -> None:
     raw = (
-        b"POST /v1/websites HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/websites HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
         b'5\r\n{"dom\r\nzz\r\nnot a chunk\r\n'
     )
@@ -244,13 +251,12 @@ def test_a_malformed_chunk_after_the_body_started_is_400(live: LiveApi) -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"s3cr3t" * 2000 + b"\r\n\r\n",
-        b"G\x01T /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"GET /heal\x7fthz\x00s3cr3t HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header s3cr3t\r\n\r\n",
+        b"G\x01T /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET /heal\x7fthz\x00s3cr3t HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header s3cr3t\r\n\r\n",
         b"s3cr3t\r\n\r\n",
     ],
-    ids=["header-over-8k", "method-bytes", "url-bytes", "header-syntax", "not-http"],
+    ids=["method-bytes", "url-bytes", "header-syntax", "not-http"],
 )
 def test_parser_errors_are_problem_json_that_do_not_echo(live: LiveApi, raw: bytes) -> None:
     resp = live.send(raw)
@@ -272,3 +278,170 @@ def test_connect_is_405_and_no_server_version_is_sent(live: LiveApi) -> None:
     ok = live.get("/healthz")
     assert ok.headers.get("server") == "outboxd"
     assert "aiohttp" not in str(ok.headers) and "Python" not in str(ok.headers)
+
+
+# ------------------------------------------------------------------ responses nobody reads
+
+WRITE_TIMEOUT_S = 2.0
+
+
+def _pipelining_non_reader(live: LiveApi, requests: int = 200) -> socket.socket:
+    """A connection that sends `requests` GETs of the OpenAPI document and never reads."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # A small receive window, so the daemon's side fills up after a few answers.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(20)
+    sock.connect(("127.0.0.1", live.port))
+    sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * requests)
+    return sock
+
+
+def test_clients_that_pipeline_and_never_read_cannot_hold_the_connection_cap(
+    make_live: Callable[..., LiveApi],
+) -> None:
+    live = make_live(write_timeout_s=WRITE_TIMEOUT_S)  # max_connections = 8
+    hogs = [_pipelining_non_reader(live) for _ in range(8)]
+    try:
+        # The hogs hold every slot until their answers make no progress for the write
+        # timeout; then they are cut off and a new client is served.
+        deadline = time.monotonic() + WRITE_TIMEOUT_S + 20
+        while True:
+            resp = live.get("/healthz")
+            if resp.status == 200:
+                break
+            assert resp.status == 503, resp
+            assert time.monotonic() < deadline, "the non-readers held the connection cap"
+            time.sleep(0.2)
+        cut = [e for e in live.events() if e.get("event") == "client_write_timeout"]
+        assert cut, "served, but no connection was cut for its write deadline"
+    finally:
+        for sock in hogs:
+            sock.close()
+
+
+def test_a_non_reader_beside_the_cap_does_not_stop_others(
+    make_live: Callable[..., LiveApi],
+) -> None:
+    live = make_live(write_timeout_s=WRITE_TIMEOUT_S)
+    with _pipelining_non_reader(live) as hog:
+        for _ in range(3):
+            _healthy(live)  # served meanwhile, while the hog's answers wait
+        live.wait_for_event("client_write_timeout", timeout_s=WRITE_TIMEOUT_S + 15)
+        # Reading now, it gets what was sent before the cut, then the end.
+        _elapsed, data = _closed_after(hog)
+    assert data.startswith(b"HTTP/1.1 200")
+    _healthy(live)
+
+
+def test_a_slow_reader_that_keeps_reading_is_not_cut_off(
+    make_live: Callable[..., LiveApi],
+) -> None:
+    """The deadline is on progress, not on the whole answer: reading a little every
+    half deadline keeps the connection."""
+    live = make_live(write_timeout_s=WRITE_TIMEOUT_S)
+    with _pipelining_non_reader(live, requests=3) as sock:
+        got = b""
+        started = time.monotonic()
+        while got.count(b"HTTP/1.1 200") < 3:
+            time.sleep(WRITE_TIMEOUT_S / 2)
+            chunk = sock.recv(16384)
+            assert chunk, "the server closed a connection whose client kept reading"
+            got += chunk
+        assert time.monotonic() - started > WRITE_TIMEOUT_S  # it did outlive one deadline
+    assert not [e for e in live.events() if e.get("event") == "client_write_timeout"]
+
+
+# ------------------------------------------------------------------ the header budget
+
+
+def _assert_431(resp: Any) -> None:
+    assert resp.status == 431, resp
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    assert resp.headers.get("server") == "outboxd"
+    assert resp.headers.get("x-request-id")
+    assert resp.json()["code"] == "C13"
+    assert b"s3cr3t" not in resp.body
+
+
+def test_a_head_over_the_budget_is_431_and_never_echoed(make_live: Callable[..., LiveApi]) -> None:
+    live = make_live(max_header_bytes=16384)
+    within = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"s" * 12000
+    assert live.send(within + b"\r\nConnection: close\r\n\r\n").status == 200
+    over = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"s3cr3t" * 3000
+    _assert_431(live.send(over + b"\r\n\r\n"))
+    # Spread over many small fields, and sent slowly, it is the same.
+    many = b"".join(b"X-%d: %s\r\n" % (i, b"s3cr3t" * 100) for i in range(40))
+    with live.connect() as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        for at in range(0, len(many), 4000):
+            try:
+                sock.sendall(many[at : at + 4000])
+            except OSError:
+                break
+            time.sleep(0.05)
+        _assert_431(parse_response(read_until_closed(sock, 20)))
+    _healthy(live)
+
+
+def test_more_than_64_header_fields_are_431(live: LiveApi) -> None:
+    def request(fields: int) -> bytes:
+        extra = b"".join(b"X-%d: y\r\n" % i for i in range(fields - 2))
+        return (
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra + b"Connection: close\r\n\r\n"
+        )
+
+    assert live.send(request(64)).status == 200
+    _assert_431(live.send(request(65)))
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+FLOOD_CONNECTIONS = 300
+# 120 fields of 7,800 bytes: under aiohttp's own per-field and field-count limits.
+FLOOD_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(
+    b"X-Flood-%03d: %s\r\n" % (i, b"f" * 7800) for i in range(120)
+)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_header_flood_leaves_the_daemon_rss_bounded(make_daemon: MakeDaemon) -> None:
+    """300 connections each sending ~940 KB of headers (never ending the head) and held
+    open: each is refused at the budget, so the daemon does not keep ~2 MB per connection
+    (about 600 MB here without the budget); the bound is generous, never a speed."""
+    daemon = make_daemon(daemon={"roles": ["api"]}, server={"max_connections": 2048})
+    base = daemon.start()
+    port = int(base.rsplit(":", 1)[1])
+    before = _rss_kib(daemon.pid)
+    held: list[socket.socket] = []
+    answered: list[bytes] = []
+    try:
+        for _ in range(FLOOD_CONNECTIONS):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            held.append(sock)
+            with contextlib.suppress(OSError):  # refused and closed mid-send: the point
+                sock.sendall(FLOOD_HEAD)
+        during = _rss_kib(daemon.pid)
+        for sock in held[:5]:
+            try:
+                answered.append(read_until_closed(sock, 10))
+            except OSError:
+                answered.append(b"")
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(1.0)
+    after = _rss_kib(daemon.pid)
+    growth_mib = (max(during, after) - before) / 1024
+    print(
+        f"\nheader flood: RSS {before // 1024} MiB before, {during // 1024} during, "
+        f"{after // 1024} after {FLOOD_CONNECTIONS} connections"
+    )
+    assert growth_mib < 150, (before, during, after)
+    assert any(a.startswith(b"HTTP/1.1 431") for a in answered), answered
+    assert daemon.running()
+    assert daemon.terminate() == 0

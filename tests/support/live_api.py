@@ -61,7 +61,13 @@ class LiveApi:
                 "127.0.0.1",
                 0,
                 5.0,
-                ConnectionLimits(s.read_timeout_s, s.keepalive_timeout_s, s.max_connections),
+                ConnectionLimits(
+                    s.read_timeout_s,
+                    s.keepalive_timeout_s,
+                    s.max_connections,
+                    s.write_timeout_s,
+                    s.max_header_bytes,
+                ),
             )
             stop = asyncio.Event()
             task = asyncio.create_task(server.run(stop))
@@ -84,7 +90,9 @@ class LiveApi:
 
     def get(self, path: str, headers: bytes = b"") -> RawResponse:
         return self.send(
-            f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode() + headers + b"Connection: close\r\n\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+            + headers
+            + b"Connection: close\r\n\r\n"
         )
 
     def counts(self) -> dict[str, int]:

@@ -11,7 +11,17 @@ import asyncpg
 from tests.support.db import raw_db
 
 ADMIN_DSN = os.environ.get("OUTBOXD_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-TABLES = ("relay_outbox", "work_outbox", "websites", "task_runs", "jobs", "pace", "pace_leases")
+TABLES = (
+    "relay_outbox",
+    "work_outbox",
+    "websites",
+    "task_runs",
+    "jobs",
+    "pace",
+    "pace_leases",
+    "portal_login_failures",
+    "website_registrations",
+)
 
 
 def required() -> bool:
@@ -57,9 +67,10 @@ def drop_database(name: str) -> None:
 async def _truncate(dsn: str) -> None:
     conn = await asyncpg.connect(dsn, timeout=5)
     try:
-        exists = await conn.fetchval("SELECT to_regclass('public.jobs') IS NOT NULL")
-        if exists:
-            await conn.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
+        rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        present = [t for t in TABLES if t in {r["tablename"] for r in rows}]
+        if present:
+            await conn.execute(f"TRUNCATE {', '.join(present)} CASCADE")
     finally:
         await conn.close()
 

@@ -287,8 +287,16 @@ def build_api_deps(
     return ApiDeps(
         settings=settings,
         store=store,
-        jobs=PortalJobService(store, keys, dispatcher, settings.api.require_dispatch),
-        websites=WebsiteService(store),
+        jobs=PortalJobService(
+            store,
+            keys,
+            dispatcher,
+            settings.api.require_dispatch,
+            max_active_jobs=settings.api.max_active_jobs_per_user,
+        ),
+        websites=WebsiteService(
+            store, max_per_user_per_hour=settings.api.max_websites_per_user_per_hour
+        ),
         tasks=TaskService(store),
         admin=AdminService(store, readiness if queues is not None else None),
         tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),
@@ -513,6 +521,8 @@ async def _serve(
                 read_timeout_s=settings.server.read_timeout_s,
                 keepalive_timeout_s=settings.server.keepalive_timeout_s,
                 max_connections=settings.server.max_connections,
+                write_timeout_s=settings.server.write_timeout_s,
+                max_header_bytes=settings.server.max_header_bytes,
             ),
         )
         components.append(("api", api_server))
@@ -536,6 +546,7 @@ async def _serve(
                     settings.sqs,
                     metrics,
                     settings.security.dead_retention_s,
+                    portal_settings=settings.scrapers.suwon,
                     storage_probe=store.db.ping,
                 ),
             )

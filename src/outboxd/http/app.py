@@ -7,6 +7,8 @@ no SQL and no business rule lives on this side.
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import itertools
 import time
 import uuid
@@ -17,7 +19,7 @@ import structlog
 from aiohttp import web
 
 from outboxd.errors import StorageError, StorageUnavailable
-from outboxd.http import inputs, models
+from outboxd.http import console, inputs, models
 from outboxd.http.deps import DEPS, OPENAPI_JSON, PRINCIPAL, REQUEST_ID, ApiDeps
 from outboxd.http.inputs import ClientDisconnected, InputError
 from outboxd.http.openapi import openapi_document
@@ -25,6 +27,7 @@ from outboxd.http.problems import (
     FORBIDDEN,
     INTERNAL_ERROR,
     METHOD_NOT_ALLOWED,
+    MISDIRECTED_REQUEST,
     NOT_FOUND,
     PAYLOAD_TOO_LARGE,
     STORAGE_UNAVAILABLE,
@@ -112,6 +115,10 @@ async def edge_middleware(
     finally:
         structlog.contextvars.unbind_contextvars("request_id")
     response.headers["X-Request-Id"] = request_id
+    if console.is_console_path(request.path):
+        # Errors under /ui/ (404, 405, 421...) too: a browser treats them as console pages.
+        for name, value in console.SECURITY_HEADERS.items():
+            response.headers.setdefault(name, value)
     elapsed = time.perf_counter() - started
     edge.count(route, response.status, elapsed)
     if response.status < 300 and edge.storage_outage.down and route in edge.storage_routes:
@@ -139,6 +146,8 @@ async def _guarded(
             raise ApiError(
                 METHOD_NOT_ALLOWED, "CONNECT is not allowed", headers={"Allow": "GET, POST"}
             )
+        if not edge.tokens.enabled:
+            _this_operator_only(request)
         if isinstance(http_exc, web.HTTPMethodNotAllowed):
             allow = ", ".join(sorted(http_exc.allowed_methods))
             raise ApiError(
@@ -187,6 +196,64 @@ async def _guarded(
     except Exception as exc:
         log.exception("unhandled_error", error=exc)
         return problem(request, ApiError(INTERNAL_ERROR, "internal error"))
+
+
+# Methods that change nothing: a cross-site page may send them (it cannot read the answer).
+_SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+# Sec-Fetch-Site values of a request the daemon's own pages (or no browser) made.
+_OWN_SITES: Final = frozenset({"same-origin", "none"})
+
+
+def _this_operator_only(request: web.Request) -> None:
+    """Auth-off mode (no tokens: every caller is admin) serves this operator's own tools only.
+
+    The Host must name loopback, so a page whose name was rebound to 127.0.0.1 (DNS
+    rebinding) reads nothing; and a request that changes state must come from the daemon's
+    own origin, so a page of another origin (another site, another local port) cannot
+    send it (a form post or a no-cors fetch needs no CORS answer). curl, scripts and the
+    console send what passes. Other local users are not kept out: that takes tokens.
+    """
+    host = request.headers.get("Host")
+    if host is not None and not _loopback_authority(host):
+        raise ApiError(
+            MISDIRECTED_REQUEST,
+            "with no [[auth.tokens]] this daemon answers requests to a loopback name only",
+        )
+    if request.method in _SAFE_METHODS:
+        return
+    site = request.headers.get("Sec-Fetch-Site")
+    origin = request.headers.get("Origin")
+    if (site is not None and site.lower() not in _OWN_SITES) or (
+        origin is not None and (host is None or origin.lower() != "http://" + host.lower())
+    ):
+        raise ApiError(
+            FORBIDDEN,
+            "with no [[auth.tokens]] a request that changes state must come from this "
+            "daemon's own origin",
+        )
+
+
+@functools.lru_cache(maxsize=256)  # a client sends the same Host on every request
+def _loopback_authority(authority: str) -> bool:
+    """`127.0.0.1`, `localhost`, `[::1]` (any loopback address or `localhost`), with or
+    without a port."""
+    name, port = authority, ""
+    if authority.startswith("["):
+        name, sep, port = authority[1:].partition("]")
+        if not sep or (port and not port.startswith(":")):
+            return False
+        port = port[1:]
+    elif ":" in authority:
+        name, _, port = authority.rpartition(":")
+    if port and not (port.isascii() and port.isdigit()):
+        return False
+    name = name.lower().removesuffix(".")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _authenticate(request: web.Request, tokens: TokenVerifier) -> Principal:

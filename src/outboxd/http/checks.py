@@ -17,7 +17,7 @@ from outboxd.http.models import TaskPayload
 class _TextField:
     """One string field's checks, read once from its Struct's msgspec type info."""
 
-    __slots__ = ("choices", "max_length", "name", "optional", "wire")
+    __slots__ = ("allow_bidi", "choices", "max_length", "name", "optional", "wire")
 
     def __init__(self, field: Any) -> None:
         self.name: str = field.name
@@ -32,6 +32,8 @@ class _TextField:
             t = t.type
         self.choices: tuple[str, ...] | None = None
         self.max_length: int | None = None
+        # Only a field that is never displayed may hold bidirectional controls.
+        self.allow_bidi: bool = bool(extra.get("allow_bidi"))
         if isinstance(t, msgspec.inspect.LiteralType):
             self.choices = tuple(str(v) for v in t.values)
             # A long unknown value is refused for its length first, as for any text field.
@@ -58,7 +60,8 @@ def check_text_fields(
     """A checker for `model`'s string fields `names`, in declaration order.
 
     Each value must be a string, not blank, within the model's max_length, storable
-    text (`inputs.bad_char`) and one of the Literal's values where the field is one;
+    text (`inputs.bad_char`: no bidirectional controls unless the field's Meta says
+    `extra={"allow_bidi": True}`) and one of the Literal's values where the field is one;
     a missing optional field or an explicit null for one is None. The checker returns
     the values by field name, or raises `inputs.InputError` for the first bad field.
     """
@@ -79,7 +82,7 @@ def check_text_fields(
                 inputs.fail(f.wire, "must not be empty")
             if f.max_length is not None and len(value) > f.max_length:
                 inputs.fail(f.wire, f"must be at most {f.max_length} characters")
-            why = inputs.bad_char(value)
+            why = inputs.bad_char(value, f.allow_bidi)
             if why is not None:
                 inputs.fail(f.wire, why)
             if f.choices is not None and value not in f.choices:

@@ -65,4 +65,5 @@ def asset(path: str) -> Handler:
 
 
 def is_console_path(path: str) -> bool:
-    return path.startswith(CONSOLE_PREFIX)
+    """A path whose every answer (pages, assets, errors) carries SECURITY_HEADERS."""
+    return path.startswith(CONSOLE_PREFIX) or path == CONSOLE_PREFIX[:-1]

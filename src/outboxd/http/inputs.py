@@ -53,8 +53,14 @@ def fail(field: str, message: str) -> NoReturn:
     raise InputError(field, message)
 
 
-def bad_char(value: str) -> str | None:
-    """Why `value` cannot be stored as text anywhere (None when it can)."""
+# Bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): text
+# holding them can display as something else (a name or URL spelt backwards, "Trojan Source").
+BIDI_CONTROLS = frozenset(map(chr, (*range(0x202A, 0x202F), *range(0x2066, 0x206A))))
+
+
+def bad_char(value: str, allow_bidi: bool = False) -> str | None:
+    """Why `value` cannot be stored as text anywhere (None when it can); bidirectional
+    controls are refused too unless `allow_bidi` (a password is never shown)."""
     if value.isascii() and value.isprintable():
         return None  # the usual case, without a loop in Python
     for c in value:
@@ -65,7 +71,15 @@ def bad_char(value: str) -> str | None:
             return "must not contain control characters"
         if 0xD800 <= o <= 0xDFFF:
             return "must not contain lone surrogates"
+        if c in BIDI_CONTROLS and not allow_bidi:
+            return "must not contain bidirectional controls (U+202A-U+202E, U+2066-U+2069)"
     return None
+
+
+def no_bidi(field: str, value: str) -> None:
+    """InputError when `value` holds a bidirectional control (for text checked otherwise)."""
+    if not value.isascii() and not BIDI_CONTROLS.isdisjoint(value):
+        fail(field, "must not contain bidirectional controls (U+202A-U+202E, U+2066-U+2069)")
 
 
 def check_text(field: str, value: str, max_len: int) -> str:

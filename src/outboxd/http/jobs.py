@@ -7,6 +7,7 @@ from typing import cast
 import structlog
 from aiohttp import web
 
+from outboxd.errors import QuotaExceeded
 from outboxd.http import checks, inputs, models
 from outboxd.http.deps import deps_of, principal_of
 from outboxd.http.problems import (
@@ -14,6 +15,7 @@ from outboxd.http.problems import (
     IDEMPOTENCY_KEY_CONFLICT,
     IDEMPOTENCY_KEY_REQUIRED,
     NOT_FOUND,
+    TOO_MANY_ACTIVE_JOBS,
     ApiError,
 )
 from outboxd.http.render import dispatch_model, job_model
@@ -33,6 +35,8 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     deps = deps_of(request)
     user = principal_of(request).user
     key = request.headers.get("Idempotency-Key")
+    if key is not None:
+        inputs.no_bidi("Idempotency-Key", key)
     if key is None or not models.IDEMPOTENCY_KEY_RE.match(key):
         raise ApiError(
             IDEMPOTENCY_KEY_REQUIRED,
@@ -47,6 +51,8 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     )
     try:
         sub = await deps.jobs.submit(user, key, link)
+    except QuotaExceeded as exc:
+        raise _too_many(exc) from None
     except IdempotencyConflict:
         raise ApiError(
             IDEMPOTENCY_KEY_CONFLICT,
@@ -67,6 +73,10 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
         headers["Idempotent-Replayed"] = "true"
     accepted = models.PortalLinkAccepted(sub.job.id, sub.job.status, dispatch_model(sub.outbox))
     return json_response(accepted, 202, headers)
+
+
+def _too_many(exc: QuotaExceeded) -> ApiError:
+    return ApiError(TOO_MANY_ACTIVE_JOBS, str(exc), headers={"Retry-After": str(exc.retry_after_s)})
 
 
 def visible_job(request: web.Request, job: JobRecord | None) -> JobRecord:

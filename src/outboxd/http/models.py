@@ -45,6 +45,10 @@ DEDUP_ID_RE: Final = re.compile(DEDUP_ID_PATTERN)
 # before its emptiness check).
 _CTRL: Final = "\\u0000-\\u001f\\u007f-\\u009f"
 VISIBLE_TEXT: Final = f"^[^{_CTRL}]*[^\\s{_CTRL}][^{_CTRL}]*$"
+# The same without bidirectional controls (U+202A-U+202E, U+2066-U+2069): every text field a
+# person may read (http/inputs.py `bad_char` refuses them; only the password may hold them).
+NO_CONTROLS: Final = _CTRL + "\\u202a-\\u202e\\u2066-\\u2069"
+SHOWN_TEXT: Final = f"^[^{NO_CONTROLS}]*[^\\s{NO_CONTROLS}][^{NO_CONTROLS}]*$"
 
 if TYPE_CHECKING:
     PortalName = str
@@ -87,8 +91,9 @@ class PortalLinkRequest(_Body):
         Meta(
             min_length=1,
             max_length=64,
-            pattern=VISIBLE_TEXT,
-            description="Portal user id; not blank, no control characters.",
+            pattern=SHOWN_TEXT,
+            description="Portal user id; not blank, no control or bidirectional control "
+            "characters.",
         ),
     ]
     password: Annotated[
@@ -99,6 +104,7 @@ class PortalLinkRequest(_Body):
             pattern=VISIBLE_TEXT,
             description="Portal password; encrypted at rest and never echoed.",
             extra_json_schema={"format": "password", "writeOnly": True},
+            extra={"allow_bidi": True},
         ),
     ]
 
@@ -126,8 +132,9 @@ class WebsiteRequest(_Body):
             Meta(
                 min_length=1,
                 max_length=2048,
-                pattern=f"^https?://[^{_CTRL}]*$",
-                description="An http(s) URL, or null.",
+                pattern=f"^https?://[^{NO_CONTROLS}]*$",
+                description="An http(s) URL, or null; no control or bidirectional control "
+                "characters.",
             ),
         ]
         | None

@@ -22,8 +22,11 @@ from msgspec import Struct
 
 from outboxd.http import models
 from outboxd.http.problems import (
+    FORBIDDEN,
+    HEADERS_TOO_LARGE,
     IDEMPOTENCY_KEY_CONFLICT,
     METHOD_NOT_ALLOWED,
+    MISDIRECTED_REQUEST,
     REQUEST_TIMEOUT,
     TOO_MANY_CONNECTIONS,
     VALIDATION_FAILED,
@@ -291,11 +294,15 @@ _DESCRIPTION: Final = (
     "digits, nesting deeper than 32, NUL characters and lone surrogates are "
     f"{_is(VALIDATION_FAILED)}, as is a body that is not the gzip or deflate stream its "
     "Content-Encoding says. Authorization must be sent once. Connection limits "
-    "(server.read_timeout_s, server.keepalive_timeout_s, server.max_connections): a "
+    "(server.read_timeout_s, server.keepalive_timeout_s, server.max_connections, "
+    "server.write_timeout_s, server.max_header_bytes): a "
     "request whose headers and body do not arrive within the read timeout is answered "
     f"{REQUEST_TIMEOUT.status} and closed; beyond max_connections a new connection is "
-    f"answered {_is(TOO_MANY_CONNECTIONS)} and closed. HTTP the parser cannot read (a "
-    f"header over 8 KB, bytes that are not HTTP) is {_is(VALIDATION_FAILED)}, never echoed. "
+    f"answered {_is(TOO_MANY_CONNECTIONS)} and closed; a response the client does not read "
+    "for the write timeout is aborted; a request line and headers over max_header_bytes "
+    f"(16 KiB by default) or 64 fields are {_is(HEADERS_TOO_LARGE)} and closed, on every "
+    "route and before any token is checked. HTTP the parser cannot read (bytes that are "
+    f"not HTTP) is {_is(VALIDATION_FAILED)}, never echoed. "
     "Responses carry Server: outboxd (no version)."
 )
 
@@ -326,7 +333,12 @@ def _build() -> dict[str, Any]:
                     "type": "http",
                     "scheme": "bearer",
                     "description": "A token from [[auth.tokens]] (matched by SHA-256). With no "
-                    "tokens configured, every caller is user `local` with role admin.",
+                    "tokens configured, every caller is user `local` with role admin, for this "
+                    "operator only: a Host that is not a loopback name or address is "
+                    f"{MISDIRECTED_REQUEST.status} {MISDIRECTED_REQUEST.code} on every route, and "
+                    "a request other than GET, HEAD or OPTIONS whose Origin is not the daemon's "
+                    "own or whose Sec-Fetch-Site is cross-site or same-site is "
+                    f"{_is(FORBIDDEN)}.",
                 }
             },
             "schemas": _schemas(),
@@ -338,7 +350,8 @@ def _build() -> dict[str, Any]:
                     "required": True,
                     "description": "1-255 visible ASCII characters; same user + key + request "
                     "replays the same job, a different request is "
-                    f"{_is(IDEMPOTENCY_KEY_CONFLICT)}.",
+                    f"{_is(IDEMPOTENCY_KEY_CONFLICT)}. A key holding a bidirectional control "
+                    f"(U+202A-U+202E, U+2066-U+2069) is {_is(VALIDATION_FAILED)}.",
                     "schema": {
                         "type": "string",
                         "minLength": 1,

@@ -95,6 +95,22 @@ INVALID_STATE: Final = ProblemKind(
     "The operation does not apply in the current state",
     "the operation does not apply in the current state",
 )
+TOO_MANY_ACTIVE_JOBS: Final = ProblemKind(
+    "C12",
+    "TOO_MANY_ACTIVE_JOBS",
+    429,
+    "Too many jobs or websites for this user",
+    "a per-user cap is reached (api.max_active_jobs_per_user, "
+    "api.max_websites_per_user_per_hour); retry after Retry-After",
+    headers=("Retry-After",),
+)
+HEADERS_TOO_LARGE: Final = ProblemKind(
+    "C13",
+    "HEADERS_TOO_LARGE",
+    431,
+    "The request's headers are too large",
+    "the request line and headers are over server.max_header_bytes or 64 fields",
+)
 INTERNAL_ERROR: Final = ProblemKind(
     "C99", "INTERNAL_ERROR", 500, "Internal error", "internal error"
 )
@@ -111,6 +127,14 @@ REQUEST_TIMEOUT: Final = replace(
     status=408,
     meaning="the request did not arrive within server.read_timeout_s",
     variant="REQUEST_TIMEOUT",
+)
+# Auth-off mode only (no [[auth.tokens]]): a request addressed to a name that is not loopback.
+MISDIRECTED_REQUEST: Final = replace(
+    FORBIDDEN,
+    status=421,
+    title="Misdirected request",
+    meaning="with no [[auth.tokens]], the Host must be a loopback name or address",
+    variant="MISDIRECTED_REQUEST",
 )
 TOO_MANY_CONNECTIONS: Final = replace(
     STORAGE_UNAVAILABLE,
@@ -131,6 +155,8 @@ PROBLEMS: Final[tuple[ProblemKind, ...]] = (
     STORAGE_UNAVAILABLE,
     METHOD_NOT_ALLOWED,
     INVALID_STATE,
+    TOO_MANY_ACTIVE_JOBS,
+    HEADERS_TOO_LARGE,
     INTERNAL_ERROR,
 )
 PROBLEM_CODES: Final = tuple(p.code for p in PROBLEMS)

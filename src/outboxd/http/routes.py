@@ -27,6 +27,7 @@ from outboxd.http.problems import (
     NOT_FOUND,
     PAYLOAD_TOO_LARGE,
     STORAGE_UNAVAILABLE,
+    TOO_MANY_ACTIVE_JOBS,
     UNAUTHENTICATED,
     UNSUPPORTED_MEDIA_TYPE,
     VALIDATION_FAILED,
@@ -101,7 +102,7 @@ class Route:
 # ------------------------------------------------------------------ parameters
 
 _JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-_NO_CONTROL_CHARS: Final = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+_NO_CONTROL_CHARS: Final = f"^[^{models.NO_CONTROLS}]*$"
 
 
 def _path(name: str, description: str, **schema: Any) -> Param:
@@ -158,6 +159,7 @@ _API: Final[tuple[Route, ...]] = (
             *_BODY_ERRORS,
             IDEMPOTENCY_KEY_REQUIRED,
             IDEMPOTENCY_KEY_CONFLICT,
+            TOO_MANY_ACTIVE_JOBS,
             ENQUEUE_FAILED,
             STORAGE_UNAVAILABLE,
         ),
@@ -186,7 +188,7 @@ _API: Final[tuple[Route, ...]] = (
             Ok(200, "Already registered.", models.Website, links=_WEBSITE_LINKS),
             Ok(201, "Registered; classification queued.", models.Website, links=_WEBSITE_LINKS),
         ),
-        errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
+        errors=(*_BODY_ERRORS, TOO_MANY_ACTIVE_JOBS, STORAGE_UNAVAILABLE),
         request=models.WebsiteRequest,
     ),
     Route(

@@ -9,8 +9,14 @@ connection (and a file descriptor) forever. `GuardedRequestHandler` adds:
   (when nothing was answered yet) and closed;
 - a connection cap: beyond `server.max_connections` open connections, a new one is
   answered TOO_MANY_CONNECTIONS at once and closed;
-- parser errors (a header over 8 KB, bytes that are not HTTP) answered as
-  problem+json that never echoes the request, with `Server: outboxd`.
+- a write deadline: a response that makes no progress (the client does not read) for
+  `server.write_timeout_s` is aborted, so clients that pipeline and never read cannot
+  hold the connection cap;
+- a header budget: the request line and headers together are at most
+  `server.max_header_bytes` and `MAX_HEADER_FIELDS` fields, counted as the bytes arrive
+  and before aiohttp's parser keeps any of them; past it HEADERS_TOO_LARGE and close;
+- parser errors (bytes that are not HTTP) answered as problem+json that never echoes
+  the request, with `Server: outboxd`.
 
 The handler is aiohttp's own; only the site that creates it is ours (`GuardedSite`).
 """
@@ -30,6 +36,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from outboxd.http.problems import (
+    HEADERS_TOO_LARGE,
     INTERNAL_ERROR,
     REQUEST_TIMEOUT,
     TOO_MANY_CONNECTIONS,
@@ -41,6 +48,8 @@ from outboxd.http.problems import (
 log = structlog.get_logger(__name__)
 
 SERVER_HEADER = "outboxd"
+# Header fields a request may carry (the request line and the blank line not counted).
+MAX_HEADER_FIELDS = 64
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,8 @@ class ConnectionLimits:
     read_timeout_s: float = 15.0
     keepalive_timeout_s: float = 60.0
     max_connections: int = 1024
+    write_timeout_s: float = 30.0
+    max_header_bytes: int = 16 * 1024
 
 
 def _problem_bytes(kind: ProblemKind, reason: str, detail: str) -> bytes:
@@ -63,6 +74,127 @@ def _problem_bytes(kind: ProblemKind, reason: str, detail: str) -> bytes:
         "Connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+class HeadersTooLarge(Exception):
+    """A request's line and headers are over the budget."""
+
+
+_BLANK_LINE = b"\r\n\r\n"
+
+
+class _Framing:
+    """Where each byte a connection receives falls: in a request's head (the request line
+    and headers, or a chunked body's trailers), counted against the budget, or in a body.
+
+    It reads only what delimits requests (the blank line, Content-Length, chunked
+    framing), so a head is measured before aiohttp's parser holds any of it; aiohttp
+    still parses and judges everything (a framing it refuses closes the connection).
+    """
+
+    __slots__ = (
+        "_body_left",
+        "_chunk",
+        "_chunk_left",
+        "_chunk_line",
+        "_head",
+        "_in_trailer",
+        "_max_bytes",
+    )
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._head = bytearray()  # the head so far, never more than the budget
+        self._in_trailer = False
+        self._body_left = 0  # Content-Length bytes still to come
+        # In a chunked body: "size" (its line so far in _chunk_line), "data" or "crlf"
+        # (_chunk_left bytes to come); None outside one.
+        self._chunk: str | None = None
+        self._chunk_left = 0
+        self._chunk_line = b""
+
+    def feed(self, data: bytes) -> None:
+        """Account for `data`; HeadersTooLarge once a head is over the budget."""
+        i, n = 0, len(data)
+        while i < n:
+            if self._body_left:
+                take = min(self._body_left, n - i)
+                self._body_left -= take
+                i += take
+            elif self._chunk is not None:
+                i = self._chunked(data, i)
+            else:
+                i = self._in_head(data, i)
+
+    def _in_head(self, data: bytes, i: int) -> int:
+        head = self._head
+        room = self._max_bytes - len(head)
+        end = -1
+        if head:  # the blank line may straddle the previous read and this one
+            tail = bytes(head[-3:])
+            k = (tail + data[i : i + 3]).find(_BLANK_LINE)
+            if k != -1:
+                end = i + k + 4 - len(tail)
+        if end == -1:
+            k = data.find(_BLANK_LINE, i, i + room)
+            end = -1 if k == -1 else k + 4
+        if end == -1:
+            if len(data) - i > room - 1:
+                raise HeadersTooLarge()
+            head += data[i:]
+            return len(data)
+        whole = bytes(head) + data[i:end] if head else data[i:end]
+        head.clear()
+        if len(whole) > self._max_bytes or whole.count(b"\r\n") - 2 > MAX_HEADER_FIELDS:
+            raise HeadersTooLarge()
+        if self._in_trailer:
+            self._in_trailer = False
+        else:
+            self._body_of(whole)
+        return end
+
+    def _body_of(self, head: bytes) -> None:
+        lower = head.lower()
+        if b"\r\ntransfer-encoding:" in lower:
+            # aiohttp refuses anything but a final "chunked" (and with Content-Length).
+            self._chunk = "size"
+            return
+        at = lower.find(b"\r\ncontent-length:")
+        if at != -1:
+            value = lower[at + 17 : lower.find(b"\r\n", at + 2)].strip()
+            self._body_left = int(value) if value.isdigit() and len(value) < 19 else 0
+
+    def _chunked(self, data: bytes, i: int) -> int:
+        if self._chunk in ("data", "crlf"):
+            take = min(self._chunk_left, len(data) - i)
+            self._chunk_left -= take
+            if self._chunk_left == 0:
+                if self._chunk == "data":
+                    self._chunk, self._chunk_left = "crlf", 2
+                else:
+                    self._chunk, self._chunk_line = "size", b""
+            return i + take
+        # The size line: hex digits, maybe extensions, CRLF.
+        nl = data.find(b"\n", i)
+        line = self._chunk_line + (data[i:] if nl == -1 else data[i : nl + 1])
+        if len(line) > 1024:
+            raise HeadersTooLarge()  # no chunk size line is that long
+        if nl == -1:
+            self._chunk_line = line
+            return len(data)
+        try:
+            size = int(line.split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            size = 0  # aiohttp refuses the body; this only has to end the count
+        self._chunk_line = b""
+        if size == 0:
+            # The trailers and the blank line end the body: measured like a head.
+            self._chunk = None
+            self._in_trailer = True
+            self._head += b"\r\n"
+        else:
+            self._chunk, self._chunk_left = "data", size
+        return nl + 1
 
 
 class _Gate:
@@ -81,6 +213,11 @@ class GuardedRequestHandler(RequestHandler):
         self._reading_since: float | None = None
         self._read_timer: asyncio.TimerHandle | None = None
         self._answered_bytes = 0
+        self._framing = _Framing(gate.limits.max_header_bytes)
+        self._refused = False  # over the header budget: input is dropped until the close
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._write_left = 0
+        self._socket: Any = None
 
     # ------------------------------------------------------------------ cap
 
@@ -103,18 +240,26 @@ class GuardedRequestHandler(RequestHandler):
         gate.open += 1
         self._counted = True
         super().connection_made(transport)
+        # Paused (and so timed) whenever any byte waits to be written: even a short
+        # answer the client never reads holds the connection until the deadline.
+        # Kept past aiohttp's own close (which drops `self.transport` while unsent bytes
+        # still wait in the socket's transport): the write deadline must still reach it.
+        self._socket = transport
+        self._socket.set_write_buffer_limits(high=0)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._counted:
             self._counted = False
             self._gate.open -= 1
         self._disarm()
+        self._disarm_write()
+        self._socket = None
         super().connection_lost(exc)
 
     # ------------------------------------------------------------------ read deadline
 
     def data_received(self, data: bytes) -> None:
-        if not self._counted:
+        if not self._counted or self._refused:
             return
         if data and self._reading_since is None and not self._request_complete():
             loop = asyncio.get_running_loop()
@@ -122,7 +267,45 @@ class GuardedRequestHandler(RequestHandler):
             self._read_timer = loop.call_later(
                 self._gate.limits.read_timeout_s, self._read_deadline
             )
+        try:
+            self._framing.feed(data)
+        except HeadersTooLarge:
+            self._refuse_head()
+            return
         super().data_received(data)
+
+    def _refuse_head(self) -> None:
+        """Over the header budget: nothing of it reaches the parser. Answered when nothing
+        else is being answered on the connection, else cut off."""
+        limits = self._gate.limits
+        log.info("client_headers_too_large", max_header_bytes=limits.max_header_bytes)
+        self._refused = True
+        self._disarm()
+        transport = self._socket
+        if transport is None:
+            return
+        if self._current_request is not None or self._messages or not transport.can_write_eof():
+            self.force_close()
+            transport.abort()
+            return
+        transport.write(
+            _problem_bytes(
+                HEADERS_TOO_LARGE,
+                "Request Header Fields Too Large",
+                "the request line and headers are over server.max_header_bytes "
+                f"({limits.max_header_bytes}) or {MAX_HEADER_FIELDS} fields",
+            )
+        )
+        # Closing with the client's bytes unread would reset the connection, and the
+        # answer with it: shut our side, drop what still comes for a moment, then close.
+        transport.write_eof()
+        asyncio.get_running_loop().call_later(
+            min(2.0, limits.read_timeout_s), self._close_refused, transport
+        )
+
+    def _close_refused(self, transport: Any) -> None:
+        self.force_close()
+        transport.close()
 
     def _request_complete(self) -> bool:
         """Headers parsed and the whole body received (the handler may still run)."""
@@ -164,6 +347,48 @@ class GuardedRequestHandler(RequestHandler):
             )
         self.force_close()
         transport.close()
+
+    # ------------------------------------------------------------------ write deadline
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        transport = self._socket
+        if transport is None or self._write_timer is not None:
+            return
+        self._write_left = transport.get_write_buffer_size()
+        self._write_timer = asyncio.get_running_loop().call_later(
+            self._gate.limits.write_timeout_s, self._write_deadline
+        )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_write()
+
+    def _disarm_write(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_deadline(self) -> None:
+        self._write_timer = None
+        transport = self._socket
+        if transport is None or not self._paused:
+            return
+        left = transport.get_write_buffer_size()
+        if left < self._write_left:
+            # The client read some since: progress, so another period of grace.
+            self._write_left = left
+            self._write_timer = asyncio.get_running_loop().call_later(
+                self._gate.limits.write_timeout_s, self._write_deadline
+            )
+            return
+        log.info(
+            "client_write_timeout",
+            unsent_bytes=left,
+            write_timeout_s=self._gate.limits.write_timeout_s,
+        )
+        self.force_close()
+        transport.abort()
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
@@ -247,6 +472,10 @@ class GuardedSite(web.BaseSite):
         assert manager is not None
         gate = self._gate
         kwargs = dict(self._handler_kwargs)
+        # The budget (`_Framing`) refuses a large head before the parser sees it; the
+        # parser's own limits stay behind it as a backstop.
+        budget = gate.limits.max_header_bytes
+        kwargs.update(max_line_size=budget, max_field_size=budget, max_headers=MAX_HEADER_FIELDS)
 
         def factory() -> GuardedRequestHandler:
             return GuardedRequestHandler(manager, gate=gate, loop=loop, **kwargs)

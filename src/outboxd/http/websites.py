@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from outboxd.errors import QuotaExceeded
 from outboxd.http import checks, inputs, models
-from outboxd.http.deps import deps_of
-from outboxd.http.problems import NOT_FOUND, ApiError, field_error
+from outboxd.http.deps import deps_of, principal_of
+from outboxd.http.problems import NOT_FOUND, TOO_MANY_ACTIVE_JOBS, ApiError, field_error
 from outboxd.http.render import website_model
 from outboxd.http.responses import json_response
 from outboxd.services.websites import InvalidDomain, normalize_domain
@@ -30,7 +31,12 @@ async def post_website(request: web.Request) -> web.Response:
     favicon = _check_favicon(body)["favicon_url"]
     if favicon is not None and not favicon.startswith(("http://", "https://")):
         raise field_error("faviconUrl", "must be an http(s) URL or null")
-    website, created = await deps.websites.register(domain, favicon)
+    try:
+        website, created = await deps.websites.register(domain, favicon, principal_of(request).user)
+    except QuotaExceeded as exc:
+        raise ApiError(
+            TOO_MANY_ACTIVE_JOBS, str(exc), headers={"Retry-After": str(exc.retry_after_s)}
+        ) from None
     return json_response(website_model(website), 201 if created else 200)
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 import structlog
 
-from outboxd.errors import OutboxdError, StorageError
+from outboxd.errors import OutboxdError, QuotaExceeded, StorageError
 from outboxd.ids import new_id
 from outboxd.observability import log_info
 from outboxd.security import KeyRing
@@ -18,6 +18,7 @@ from outboxd.storage.ports import (
     JobRecord,
     JobStore,
     NewPortalJob,
+    QuotaStore,
     RelayRow,
     RelayStore,
 )
@@ -25,6 +26,21 @@ from outboxd.storage.ports import (
 log = structlog.get_logger(__name__)
 
 PORTALS = ("suwon",)
+
+
+def login_locked(failures: Sequence[float], now: float, window_s: float, max_failures: int) -> bool:
+    """Whether a portal username is locked: `max_failures` of its jobs ended
+    PORTAL_AUTH_FAILED within `window_s`, and `window_s` has not yet passed since the last.
+
+    `failures`: the times of its recorded failures, newest first (the `max_failures`
+    newest suffice). Guessing a password through the daemon then stops after a few tries
+    per window, whoever sends the jobs, and the portal never sees the guesses that would
+    lock the student's account.
+    """
+    if max_failures <= 0 or len(failures) < max_failures:
+        return False
+    last = failures[0]
+    return now - last < window_s and last - failures[max_failures - 1] <= window_s
 
 
 class IdempotencyConflict(OutboxdError):
@@ -52,8 +68,12 @@ class Dispatcher(Protocol):
         ...
 
 
-class JobsStore(JobStore, RelayStore, Protocol):
+class JobsStore(JobStore, RelayStore, QuotaStore, Protocol):
     pass
+
+
+# What a client over api.max_active_jobs_per_user is told to wait: about one job's run.
+ACTIVE_JOBS_RETRY_AFTER_S = 5
 
 
 @dataclass(frozen=True)
@@ -81,14 +101,27 @@ class PortalJobService:
         dispatcher: Dispatcher | None,
         require_dispatch: bool = False,
         clock: Callable[[], float] = time.time,
+        max_active_jobs: int = 0,
     ) -> None:
         self._store = store
         self._keys = keys
         self._dispatcher = dispatcher
         self._require_dispatch = require_dispatch
         self._clock = clock
+        self._max_active_jobs = max_active_jobs
 
     async def submit(self, user: str, idempotency_key: str, req: PortalLinkRequest) -> Submission:
+        """QuotaExceeded when api.max_active_jobs_per_user is on and reached (a replay of
+        an existing job never is). The count is read before the intake: concurrent new
+        requests of one user may pass it together, by as many as run at once."""
+        if self._max_active_jobs:
+            active = await self._store.job_quota(user, idempotency_key, self._max_active_jobs)
+            if active is not None and active >= self._max_active_jobs:
+                raise QuotaExceeded(
+                    f"{active} jobs of this user are QUEUED or RUNNING "
+                    f"(api.max_active_jobs_per_user = {self._max_active_jobs})",
+                    ACTIVE_JOBS_RETRY_AFTER_S,
+                )
         job_id, outbox_id = new_id(), new_id()
         # Sealed before the transaction so the transaction holds no CPU work;
         # the job id as associated data ties the ciphertext to its row.

@@ -8,15 +8,23 @@ all call it, and the OpenAPI document states its limit and pattern from here.
 from __future__ import annotations
 
 import ipaddress
+import math
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 import idna
 import structlog
 
+from outboxd.errors import QuotaExceeded
 from outboxd.ids import new_id
-from outboxd.storage.ports import Page, Website, WebsiteStore
+from outboxd.storage.ports import (
+    WEBSITE_QUOTA_PERIOD_S,
+    Page,
+    QuotaStore,
+    Website,
+    WebsiteStore,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -95,14 +103,40 @@ def normalize_domain(text: str) -> str:
     return ascii_name
 
 
+class WebsitesStore(WebsiteStore, QuotaStore, Protocol):
+    pass
+
+
 class WebsiteService:
-    def __init__(self, store: WebsiteStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: WebsitesStore,
+        clock: Callable[[], float] = time.time,
+        max_per_user_per_hour: int = 0,
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._max_per_hour = max_per_user_per_hour
 
-    async def register(self, domain: str, favicon_url: str | None) -> tuple[Website, bool]:
+    async def register(
+        self, domain: str, favicon_url: str | None, user: str | None = None
+    ) -> tuple[Website, bool]:
+        """Upsert by domain. QuotaExceeded when api.max_websites_per_user_per_hour is on and
+        `user` registered that many new websites in the last hour (a known domain, which
+        costs no classification, never is)."""
+        now = self._clock()
+        counted = user if self._max_per_hour else None
+        if counted is not None:
+            quota = await self._store.website_quota(counted, domain, now - WEBSITE_QUOTA_PERIOD_S)
+            if quota is not None and quota[0] >= self._max_per_hour:
+                oldest = quota[1] if quota[1] is not None else now
+                raise QuotaExceeded(
+                    f"this user registered {quota[0]} new websites in the last hour "
+                    f"(api.max_websites_per_user_per_hour = {self._max_per_hour})",
+                    max(1, math.ceil(oldest + WEBSITE_QUOTA_PERIOD_S - now)),
+                )
         website, created = await self._store.register_website(
-            new_id(), new_id(), domain, favicon_url, self._clock()
+            new_id(), new_id(), domain, favicon_url, now, registered_by=counted
         )
         if created:
             log.info("website_registered", website_id=website.id, domain=domain)

@@ -27,6 +27,8 @@ TERMINAL_TASK_STATUSES: Final[tuple[TaskStatus, ...]] = ("SUCCEEDED", "FAILED", 
 # Relay rows not on the queue yet: the ones a publish (now or by the relay loop) takes.
 RELAY_UNSENT_STATUSES: Final[tuple[RelayStatus, ...]] = ("PENDING", "RETRYABLE_FAILED")
 T = TypeVar("T")
+# api.max_websites_per_user_per_hour counts registrations over this period.
+WEBSITE_QUOTA_PERIOD_S: Final = 3600.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,16 @@ class NewPortalJob:
     # needs no claim transaction. A crash before the publish leaves the lease to expire
     # and the row to the relay loop.
     claimed_until: float | None = None
+
+
+@dataclass(frozen=True)
+class LoginFailure:
+    """A PORTAL_AUTH_FAILED outcome to count for the login lock: its subject (a keyed hash,
+    never the username), and the time before which that subject's older failures no longer
+    matter (they are dropped in the same transaction)."""
+
+    subject: str
+    forget_before: float
 
 
 @dataclass(frozen=True)
@@ -256,7 +268,12 @@ class JobStore(Protocol):
         now: float,
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
-    ) -> JobRecord | None: ...
+        login_failure: LoginFailure | None = None,
+    ) -> JobRecord | None:
+        """The job's outcome; with `login_failure`, that failure is recorded in the same
+        transaction (only when the outcome was written)."""
+        ...
+
     async def job_retry_later(
         self, job: JobRecord, error: tuple[str, str], now: float
     ) -> JobRecord | None: ...
@@ -268,6 +285,29 @@ class JobStore(Protocol):
     async def list_jobs(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[JobRecord]: ...
+
+
+class QuotaStore(Protocol):
+    """What the per-user caps read before an intake or a registration (only when on)."""
+
+    async def job_quota(self, user_id: str, idempotency_key: str, limit: int) -> int | None:
+        """None when the user's key names a job already (a replay, never refused); else
+        how many of the user's jobs are QUEUED or RUNNING, counted up to `limit`."""
+        ...
+
+    async def website_quota(
+        self, user_id: str, domain: str, since: float
+    ) -> tuple[int, float | None] | None:
+        """None when the domain is registered already (an upsert that creates nothing);
+        else the user's registrations after `since` and the oldest of their times."""
+        ...
+
+
+class LoginLockStore(Protocol):
+    async def login_failures(self, subject: str, since: float, limit: int) -> list[float]:
+        """The times of `subject`'s recorded login failures after `since`, newest first,
+        at most `limit` of them."""
+        ...
 
 
 class RelayStore(Protocol):
@@ -332,8 +372,18 @@ class TaskStore(Protocol):
 
 class WebsiteStore(Protocol):
     async def register_website(
-        self, website_id: str, work_id: str, domain: str, favicon_url: str | None, now: float
-    ) -> tuple[Website, bool]: ...
+        self,
+        website_id: str,
+        work_id: str,
+        domain: str,
+        favicon_url: str | None,
+        now: float,
+        registered_by: str | None = None,
+    ) -> tuple[Website, bool]:
+        """Upsert by domain; with `registered_by`, a new website is also counted for that
+        user (and the user's counts older than an hour dropped) in the same transaction."""
+        ...
+
     async def get_website(self, domain: str) -> Website | None: ...
     async def claim_work(
         self, now: float, retry_delay_s: float, processing_timeout_s: float

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from outboxd.config import ConsumerSettings, SqsSettings
+from outboxd.config import ConsumerSettings, SqsSettings, SuwonScraperSettings
 from outboxd.crashpoints import crash_point
 from outboxd.errors import SecurityError, StorageError
 from outboxd.observability import Metrics
@@ -30,9 +30,16 @@ from outboxd.queue.messages import id_field as _message_id_field  # the one mess
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
 from outboxd.security import KeyRing, Sealed
+from outboxd.services.portal_jobs import login_locked
 from outboxd.services.retries import dead_job_error, job_verdict
 from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
-from outboxd.storage.ports import TERMINAL_TASK_STATUSES, JobRecord, JobStore
+from outboxd.storage.ports import (
+    TERMINAL_TASK_STATUSES,
+    JobRecord,
+    JobStore,
+    LoginFailure,
+    LoginLockStore,
+)
 from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
 
 log = structlog.get_logger(__name__)
@@ -63,8 +70,15 @@ class Receiver(Protocol):
     ) -> list[ReceivedMessage]: ...
 
 
-class ConsumerStore(JobStore, TaskControllerStore, Protocol):
+class ConsumerStore(JobStore, LoginLockStore, TaskControllerStore, Protocol):
     pass
+
+
+# What a job for a locked portal username ends with (docs/contract.md, job error codes).
+LOGIN_LOCKED_ERROR = (
+    "PORTAL_LOGIN_LOCKED",
+    "too many failed logins for this portal username recently; not tried (retry later)",
+)
 
 
 # The DLQ sweep only peeks: a short visibility puts every message back at once,
@@ -84,9 +98,14 @@ class Consumer:
         metrics: Metrics,
         dead_retention_s: float,
         clock: Callable[[], float] = time.time,
+        portal_settings: SuwonScraperSettings | None = None,
         storage_probe: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._store = store
+        lock = portal_settings or SuwonScraperSettings()
+        # The login lock: scrapers.suwon.max_auth_failures within auth_failure_window_s.
+        self._max_auth_failures = lock.max_auth_failures
+        self._auth_window_s = lock.auth_failure_window_s
         self._queues = queues
         self._portal = portal
         self._keys = keys
@@ -230,6 +249,13 @@ class Consumer:
         except SecurityError as exc:
             await self._finish_failed(running, msg, ("CREDENTIALS_UNREADABLE", str(exc)), bind)
             return "failed"
+        subject = None
+        if self._max_auth_failures > 0:
+            subject = self._keys.login_subject(running.portal, str(creds.get("username", "")))
+            if await self._login_locked(subject):
+                # Before the login: the portal never sees it, from any user.
+                await self._finish_failed(running, msg, LOGIN_LOCKED_ERROR, bind)
+                return "failed"
         state = _RunState(running)
 
         async def progress(step: str, done: int, total: int) -> None:
@@ -246,8 +272,11 @@ class Consumer:
             )
         except PortalError as exc:
             await _end(heartbeat, state)
+            login_failure = None
+            if subject is not None and exc.code == "PORTAL_AUTH_FAILED":
+                login_failure = LoginFailure(subject, self._clock() - 2 * self._auth_window_s)
             return await self._after_failure(
-                state.job, msg, (exc.code, exc.message), exc.retryable, bind
+                state.job, msg, (exc.code, exc.message), exc.retryable, bind, login_failure
             )
         except asyncio.CancelledError:
             await _end(heartbeat, state)
@@ -273,11 +302,28 @@ class Consumer:
         await self._queues.delete("jobs", msg.receipt_handle)
         return "succeeded"
 
+    async def _login_locked(self, subject: str) -> bool:
+        now = self._clock()
+        window = self._auth_window_s
+        # Failures older than two windows cannot matter: the last must be within one, and
+        # the others within one of it.
+        recent = await self._store.login_failures(
+            subject, now - 2 * window, self._max_auth_failures
+        )
+        return login_locked(recent, now, window, self._max_auth_failures)
+
     async def _finish_failed(
-        self, job: JobRecord, msg: ReceivedMessage, error: tuple[str, str], bind: Mapping[str, Any]
+        self,
+        job: JobRecord,
+        msg: ReceivedMessage,
+        error: tuple[str, str],
+        bind: Mapping[str, Any],
+        login_failure: LoginFailure | None = None,
     ) -> None:
         finished = await asyncio.shield(
-            self._store.finish_job(job, "FAILED", self._clock(), error=error)
+            self._store.finish_job(
+                job, "FAILED", self._clock(), error=error, login_failure=login_failure
+            )
         )
         log.warning("job_failed", error_code=error[0], error=error[1], **bind)
         if finished is not None:
@@ -290,11 +336,13 @@ class Consumer:
         error: tuple[str, str],
         retryable: bool,
         bind: Mapping[str, Any],
+        login_failure: LoginFailure | None = None,
     ) -> str:
         """Carry out what services/retries.py decides for a failed run."""
         verdict = job_verdict(retryable, msg.receive_count, self._sqs.max_receive_count)
         if verdict == "failed":
-            await self._finish_failed(job, msg, error, bind)
+            # A rejected login counts toward the lock in the transaction of the outcome.
+            await self._finish_failed(job, msg, error, bind, login_failure)
             return "failed"
         if verdict == "dead":
             await asyncio.shield(

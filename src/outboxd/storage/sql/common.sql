@@ -233,6 +233,47 @@ SELECT * FROM task_runs
  ORDER BY enqueued_at DESC, id DESC
  LIMIT :limit;
 
+-- ---------------------------------------------------------------- per-user caps (read only when on)
+
+-- name: job_quota
+-- The user's active jobs through the (user_id, idempotency_key) index: cheap while a token
+-- is one end user's, which is when the cap is meant to be on.
+SELECT (SELECT COUNT(*) FROM jobs
+         WHERE user_id = :user_id AND idempotency_key = :idempotency_key) AS taken,
+       (SELECT COUNT(*) FROM (SELECT 1 FROM jobs
+                               WHERE user_id = :user_id AND status IN ('QUEUED', 'RUNNING')
+                               LIMIT :limit) active_jobs) AS active;
+
+-- name: website_quota
+SELECT (SELECT COUNT(*) FROM websites WHERE domain = :domain) AS taken,
+       (SELECT COUNT(*) FROM website_registrations
+         WHERE user_id = :user_id AND registered_at > :since) AS recent,
+       (SELECT MIN(registered_at) FROM website_registrations
+         WHERE user_id = :user_id AND registered_at > :since) AS oldest;
+
+-- name: website_registration_insert
+INSERT INTO website_registrations (user_id, registered_at, website_id)
+VALUES (:user_id, :now, :website_id)
+ON CONFLICT (user_id, registered_at, website_id) DO NOTHING;
+
+-- name: website_registrations_trim
+DELETE FROM website_registrations WHERE user_id = :user_id AND registered_at < :before;
+
+-- ---------------------------------------------------------------- the portal login lock
+
+-- name: login_failure_insert
+INSERT INTO portal_login_failures (subject, failed_at) VALUES (:subject, :now)
+ON CONFLICT (subject, failed_at) DO NOTHING;
+
+-- name: login_failures_trim
+DELETE FROM portal_login_failures WHERE subject = :subject AND failed_at < :before;
+
+-- name: login_failures_recent
+SELECT failed_at FROM portal_login_failures
+ WHERE subject = :subject AND failed_at > :since
+ ORDER BY failed_at DESC
+ LIMIT :limit;
+
 -- ---------------------------------------------------------------- websites
 
 -- name: insert_website
@@ -246,7 +287,9 @@ INSERT INTO work_outbox (id, website_id, status, created_at)
 VALUES (:id, :website_id, 'PENDING', :now);
 
 -- name: select_website_by_domain
-SELECT w.*, o.status AS work_status, o.attempt_count AS work_attempts,
+-- A website without its work row was classified: outbox.prune deletes COMPLETED rows only
+-- (their attempts and last error go with them).
+SELECT w.*, COALESCE(o.status, 'COMPLETED') AS work_status, o.attempt_count AS work_attempts,
        o.last_error AS work_last_error
   FROM websites w LEFT JOIN work_outbox o ON o.website_id = w.id
  WHERE w.domain = :domain;
@@ -357,10 +400,11 @@ UPDATE pace_leases SET expires_at = :now + :lease_s
 UPDATE pace_leases SET holder = NULL, expires_at = 0
  WHERE name = :name AND slot = :slot AND holder = :holder;
 -- name: list_websites
-SELECT w.*, o.status AS work_status, o.attempt_count AS work_attempts,
+-- As select_website_by_domain: a pruned work row was COMPLETED.
+SELECT w.*, COALESCE(o.status, 'COMPLETED') AS work_status, o.attempt_count AS work_attempts,
        o.last_error AS work_last_error
-  FROM websites w JOIN work_outbox o ON o.website_id = w.id
- WHERE (CAST(:status AS TEXT) IS NULL OR o.status = :status)
+  FROM websites w LEFT JOIN work_outbox o ON o.website_id = w.id
+ WHERE (CAST(:status AS TEXT) IS NULL OR COALESCE(o.status, 'COMPLETED') = :status)
    AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR w.created_at < :cursor_created
         OR (w.created_at = :cursor_created AND w.id < CAST(:cursor_id AS TEXT)))
  ORDER BY w.created_at DESC, w.id DESC
@@ -415,6 +459,15 @@ DELETE FROM task_runs WHERE id IN (
 UPDATE jobs SET sealed = NULL, key_id = NULL, version = version + 1
  WHERE id IN (SELECT id FROM jobs WHERE status = 'DEAD' AND sealed IS NOT NULL
                  AND finished_at < :before LIMIT :limit);
+
+-- name: prune_login_failures
+DELETE FROM portal_login_failures WHERE (subject, failed_at) IN (
+    SELECT subject, failed_at FROM portal_login_failures WHERE failed_at < :before LIMIT :limit);
+
+-- name: prune_website_registrations
+DELETE FROM website_registrations WHERE (user_id, registered_at, website_id) IN (
+    SELECT user_id, registered_at, website_id FROM website_registrations
+     WHERE registered_at < :before LIMIT :limit);
 
 -- name: prune_finished_jobs
 DELETE FROM jobs WHERE id IN (

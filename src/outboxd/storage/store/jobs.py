@@ -7,8 +7,15 @@ from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Literal
 
 from outboxd.errors import InvalidState, NotFound
-from outboxd.storage.db import Op, TxBody, fetch
-from outboxd.storage.ports import JobIntake, JobRecord, NewPortalJob, Page, RelayRow
+from outboxd.storage.db import Op, TxBody, execute, fetch
+from outboxd.storage.ports import (
+    JobIntake,
+    JobRecord,
+    LoginFailure,
+    NewPortalJob,
+    Page,
+    RelayRow,
+)
 from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import dump, job_record, relay_record
 
@@ -131,20 +138,53 @@ class SqlJobs(StoreBase):
         now: float,
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
+        login_failure: LoginFailure | None = None,
     ) -> JobRecord | None:
-        return await self._record(
-            "finish_job",
-            {
-                "id": job.id,
-                "version": job.version,
-                "status": status,
-                "result": dump(result),
-                "error_code": error[0] if error else None,
-                "error_message": error[1] if error else None,
-                "now": now,
-            },
-            job_record,
+        params = {
+            "id": job.id,
+            "version": job.version,
+            "status": status,
+            "result": dump(result),
+            "error_code": error[0] if error else None,
+            "error_message": error[1] if error else None,
+            "now": now,
+        }
+        if login_failure is None:
+            return await self._record("finish_job", params, job_record)
+
+        def body() -> Generator[Op, Any, JobRecord | None]:
+            row = yield from self._one("finish_job", params)
+            if row is None:
+                return None  # another holder's outcome: the failure is not ours to count
+            subject = login_failure.subject
+            yield execute(self.q["login_failure_insert"], {"subject": subject, "now": now})
+            yield execute(
+                self.q["login_failures_trim"],
+                {"subject": subject, "before": login_failure.forget_before},
+            )
+            return job_record(row)
+
+        return await self.db.run(body)
+
+    async def job_quota(self, user_id: str, idempotency_key: str, limit: int) -> int | None:
+        row = await self._record(
+            "job_quota",
+            {"user_id": user_id, "idempotency_key": idempotency_key, "limit": limit},
+            dict,
+            write=False,
         )
+        assert row is not None
+        return None if row["taken"] else int(row["active"])
+
+    async def login_failures(self, subject: str, since: float, limit: int) -> list[float]:
+        def body() -> Generator[Op, Any, list[float]]:
+            rows = yield fetch(
+                self.q["login_failures_recent"],
+                {"subject": subject, "since": since, "limit": limit},
+            )
+            return [float(r["failed_at"]) for r in rows]
+
+        return await self.db.read(body)
 
     async def job_retry_later(
         self, job: JobRecord, error: tuple[str, str], now: float

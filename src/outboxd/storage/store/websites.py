@@ -8,14 +8,20 @@ from typing import Any
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.storage.db import Op, execute
-from outboxd.storage.ports import Page, Website, WorkRow
+from outboxd.storage.ports import WEBSITE_QUOTA_PERIOD_S, Page, Website, WorkRow
 from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import website_record, work_record
 
 
 class SqlWebsites(StoreBase):
     async def register_website(
-        self, website_id: str, work_id: str, domain: str, favicon_url: str | None, now: float
+        self,
+        website_id: str,
+        work_id: str,
+        domain: str,
+        favicon_url: str | None,
+        now: float,
+        registered_by: str | None = None,
     ) -> tuple[Website, bool]:
         def body() -> Generator[Op, Any, tuple[Website, bool]]:
             inserted = yield from self._one(
@@ -26,6 +32,15 @@ class SqlWebsites(StoreBase):
                 yield execute(
                     self.q["insert_work_row"], {"id": work_id, "website_id": website_id, "now": now}
                 )
+                if registered_by is not None:
+                    yield execute(
+                        self.q["website_registration_insert"],
+                        {"user_id": registered_by, "now": now, "website_id": website_id},
+                    )
+                    yield execute(
+                        self.q["website_registrations_trim"],
+                        {"user_id": registered_by, "before": now - WEBSITE_QUOTA_PERIOD_S},
+                    )
             row = yield from self._one("select_website_by_domain", {"domain": domain})
             assert row is not None
             return website_record(row), inserted is not None
@@ -33,6 +48,18 @@ class SqlWebsites(StoreBase):
         if self.website_group is None:
             return await self.db.run(body)
         return await self.website_group.run(body)
+
+    async def website_quota(
+        self, user_id: str, domain: str, since: float
+    ) -> tuple[int, float | None] | None:
+        row = await self._record(
+            "website_quota", {"user_id": user_id, "domain": domain, "since": since}, dict, False
+        )
+        assert row is not None
+        if row["taken"]:
+            return None
+        oldest = row["oldest"]
+        return int(row["recent"]), (float(oldest) if oldest is not None else None)
 
     async def get_website(self, domain: str) -> Website | None:
         return await self._record(
