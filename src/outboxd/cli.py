@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from outboxd.config import ConfigError, Settings
 from outboxd.errors import InvalidState, NotFound, OutboxdError
 from outboxd.security import generate_key, generate_token, hash_token
-from outboxd.storage.ports import RELAY_STATUSES
+from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES
 
 if TYPE_CHECKING:
     from outboxd.http.models import PaceSlot
@@ -118,12 +118,32 @@ def _parser() -> argparse.ArgumentParser:
     ol.add_argument("--json", action="store_true", help="print JSON instead of a table")
     orr = osub.add_parser("redrive", parents=[common], help="put a DEAD outbox row back to PENDING")
     orr.add_argument("id", help="the outbox row id (from `outboxd outbox list --status DEAD`)")
-    jobs = sub.add_parser("jobs", parents=[common], help="portal jobs")
+    jobs = sub.add_parser("jobs", parents=[common], help="list or redrive portal jobs")
     jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="SUBCOMMAND")
-    jr = jsub.add_parser(
-        "redrive", parents=[common], help="put a DEAD job back to QUEUED with a fresh outbox row"
+    jl = jsub.add_parser(
+        "list", parents=[common], help="list portal jobs, newest first (read-only)"
     )
-    jr.add_argument("id", help="the job id")
+    jl.add_argument(
+        "--status", choices=JOB_STATUSES, help="only jobs in this status (default: all)"
+    )
+    jl.add_argument(
+        "--limit", type=_limit, default=50, help=f"at most this many jobs, 1-{LIMIT_MAX} (50)"
+    )
+    jl.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    jr = jsub.add_parser(
+        "redrive",
+        parents=[common],
+        help="put a DEAD job (or, with --status DEAD --yes, every DEAD job) back to QUEUED "
+        "with a fresh outbox row",
+    )
+    jr.add_argument("id", nargs="?", help="the job id (leave it out with --status)")
+    jr.add_argument(
+        "--status", choices=("DEAD",), help="redrive every job in this status instead of one"
+    )
+    jr.add_argument(
+        "--limit", type=int, default=None, help="with --status: at most this many jobs (all)"
+    )
+    jr.add_argument("--yes", action="store_true", help="confirm a redrive with --status")
     queues = sub.add_parser("queues", parents=[common], help="SQS queues")
     qsub = queues.add_subparsers(dest="queues_command", required=True, metavar="SUBCOMMAND")
     qsub.add_parser(
@@ -279,9 +299,10 @@ def run(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(app.run(settings))
     from outboxd.observability import configure_logging
 
-    # A one-shot command's log lines (an admin action, a warning) go to stderr: stdout is
-    # its output (a table, or JSON for a pipe).
-    configure_logging(settings.logging.level, settings.logging.format, stream=sys.stderr)
+    # A one-shot command's log lines go to stderr as JSON (stdout is its output: a table, or
+    # JSON for a pipe), at info at least: the line naming who took an admin action stays.
+    level = "debug" if settings.logging.level == "debug" else "info"
+    configure_logging(level, "json", stream=sys.stderr)
     handlers: dict[str, Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "migrate": _migrate,
         "status": _status,
@@ -448,21 +469,82 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _jobs(settings: Settings, args: argparse.Namespace) -> int:
-    from outboxd.services.admin import AdminService
-
+    if args.jobs_command == "redrive" and (args.id is None) == (args.status is None):
+        print("outboxd: jobs redrive takes a job id or --status DEAD", file=sys.stderr)
+        return EXIT_USAGE
+    if args.jobs_command == "redrive" and args.status is not None and not args.yes:
+        print(
+            f"outboxd: jobs redrive --status {args.status} redrives every such job: add --yes "
+            f"(see them first with `outboxd jobs list --status {args.status}`)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.jobs_command == "redrive" and args.limit is not None and args.limit < 1:
+        print("outboxd: --limit must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
     store = await _open(settings)
     try:
-        job = await AdminService(store).redrive_job(args.id, actor=cli_actor())
+        if args.jobs_command == "list":
+            return await _jobs_list(store, args)
+        if args.status is not None:
+            return await _jobs_redrive_all(store, args.status, args.limit)
+        return await _jobs_redrive_one(store, args.id)
+    finally:
+        await store.close()
+
+
+async def _jobs_list(store: Any, args: argparse.Namespace) -> int:
+    from outboxd.http.render import job_body
+
+    page = await store.list_jobs(args.status, args.limit, None)
+    items = [job_body(j) for j in page.items]
+    if args.json:
+        print(json.dumps(items, indent=2))
+        return EXIT_OK
+    print(f"{'id':<36} {'status':<9} {'att':>3}  {'created':<20} error")
+    for it in items:
+        err = it["error"] or {}
+        error = f"{err.get('code', '')} {err.get('message', '')}".strip()[:60]
+        created = it["createdAt"][:19].replace("T", " ")
+        print(f"{it['jobId']:<36} {it['status']:<9} {it['attempts']:>3}  {created:<20} {error}")
+    return EXIT_OK
+
+
+async def _jobs_redrive_one(store: Any, job_id: str) -> int:
+    from outboxd.services.admin import AdminService
+
+    try:
+        job = await AdminService(store).redrive_job(job_id, actor=cli_actor())
     except NotFound:
-        print(f"outboxd: no job {args.id}", file=sys.stderr)
+        print(f"outboxd: no job {job_id}", file=sys.stderr)
         return EXIT_FAIL
     except InvalidState as exc:
         print(f"outboxd: {exc}", file=sys.stderr)
         return EXIT_FAIL
-    finally:
-        await store.close()
     print(f"redriven: job {job.id} -> QUEUED")
     return EXIT_OK
+
+
+async def _jobs_redrive_all(store: Any, status: str, limit: int | None) -> int:
+    """Every job in `status`, through the service the admin API's bulk redrive calls: a
+    progress line per batch, then the count (exit 1 when any job was refused)."""
+    from outboxd.services.admin import AdminService, BulkRedrive
+
+    counts = {sc.status: sc.count for sc in await store.status_counts() if sc.table == "jobs"}
+    total = counts.get(status, 0) if limit is None else min(limit, counts.get(status, 0))
+    print(f"{status} jobs to redrive: {total}", flush=True)
+
+    def progress(done: BulkRedrive) -> None:
+        print(f"redriven {len(done.redriven)}/{total}, refused {len(done.refused)}", flush=True)
+
+    done = await AdminService(store).redrive_jobs(
+        actor=cli_actor(), status="DEAD", limit=limit, on_progress=progress
+    )
+    for job_id, why in done.refused:
+        print(f"refused {job_id}: {why}")
+    more = " (more are left: run it again)" if done.more else ""
+    print(f"redriven: {len(done.redriven)} jobs, refused: {len(done.refused)}{more}")
+    return EXIT_FAIL if done.refused else EXIT_OK
 
 
 async def _queues(settings: Settings, _args: argparse.Namespace) -> int:

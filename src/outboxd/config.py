@@ -97,6 +97,8 @@ class ConsumerSettings:
     # When absent: a third of sqs.visibility_timeout_s (see _derive_defaults).
     heartbeat_s: float = 20.0
     backoff_base_s: float = 5.0
+    # How often each DLQ is swept: messages of work no longer DEAD are deleted.
+    dlq_sweep_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,13 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    # The gauges read from the database and SQS are refreshed at most this often,
+    # however many scrapers ask (0: at every scrape that finds no refresh running).
+    refresh_s: float = 5.0
+
+
+@dataclass(frozen=True)
 class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
@@ -240,6 +249,7 @@ class Settings:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     # The folder relative paths (sqlite:///rel, keys_file) are resolved against.
     base_dir: Path = field(default_factory=Path.cwd)
 
@@ -510,6 +520,8 @@ def _validate(s: Settings) -> None:
         f"({s.consumer.heartbeat_s:g}) must be shorter than sqs.visibility_timeout_s "
         f"({s.sqs.visibility_timeout_s})",
     )
+    need(s.consumer.dlq_sweep_s > 0, "consumer.dlq_sweep_s", "must be positive")
+    need(s.metrics.refresh_s >= 0, "metrics.refresh_s", "must not be negative")
     need(s.claimer.fixed_delay_s > 0, "claimer.fixed_delay_s", "must be positive")
     need(s.claimer.retry_delay_s >= 0, "claimer.retry_delay_s", "must not be negative")
     need(s.claimer.processing_timeout_s > 0, "claimer.processing_timeout_s", "must be positive")

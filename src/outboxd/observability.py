@@ -9,13 +9,13 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import msgspec
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 # Keys that are secrets whatever their value, compared lowercased with "-" as "_".
 SECRET_KEYS = frozenset(
@@ -434,12 +434,43 @@ class OutageLog:
         self._count = 0
 
 
-class Metrics:
-    """One registry per daemon (not the global one), so tests can run several apps."""
+def package_version() -> str:
+    """The installed outboxd's version ("unknown" from a bare source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    def __init__(self) -> None:
+    try:
+        return version("outboxd")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+        return "unknown"
+
+
+# The tables whose rows can become DEAD (`outboxd_dead_total`), by the names the stats use.
+DEAD_TABLES = ("jobs", "relay_outbox", "task_runs")
+# Where the stats gauges come from (`outboxd_stats_refresh_success{source}`).
+STATS_SOURCES = ("database", "sqs")
+
+
+class Metrics:
+    """One registry per daemon (not the global one), so tests can run several apps.
+
+    `roles` are the daemon's roles (all of them when None): a gauge that only one role
+    sets is registered only where that role runs, so a process without the claimer
+    exports no claimer tick to alert on.
+    """
+
+    def __init__(self, roles: Iterable[str] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        running = None if roles is None else frozenset(roles)
+
+        def where(role: str) -> CollectorRegistry | None:
+            return r if running is None or role in running else None
+
+        ProcessCollector(registry=r)
+        self.build_info = Gauge(
+            "outboxd_build_info", "Always 1; `version` is outboxd's", ["version"], registry=r
+        )
+        self.build_info.labels(package_version()).set(1)
         self.http_requests = Counter(
             "outboxd_http_requests",
             "HTTP requests by route and status",
@@ -470,6 +501,15 @@ class Metrics:
             ["kind", "outcome"],
             registry=r,
         )
+        self.dead = Counter(
+            "outboxd_dead",
+            "Rows this process made DEAD, by table",
+            ["table"],
+            registry=r,
+        )
+        for table in DEAD_TABLES:
+            # Exported from the start at 0: the first DEAD row is an increase, not a new series.
+            self.dead.labels(table)
         self.rows = Gauge(
             "outboxd_rows", "Rows by table and status", ["table", "status"], registry=r
         )
@@ -491,10 +531,30 @@ class Metrics:
             ["check"],
             registry=r,
         )
+        self.stats_refresh_success = Gauge(
+            "outboxd_stats_refresh_success",
+            "1 when the last refresh of the gauges read from this source succeeded, "
+            "0 when they are stale",
+            ["source"],
+            registry=r,
+        )
+        self.stats_last_success = Gauge(
+            "outboxd_stats_last_success_timestamp_seconds",
+            "Unix time the gauges read from this source were last refreshed",
+            ["source"],
+            registry=r,
+        )
         self.claimer_last_tick = Gauge(
             "outboxd_claimer_last_tick_timestamp_seconds",
             "Unix time the claimer last finished a tick (idle ones too)",
-            registry=r,
+            registry=where("claimer"),
+        )
+        self.consumer_last_receive = Gauge(
+            "outboxd_consumer_last_receive_timestamp_seconds",
+            "Unix time the consumer last had an answer from a receive on this queue "
+            "(empty ones too)",
+            ["queue"],
+            registry=where("consumer"),
         )
         # Cluster pacing (docs/pacing.md): one series per pace row, database clock.
         self.pace_last_slot = Gauge(

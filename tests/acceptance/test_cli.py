@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,91 @@ async def test_jobs_redrive(store: SqlStore, keys: KeyRing, db_url: str, tmp_pat
     assert queued.returncode == 1 and "QUEUED" in queued.stderr
     missing = run_cli("jobs", "redrive", "no-such-job", "--config", config)
     assert missing.returncode == 1 and "no job" in missing.stderr
+
+
+async def test_jobs_list(store: SqlStore, keys: KeyRing, db_url: str, tmp_path: Path) -> None:
+    config = config_for(tmp_path, db_url)
+    queued = await submit_job(store, keys, key="q")
+    dead = [await submit_job(store, keys, key=f"d{i}") for i in range(3)]
+    for job in dead:
+        await kill_at_publish(store, job.id, f"err {job.id[-4:]}")
+
+    listed = run_cli("jobs", "list", "--status", "DEAD", "--config", config)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split()[:3] == ["id", "status", "att"]
+    # Newest first, each with its error.
+    assert [line.split()[0] for line in lines[1:]] == [j.id for j in reversed(dead)]
+    assert all(" DEAD " in line and "RETRIES_EXHAUSTED" in line for line in lines[1:])
+
+    limited = run_cli(
+        "jobs", "list", "--status", "DEAD", "--limit", "2", "--json", "--config", config
+    )
+    assert limited.returncode == 0, limited.stderr
+    items = json.loads(limited.stdout)
+    assert [i["jobId"] for i in items] == [dead[2].id, dead[1].id]
+    assert all(i["status"] == "DEAD" and i["error"]["code"] == "RETRIES_EXHAUSTED" for i in items)
+
+    everything = json.loads(run_cli("jobs", "list", "--json", "--config", config).stdout)
+    assert {i["jobId"] for i in everything} == {queued.id, *(j.id for j in dead)}
+    bad = run_cli("jobs", "list", "--status", "LOST", "--config", config)
+    assert bad.returncode == 2 and "usage:" in bad.stderr
+
+
+async def test_jobs_redrive_every_dead_job(
+    store: SqlStore, keys: KeyRing, db_url: str, tmp_path: Path
+) -> None:
+    """The bulk redrive: refused without --yes, then a progress line per batch and the
+    count; each job's DEAD relay rows superseded; an unredrivable job named, exit 1."""
+    config = config_for(tmp_path, db_url)
+    erased = await submit_job(store, keys, key="e")
+    await kill_in_processing(store, erased.id)
+    assert (await store.prune(0, time.time() + 60, 100))["dead_credentials"] == 1
+    at_publish = [await submit_job(store, keys, key=f"p{i}") for i in range(120)]
+    for job in at_publish:
+        await kill_at_publish(store, job.id)
+    in_processing = await submit_job(store, keys, key="w")
+    await kill_in_processing(store, in_processing.id)
+    before = await db_counts(db_url)
+    assert before["jobs"] == {"DEAD": 122}
+    assert before["relay_outbox"] == {"DEAD": 120, "SENT": 2}
+
+    unconfirmed = run_cli("jobs", "redrive", "--status", "DEAD", "--config", config)
+    assert unconfirmed.returncode == 2
+    assert "--yes" in unconfirmed.stderr and unconfirmed.stdout == ""
+    assert await db_counts(db_url) == before
+    both = run_cli("jobs", "redrive", erased.id, "--status", "DEAD", "--yes", "--config", config)
+    assert both.returncode == 2 and await db_counts(db_url) == before
+    neither = run_cli("jobs", "redrive", "--config", config)
+    assert neither.returncode == 2 and await db_counts(db_url) == before
+
+    done = run_cli("jobs", "redrive", "--status", "DEAD", "--yes", "--config", config)
+    assert done.returncode == 1, done.stderr  # one job could not be redriven
+    out = done.stdout.splitlines()
+    assert out[0] == "DEAD jobs to redrive: 122"
+    # A batch is a hundred jobs, newest first: the erased job is in the second.
+    assert out[1:3] == ["redriven 100/122, refused 0", "redriven 121/122, refused 1"]
+    assert (
+        out[3] == f"refused {erased.id}: the job's credentials were erased; it cannot be redriven"
+    )
+    assert out[-1] == "redriven: 121 jobs, refused: 1"
+    after = await db_counts(db_url)
+    assert after["jobs"] == {"QUEUED": 121, "DEAD": 1}
+    assert after["relay_outbox"] == {"SUPERSEDED": 120, "SENT": 2, "PENDING": 121}
+    # The acting user of every batch, on stderr (stdout stays the operator's).
+    audit = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    batches = [e for e in audit if e["event"] == "jobs_redriven"]
+    assert [e["count"] for e in batches] == [100, 21]
+    assert all(e["actor"].startswith("cli:") for e in batches)
+    assert {i for e in batches for i in e["job_ids"]} == {
+        j.id for j in [*at_publish, in_processing]
+    }
+
+    nothing = run_cli(
+        "jobs", "redrive", "--status", "DEAD", "--yes", "--limit", "5", "--config", config
+    )
+    assert nothing.returncode == 1  # the erased one is still refused
+    assert nothing.stdout.splitlines()[0] == "DEAD jobs to redrive: 1"
 
 
 @pytest.mark.parametrize(

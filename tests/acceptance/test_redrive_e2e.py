@@ -1,9 +1,11 @@
 """A DEAD job redriven (once through the admin API, once through the CLI) runs again and
-succeeds, with `error: null` (docs/contract.md#administration, #cli). Both backends.
+succeeds, with `error: null` (docs/contract.md#administration, #cli), and the DLQ sweep
+then deletes the dead messages: the DLQ holds exactly the DEAD work. Both backends.
 
 The daemon runs as a subprocess on moto; the portal is the threaded FakePortal, which
 answers 503 to everything until the test lets it work, so both jobs die the real way:
 their SQS message reaches `sqs.max_receive_count` (2) and the consumer marks them DEAD.
+Its /metrics shows what the roles it runs export (no claimer, a consumer).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread
@@ -55,7 +58,7 @@ async def test_dead_jobs_redriven_by_api_and_cli_succeed(
     daemon = spawn_daemon(
         pipeline_config(
             sqs={"max_receive_count": 2, "visibility_timeout_s": 10},
-            consumer={"heartbeat_s": 2},
+            consumer={"heartbeat_s": 2, "dlq_sweep_s": 0.5},
             daemon={"roles": ["api", "relay", "consumer"]},
         ),
         name="d",
@@ -113,8 +116,31 @@ async def test_dead_jobs_redriven_by_api_and_cli_succeed(
             async with http.get(f"{base}/v1/admin/stats") as resp:
                 stats = await resp.json()
             assert stats["tables"]["jobs"] == {"SUCCEEDED": 2}
-            # The first messages went to the DLQ, as SQS intends.
-            assert stats["queues"]["jobs"]["dlq"] == 2
+            # The first messages went to the DLQ, as SQS intends; their jobs are not DEAD
+            # any more, so the sweep deletes them.
+            deadline = time.monotonic() + 30
+            while stats["queues"]["jobs"]["dlq"] != 0:
+                assert time.monotonic() < deadline, stats
+                await asyncio.sleep(0.3)
+                async with http.get(f"{base}/v1/admin/stats") as resp:
+                    stats = await resp.json()
+
+            async with http.get(f"{base}/metrics") as resp:
+                assert resp.status == 200
+                metrics = {
+                    (s.name, tuple(sorted(s.labels.items()))): s.value
+                    for f in text_string_to_metric_families(await resp.text())
+                    for s in f.samples
+                }
+            names = {name for name, _ in metrics}
+            assert "outboxd_claimer_last_tick_timestamp_seconds" not in names  # no claimer role
+            received = metrics[
+                ("outboxd_consumer_last_receive_timestamp_seconds", (("queue", "jobs"),))
+            ]
+            assert received > time.time() - 60
+            assert metrics[("outboxd_dead_total", (("table", "jobs"),))] == 2
+            assert metrics[("outboxd_rows", (("status", "DEAD"), ("table", "jobs")))] == 0
+            assert "process_start_time_seconds" in names
     finally:
         code = await asyncio.to_thread(daemon.terminate)
     assert code == 0, daemon.all_output()[-3000:]
@@ -124,4 +150,8 @@ async def test_dead_jobs_redriven_by_api_and_cli_succeed(
     assert [e["job_id"] for e in events if e["event"] == "job_redriven"] == [by_api]
     succeeded = [e["job_id"] for e in events if e["event"] == "job_succeeded"]
     assert sorted(succeeded) == sorted(ids)
+    swept = [e for e in events if e["event"] == "dlq_message_deleted"]
+    assert sorted((e["job_id"], e["reason"]) for e in swept) == sorted(
+        (job_id, "job_redriven") for job_id in ids
+    )
     assert SAMPLE_PASSWORD not in daemon.all_output()

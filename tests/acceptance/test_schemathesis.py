@@ -162,6 +162,9 @@ def test_hand_made_flow_conforms(api_schema: Any) -> None:
     assert call("GET", "/v1/jobs/{job_id}", path_parameters={"job_id": job_id}).status_code == 200
     not_dead = call("POST", "/v1/admin/jobs/{job_id}/redrive", path_parameters={"job_id": job_id})
     assert not_dead.status_code == 409
+    bulk = call("POST", "/v1/admin/jobs/redrive", body={"status": "DEAD", "jobIds": [job_id]})
+    assert bulk.status_code == 200 and bulk.json()["refused"][0]["jobId"] == job_id
+    assert call("POST", "/v1/admin/jobs/redrive", body={"status": "DEAD"}).status_code == 200
 
     created = call("POST", "/v1/websites", body={"domain": "Example.ORG.", "faviconUrl": None})
     assert created.status_code in (200, 201)

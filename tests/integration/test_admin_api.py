@@ -233,8 +233,12 @@ async def test_job_redrive_of_a_dead_job(
         + ("?" if db_url.startswith("sqlite") else "$1"),
         job.id,
     )
-    # The old row stays as history (DEAD or SENT); exactly one row carries the retry.
-    assert sorted(r[0] for r in rows) == sorted(["PENDING", "DEAD" if how == "publish" else "SENT"])
+    # The old row stays as history (a DEAD one SUPERSEDED: no longer a dead letter);
+    # exactly one row carries the retry.
+    old_status = "SUPERSEDED" if how == "publish" else "SENT"
+    assert sorted(r[0] for r in rows) == sorted(["PENDING", old_status])
+    dead_rows = await (await api.get("/v1/admin/outbox", params={"status": "DEAD"})).json()
+    assert dead_rows["items"] == []
     # The credentials stayed: the job can still run.
     fresh = await store.get_job(job.id)
     assert fresh is not None and fresh.sealed is not None
@@ -271,6 +275,135 @@ async def test_job_redrive_after_credentials_were_erased_is_409(
     assert fresh is not None and fresh.status == "DEAD"
     latest = await store.latest_relay_row_for_job(job.id)
     assert latest is not None and latest.status == "SENT", "no new outbox row was made"
+
+
+async def test_a_superseded_row_is_history_not_a_dead_letter(
+    api: Client, store: SqlStore, keys: KeyRing, db_url: str
+) -> None:
+    """One publish failure is one dead letter: redriving the job closes its DEAD row too."""
+    job = await submit_job(store, keys)
+    dead_row = await kill_at_publish(store, job.id)
+    before = await db_counts(db_url)
+    assert before["jobs"] == {"DEAD": 1} and before["relay_outbox"] == {"DEAD": 1}
+
+    assert (await api.post(f"/v1/admin/jobs/{job.id}/redrive")).status == 202
+    after = await db_counts(db_url)
+    assert after["jobs"] == {"QUEUED": 1}
+    assert after["relay_outbox"] == {"SUPERSEDED": 1, "PENDING": 1}
+    listed = await (await api.get("/v1/admin/outbox", params={"status": "SUPERSEDED"})).json()
+    assert [i["id"] for i in listed["items"]] == [dead_row.id]
+    assert listed["items"][0]["lastError"] == dead_row.last_error
+    detail = await (await api.get(f"/v1/admin/jobs/{job.id}")).json()
+    assert [o["status"] for o in detail["outbox"]] == ["PENDING", "SUPERSEDED"]
+    stats = await (await api.get("/v1/admin/stats")).json()
+    assert "DEAD" not in stats["tables"]["relay_outbox"]
+    # It cannot be revived beside the fresh row (the job would be published twice).
+    body = await problem_of(await api.post(f"/v1/admin/outbox/{dead_row.id}/redrive"), 409, "C11")
+    assert "newer outbox row" in body["detail"]
+
+
+# ------------------------------------------------------------------ bulk redrive
+
+
+async def test_bulk_redrive_of_every_dead_job(
+    api: Client, store: SqlStore, keys: KeyRing, db_url: str
+) -> None:
+    erased = await submit_job(store, keys, key="e")
+    await kill_in_processing(store, erased.id)
+    # outbox.prune erases a DEAD job's credentials after security.dead_retention_s.
+    assert (await store.prune(0, time.time() + 60, 100))["dead_credentials"] == 1
+    at_publish = [await submit_job(store, keys, key=f"p{i}") for i in range(3)]
+    for job in at_publish:
+        await kill_at_publish(store, job.id)
+    in_processing = await submit_job(store, keys, key="w")
+    await kill_in_processing(store, in_processing.id)
+    queued = await submit_job(store, keys, key="q")
+    await kill_in_processing(store, (await submit_job(store, keys, key="late")).id)
+
+    # limit: the newest DEAD job first, and `more` says others are left.
+    resp = await api.post("/v1/admin/jobs/redrive", json={"status": "DEAD", "limit": 1})
+    assert resp.status == 200, await resp.text()
+    first = await resp.json()
+    assert first["redriven"] == 1 and first["refused"] == [] and first["more"] is True
+
+    with capture_logs() as logs:
+        resp = await api.post("/v1/admin/jobs/redrive", json={"status": "DEAD"})
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    redriven = {j.id for j in [*at_publish, in_processing]}
+    assert set(body["jobIds"]) == redriven and body["redriven"] == len(redriven)
+    assert body["refused"] == [
+        {"jobId": erased.id, "reason": "the job's credentials were erased; it cannot be redriven"}
+    ]
+    assert body["more"] is False
+    counts = await db_counts(db_url)
+    assert counts["jobs"] == {"QUEUED": 6, "DEAD": 1}  # redriven 5, queued 1, erased 1
+    assert counts["relay_outbox"].get("DEAD", 0) == 0
+    assert counts["relay_outbox"]["SUPERSEDED"] == 3
+    assert (await store.get_job(queued.id)).status == "QUEUED"  # type: ignore[union-attr]
+    # The acting user with every batch it redrove (no tokens configured: user "local").
+    lines = [e for e in logs if e["event"] == "jobs_redriven"]
+    assert [(e["actor"], set(e["job_ids"]), e["refused"]) for e in lines] == [
+        ("local", redriven, 1)
+    ]
+
+
+async def test_bulk_redrive_of_named_jobs(api: Client, store: SqlStore, keys: KeyRing) -> None:
+    dead = await submit_job(store, keys, key="d")
+    await kill_at_publish(store, dead.id)
+    other_dead = await submit_job(store, keys, key="o")
+    await kill_at_publish(store, other_dead.id)
+    queued = await submit_job(store, keys, key="q")
+    missing = str(uuid.uuid4())
+    resp = await api.post(
+        "/v1/admin/jobs/redrive",
+        json={"status": "DEAD", "jobIds": [dead.id, queued.id, missing, dead.id]},
+    )
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert body == {
+        "redriven": 1,
+        "jobIds": [dead.id],
+        "refused": [
+            {"jobId": queued.id, "reason": "job is QUEUED, not DEAD"},
+            {"jobId": missing, "reason": "no such job"},
+        ],
+        "more": False,
+    }
+    # Only the named job moved.
+    assert (await store.get_job(other_dead.id)).status == "DEAD"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"jobIds": [str(uuid.uuid4())]},  # the status is required
+        {"status": "FAILED"},
+        {"status": None},
+        {"status": "DEAD", "jobIds": []},
+        {"status": "DEAD", "jobIds": "x"},
+        {"status": "DEAD", "jobIds": ["x"]},
+        {"status": "DEAD", "jobIds": [""]},
+        {"status": "DEAD", "jobIds": [1]},
+        {"status": "DEAD", "jobIds": ["a\u0000b"]},
+        {"status": "DEAD", "jobIds": [str(uuid.uuid4()) + "\n"]},
+        {"status": "DEAD", "jobIds": [str(uuid.uuid4()).upper()]},
+        {"status": "DEAD", "jobIds": [str(uuid.uuid4()) for _ in range(501)]},
+        {"status": "DEAD", "limit": 0},
+        {"status": "DEAD", "limit": 10_001},
+        {"status": "DEAD", "limit": True},
+        {"status": "DEAD", "limit": "5"},
+        {"status": "DEAD", "extra": 1},
+    ],
+)
+async def test_bulk_redrive_refuses_bad_bodies(
+    api: Client, store: SqlStore, keys: KeyRing, body: dict[str, Any]
+) -> None:
+    dead = await submit_job(store, keys)
+    await kill_at_publish(store, dead.id)
+    await problem_of(await api.post("/v1/admin/jobs/redrive", json=body), 400, "C01")
+    assert (await store.get_job(dead.id)).status == "DEAD"  # type: ignore[union-attr]
 
 
 # ------------------------------------------------------------------ stats
@@ -400,6 +533,7 @@ ADMIN_ROUTES = [
     ("GET", "/v1/admin/outbox", None),
     ("POST", "/v1/admin/outbox/{id}/redrive", None),
     ("POST", "/v1/admin/jobs/{id}/redrive", None),
+    ("POST", "/v1/admin/jobs/redrive", {"status": "DEAD"}),
     ("GET", "/v1/admin/stats", None),
     ("POST", "/v1/admin/tasks", {"type": "noop"}),
     ("GET", "/v1/admin/tasks", None),

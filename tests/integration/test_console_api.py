@@ -86,7 +86,8 @@ async def test_job_detail_has_its_outbox_rows_and_no_secret(
     assert body["jobId"] == job.id and body["status"] == "QUEUED"
     rows = body["outbox"]
     assert len(rows) == 2
-    assert rows[1]["id"] == dead_row.id and rows[1]["status"] == "DEAD"
+    # The spent row is history now, not a dead letter: the redrive superseded it.
+    assert rows[1]["id"] == dead_row.id and rows[1]["status"] == "SUPERSEDED"
     assert rows[1]["lastError"] == "sqs said <script>no</script>"
     assert rows[0]["status"] == "PENDING" and rows[0]["jobId"] == job.id
     text = await resp.text()

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from structlog.testing import capture_logs
 from testkit.fakes.portal import (
     SAMPLE_PASSWORD,
     SAMPLE_SNO,
@@ -36,6 +37,7 @@ from testkit.fakes.portal import (
 from outboxd.config import Settings
 from outboxd.errors import StorageError
 from outboxd.observability import Metrics
+from outboxd.queue.messages import encode_job, encode_task
 from outboxd.queue.sqs import (
     BatchResult,
     OutgoingMessage,
@@ -45,17 +47,20 @@ from outboxd.queue.sqs import (
 )
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing
-from outboxd.storage.ports import JobRecord, LoginFailure, NewPortalJob
+from outboxd.services.admin import AdminService
+from outboxd.storage.ports import JobRecord, LoginFailure, NewPortalJob, TaskRun
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.consumer import Consumer
 from outboxd.workers.publishing import message_body
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
+from tests.support.clock import Clock
 from tests.support.config import merge
 from tests.support.db import sql
 from tests.support.moto import MotoServer
+from tests.support.ops import fail, kill_in_processing, kill_task_at_publish, submit_job, succeed
 from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
-from tests.support.sqs import read_all
+from tests.support.sqs import read_all, send_to_dlq
 from tests.support.students import it_student
 
 BROKEN_SNO = "20209999"
@@ -102,12 +107,14 @@ class RecordingReceiver:
             self.received.extend(got)
         return got
 
-    async def delete(self, kind: QueueKind, receipt_handle: str) -> None:
-        await self.inner.delete(kind, receipt_handle)
+    async def delete(self, kind: QueueKind, receipt_handle: str, dlq: bool = False) -> None:
+        await self.inner.delete(kind, receipt_handle, dlq)
         self.deleted.append(receipt_handle)
 
-    async def change_visibility(self, kind: QueueKind, receipt_handle: str, timeout_s: int) -> None:
-        await self.inner.change_visibility(kind, receipt_handle, timeout_s)
+    async def change_visibility(
+        self, kind: QueueKind, receipt_handle: str, timeout_s: int, dlq: bool = False
+    ) -> None:
+        await self.inner.change_visibility(kind, receipt_handle, timeout_s, dlq)
 
     async def receive_dlq(
         self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
@@ -133,21 +140,29 @@ class Rig:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     scrapers: list[SuwonScraper] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
 
-    def start_consumer(self, store: SqlStore | None = None) -> Consumer:
+    def consumer(
+        self, store: SqlStore | None = None, clock: Callable[[], float] = time.time
+    ) -> Consumer:
+        """A consumer on the rig's queues, not running (`start_consumer` runs one)."""
         scraper = SuwonScraper(self.settings.scrapers.suwon)
         self.scrapers.append(scraper)
-        consumer = Consumer(
+        return Consumer(
             store or self.store,
             self.receiver,
             scraper,
             self.keys,
             self.settings.consumer,
             self.settings.sqs,
-            Metrics(),
+            self.metrics,
             self.settings.security.dead_retention_s,
+            clock=clock,
             portal_settings=self.settings.scrapers.suwon,
         )
+
+    def start_consumer(self, store: SqlStore | None = None) -> Consumer:
+        consumer = self.consumer(store)
         self.tasks.append(asyncio.create_task(consumer.run(self.stop)))
         return consumer
 
@@ -267,7 +282,13 @@ async def make_rig(
                 "visibility_timeout_s": 3,
                 "max_receive_count": 3,
             },
-            "consumer": {"max_concurrency": 4, "heartbeat_s": 1.0, "backoff_base_s": 0},
+            # The DLQ sweep runs once when a consumer starts; the tests call it themselves.
+            "consumer": {
+                "max_concurrency": 4,
+                "heartbeat_s": 1.0,
+                "backoff_base_s": 0,
+                "dlq_sweep_s": 3600,
+            },
             "relay": {"publish_timeout_s": 3.0},
             "scrapers": {
                 "suwon": {
@@ -670,6 +691,162 @@ async def test_the_heartbeat_renews_the_job_lease_so_a_duplicate_does_not_run_th
     assert job.status == "SUCCEEDED" and job.attempts == 1, job
     assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
     await rig.wait_queue_empty()
+
+
+# ---------------------------------------------------------------- dead letters and the DLQ sweep
+
+
+def dead_total(metrics: Metrics, table: str) -> float:
+    value = metrics.registry.get_sample_value("outboxd_dead_total", {"table": table})
+    return value or 0.0
+
+
+async def dlq_depth(rig: Rig, kind: QueueKind = "jobs") -> int:
+    return (await rig.queues.depth(kind)).dlq_visible
+
+
+async def test_a_dead_job_redriven_succeeds_and_the_sweep_empties_the_dlq(
+    make_rig: RigFactory,
+) -> None:
+    """The loop closes: a job dies at its last receive (message in the DLQ), the sweep
+    keeps that dead letter, a redrive runs it again, and the next sweep deletes it."""
+    rig = await make_rig(sqs={"max_receive_count": 2})
+    rig.portal.always_fail_503 = True
+    started = time.time()
+    consumer = rig.start_consumer()
+    job_id, job = await rig.run_sample_job()
+    assert job.status == "DEAD"
+    await rig.wait_queue_empty(dlq=1)
+    assert dead_total(rig.metrics, "jobs") == 1
+    last_receive = rig.metrics.registry.get_sample_value(
+        "outboxd_consumer_last_receive_timestamp_seconds", {"queue": "jobs"}
+    )
+    assert last_receive is not None and last_receive >= started
+
+    # While the job is DEAD its message is the dead letter: it stays, visible.
+    swept = await consumer.sweep_dlq_once()
+    assert (swept.deleted, swept.marked_dead, swept.kept) == (0, 0, 1)
+    assert await dlq_depth(rig) == 1
+
+    rig.portal.always_fail_503 = False
+    redriven = await AdminService(rig.store).redrive_jobs(actor="test", job_ids=[job_id])
+    assert redriven.redriven == [job_id] and redriven.refused == []
+    fresh = await rig.store.latest_relay_row_for_job(job_id)
+    assert fresh is not None and fresh.status == "PENDING"
+    relay = Relay(rig.store, rig.publisher, rig.settings.relay, rig.metrics)
+    assert await relay.publish_now(fresh.id)
+    done = await rig.wait_status(job_id, *FINAL)
+    assert done.status == "SUCCEEDED", done
+
+    with capture_logs() as logs:
+        swept = await consumer.sweep_dlq_once()
+    assert (swept.deleted, swept.marked_dead, swept.kept) == (1, 0, 0)
+    assert await dlq_depth(rig) == 0
+    deleted = [e for e in logs if e["event"] == "dlq_message_deleted"]
+    assert [(e["job_id"], e["reason"]) for e in deleted] == [(job_id, "job_redriven")]
+    # Nothing of the job is DEAD any more.
+    assert (await rig.job(job_id)).status == "SUCCEEDED"
+    rows = await rig.store.relay_rows_for_job(job_id, 10)
+    assert sorted(r.status for r in rows) == ["SENT", "SENT"]
+
+
+async def test_the_sweep_never_marks_a_job_dead_while_its_lease_is_live(
+    make_rig: RigFactory,
+) -> None:
+    """A copy of the message in the DLQ while another copy is being worked on (its run
+    holds a live lease): the sweep leaves the job alone. Once that lease has run out with
+    nobody finishing the job, the sweep marks it DEAD and keeps the dead letter."""
+    rig = await make_rig()
+    clock = Clock()
+    job_id, outbox_id = await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD)
+    claimed = await rig.store.claim_relay_row(outbox_id, clock.now, 30)
+    assert claimed is not None
+    assert await rig.store.mark_relay_sent([(claimed, "m-1")], clock.now)
+    held = await rig.store.start_job_run(job_id, clock.now, 60)
+    assert held is not None and held.status == "RUNNING"
+    await send_to_dlq(rig.queues, "jobs", [message_body(claimed)])
+    consumer = rig.consumer(clock=clock)
+
+    swept = await consumer.sweep_dlq_once()
+    assert (swept.deleted, swept.marked_dead, swept.kept) == (0, 0, 1)
+    assert await rig.job(job_id) == held
+    assert dead_total(rig.metrics, "jobs") == 0
+    assert await dlq_depth(rig) == 1
+
+    clock.now += 61  # the holder died: its lease ran out
+    swept = await consumer.sweep_dlq_once()
+    assert (swept.deleted, swept.marked_dead, swept.kept) == (0, 1, 1)
+    dead = await rig.job(job_id)
+    assert dead.status == "DEAD" and dead.error_code == "RETRIES_EXHAUSTED"
+    assert dead.error_message == "the message reached the dead-letter queue"
+    assert dead_total(rig.metrics, "jobs") == 1
+    assert await dlq_depth(rig) == 1  # the dead letter itself stays
+
+
+async def test_the_sweep_deletes_exactly_the_messages_of_closed_work(
+    make_rig: RigFactory,
+) -> None:
+    """Each DLQ keeps the work that is DEAD (and what it cannot judge); a message whose job
+    or task finished, was redriven or is gone is deleted."""
+    rig = await make_rig()
+    store, keys, now = rig.store, rig.keys, time.time()
+
+    async def body_of(job_id: str) -> str:
+        row = await store.latest_relay_row_for_job(job_id)
+        assert row is not None
+        return message_body(row)
+
+    succeeded = (await succeed(store, (await submit_job(store, keys)).id)).id
+    failed = (await fail(store, (await submit_job(store, keys)).id)).id
+    redriven = (await kill_in_processing(store, (await submit_job(store, keys)).id)).id
+    redriven_body = await body_of(redriven)
+    await store.redrive_job(redriven, str(uuid.uuid4()), time.time())
+    dead = (await kill_in_processing(store, (await submit_job(store, keys)).id)).id
+    queued = (await submit_job(store, keys)).id
+    delete_jobs = [
+        await body_of(succeeded),
+        await body_of(failed),
+        encode_job(str(uuid.uuid4()), str(uuid.uuid4())),  # pruned since
+        redriven_body,
+    ]
+    keep_jobs = [
+        await body_of(dead),
+        await body_of(queued),
+        "not json",
+        json.dumps({"jobId": dead}),  # no outboxId: not one of ours
+    ]
+
+    def task(status: str) -> Awaitable[tuple[TaskRun, bool]]:
+        return store.enqueue_task(str(uuid.uuid4()), str(uuid.uuid4()), "noop", {}, status, now)
+
+    done_task, _ = await task("t-succeeded")
+    await store.finish_task(done_task.id, "SUCCEEDED", None, now)
+    failed_task, _ = await task("t-failed")
+    await store.finish_task(failed_task.id, "FAILED", "boom", now)
+    dead_task, _ = await task("t-dead")
+    dead_row = await kill_task_at_publish(store, dead_task.id)
+    pending_task, _ = await task("t-pending")
+    delete_tasks = [
+        encode_task(done_task.id, str(uuid.uuid4())),
+        encode_task(failed_task.id, str(uuid.uuid4())),
+        encode_task(str(uuid.uuid4()), str(uuid.uuid4())),
+    ]
+    keep_tasks = [encode_task(dead_task.id, dead_row.id), encode_task(pending_task.id, "o")]
+    await send_to_dlq(rig.queues, "jobs", delete_jobs + keep_jobs)
+    await send_to_dlq(rig.queues, "tasks", delete_tasks + keep_tasks)
+    before = {j: await rig.job(j) for j in (succeeded, failed, redriven, dead, queued)}
+
+    with capture_logs() as logs:
+        swept = await rig.consumer().sweep_dlq_once()
+    assert (swept.deleted, swept.marked_dead, swept.kept) == (7, 0, 6)
+    assert sorted(await read_all(rig.queues, "jobs", dlq=True)) == sorted(keep_jobs)
+    assert sorted(await read_all(rig.queues, "tasks", dlq=True)) == sorted(keep_tasks)
+    reasons = sorted(e["reason"] for e in logs if e["event"] == "dlq_message_deleted")
+    jobs_gone = ["job_finished", "job_finished", "job_pruned", "job_redriven"]
+    tasks_gone = ["task_finished", "task_finished", "task_pruned"]
+    assert reasons == sorted([*jobs_gone, *tasks_gone])
+    # The sweep only deleted messages: no job changed.
+    assert {j: await rig.job(j) for j in before} == before
 
 
 # ---------------------------------------------------------------- the portal login lock

@@ -6,26 +6,38 @@ server; the CLI runs as a subprocess on a config file naming the same database.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+from urllib.parse import urlsplit
 
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
-from outboxd.config import Settings
+from outboxd.config import ROLES, Settings
 from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.readiness import Readiness
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics
+from outboxd.observability import Metrics, package_version
 from outboxd.queue.sqs import OutgoingMessage, SqsQueues
 from outboxd.security import KeyRing
-from outboxd.storage.store import SqlStore, open_store
+from outboxd.services.admin import AdminService
+from outboxd.services.gauges import StatsGauges
+from outboxd.storage.ports import TABLE_STATUSES, PaceState, StatusCount
+from outboxd.storage.store import SqlStore, open_database, open_store
 from tests.conftest import SettingsFactory
+from tests.integration.test_db_down import via_proxy
+from tests.support.clock import Clock
 from tests.support.moto import MotoServer, free_port
 from tests.support.ops import (
     db_counts,
@@ -38,6 +50,7 @@ from tests.support.ops import (
     succeed,
     write_config,
 )
+from tests.support.tcp_proxy import TcpProxy
 
 Client = TestClient[Any, Any]
 
@@ -54,9 +67,16 @@ async def queues(moto_server: MotoServer, queue_names: dict[str, str]) -> AsyncI
 
 
 async def serve(
-    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing, queues: SqsQueues | None
+    make_settings: SettingsFactory,
+    store: SqlStore,
+    keys: KeyRing,
+    queues: SqsQueues | None,
+    metrics: Metrics | None = None,
+    refresh_s: float = 0,
 ) -> Client:
-    deps = build_api_deps(make_settings(), store, keys, Metrics(), queues=queues, dispatcher=None)
+    """The API in process; its gauges refreshed at every scrape unless `refresh_s` says."""
+    settings = make_settings(metrics={"refresh_s": refresh_s})
+    deps = build_api_deps(settings, store, keys, metrics or Metrics(), queues, dispatcher=None)
     client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
     await client.start_server()
     return client
@@ -129,7 +149,25 @@ def rows_gauges(text: str) -> dict[tuple[str, str], float]:
 
 
 def as_gauges(counts: dict[str, dict[str, int]]) -> dict[tuple[str, str], float]:
-    return {(t, s): float(n) for t, per in counts.items() for s, n in per.items()}
+    """The database's counts as /metrics shows them: every known status, 0 when empty."""
+    return {
+        (t, s): float(counts.get(t, {}).get(s, 0))
+        for t, known in TABLE_STATUSES.items()
+        for s in known
+    }
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the one sample `name{labels}` in a scrape (None when absent)."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return float(s.value)
+    return None
+
+
+def families(text: str) -> set[str]:
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 def cli(tmp_path: Path, config: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
@@ -159,6 +197,8 @@ async def test_metrics_and_status_report_the_database_counts(
     assert resp.content_type == "text/plain"
     text = await resp.text()
     assert rows_gauges(text) == as_gauges(truth)
+    assert sample(text, "outboxd_stats_refresh_success", source="database") == 1
+    assert sample(text, "outboxd_stats_refresh_success", source="sqs") == 1
     depth = metric_samples(text, "outboxd_queue_depth", ("queue", "state"))
     assert depth[("jobs", "visible")] == 3
     assert depth[("tasks", "visible")] == 1
@@ -270,5 +310,262 @@ async def test_readyz_503_names_the_database_when_it_is_down(
         checks = (await resp.json())["checks"]
         assert checks["sqs"] == "ok"
         assert checks["database"] != "ok"
+    finally:
+        await client.close()
+
+
+# ---------------------------------------------------------------- metrics that tell the truth
+
+
+class CountingDb:
+    """The real database driver, counting the readiness pings."""
+
+    def __init__(self, inner: Any, calls: Counter[str]) -> None:
+        self._inner = inner
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def ping(self) -> None:
+        self._calls["ping"] += 1
+        await self._inner.ping()
+
+
+class CountingStore:
+    """The real store, counting the reads a refresh of the gauges makes."""
+
+    def __init__(self, inner: SqlStore) -> None:
+        self._inner = inner
+        self.calls: Counter[str] = Counter()
+        self.db = CountingDb(inner.db, self.calls)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def status_counts(self) -> list[StatusCount]:
+        self.calls["status_counts"] += 1
+        return await self._inner.status_counts()
+
+    async def pace_states(self, now: float) -> list[PaceState]:
+        self.calls["pace_states"] += 1
+        return await self._inner.pace_states(now)
+
+
+async def test_every_status_the_process_and_the_build_are_exported(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> None:
+    client = await serve(make_settings, store, keys, None)
+    try:
+        resp = await client.get("/metrics")
+        assert resp.status == 200
+        text = await resp.text()
+    finally:
+        await client.close()
+    # An empty database: every status of every table is a series at 0, so the first DEAD
+    # row is an increase Prometheus sees, not a series appearing at N.
+    shown = rows_gauges(text)
+    assert shown == as_gauges({})
+    assert set(shown.values()) == {0.0}
+    assert ("relay_outbox", "SUPERSEDED") in shown and ("jobs", "DEAD") in shown
+    for table in ("jobs", "relay_outbox", "task_runs"):
+        assert sample(text, "outboxd_dead_total", table=table) == 0
+    assert sample(text, "outboxd_build_info", version=package_version()) == 1
+    assert {
+        "process_start_time_seconds",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+    } <= families(text)
+    started = sample(text, "process_start_time_seconds")
+    assert started is not None and 0 < started <= time.time()
+
+
+async def test_a_role_gauge_is_exported_only_where_the_role_runs(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> None:
+    claimer = "outboxd_claimer_last_tick_timestamp_seconds"
+    consumer = "outboxd_consumer_last_receive_timestamp_seconds"
+
+    def registered(*roles: str) -> set[str]:
+        return {f.name for f in Metrics(roles).registry.collect()}
+
+    assert claimer not in registered("api") and consumer not in registered("api")
+    assert claimer in registered("api", "claimer") and consumer not in registered("claimer")
+    assert consumer in registered("consumer") and claimer not in registered("consumer")
+    assert {claimer, consumer} <= registered(*ROLES)
+
+    # The api role alone, as the split docs/operations.md recommends: a scrape shows neither.
+    client = await serve(make_settings, store, keys, None, metrics=Metrics(["api"]))
+    try:
+        text = await (await client.get("/metrics")).text()
+    finally:
+        await client.close()
+    assert "outboxd_rows" in text
+    assert claimer not in text and consumer not in text
+
+
+async def test_concurrent_scrapes_share_one_refresh(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> None:
+    """32 scrapers at once read the database once, and again only after refresh_s."""
+    counting = CountingStore(store)
+    client = await serve(make_settings, cast(SqlStore, counting), keys, None, refresh_s=60)
+    try:
+        answers = await asyncio.gather(*(client.get("/metrics") for _ in range(32)))
+        assert [r.status for r in answers] == [200] * 32
+        texts = [await r.text() for r in answers]
+        assert counting.calls == {"status_counts": 1, "pace_states": 1, "ping": 1}
+        # Every scraper got the refreshed values, not an empty registry.
+        assert all(
+            sample(t, "outboxd_stats_refresh_success", source="database") == 1 for t in texts
+        )
+
+        # Within refresh_s the cached result answers: no database work at all.
+        await submit_job(store, keys)
+        again = await asyncio.gather(*(client.get("/metrics") for _ in range(32)))
+        assert [r.status for r in again] == [200] * 32
+        assert counting.calls == {"status_counts": 1, "pace_states": 1, "ping": 1}
+        assert sample(await again[0].text(), "outboxd_rows", table="jobs", status="QUEUED") == 0
+    finally:
+        await client.close()
+
+
+async def test_the_gauges_are_refreshed_at_most_every_refresh_s(
+    store: SqlStore, keys: KeyRing
+) -> None:
+    counting = CountingStore(store)
+    metrics = Metrics()
+    clock = Clock(1000.0)
+    gauges = StatsGauges(
+        metrics,
+        AdminService(cast(SqlStore, counting)),
+        Readiness(cast(SqlStore, counting), None),
+        refresh_s=5,
+        clock=clock,
+    )
+
+    def queued() -> float | None:
+        return sample(
+            generate_latest(metrics.registry).decode(),
+            "outboxd_rows",
+            table="jobs",
+            status="QUEUED",
+        )
+
+    await gauges.refresh()
+    assert counting.calls["status_counts"] == 1 and queued() == 0
+    await submit_job(store, keys)
+    clock.now = 1004.9
+    await gauges.refresh()
+    assert counting.calls["status_counts"] == 1 and queued() == 0
+    clock.now = 1005.0
+    await gauges.refresh()
+    assert counting.calls["status_counts"] == 2 and queued() == 1
+
+    # refresh_s = 0: no cache at all, yet scrapes that arrive while a refresh runs share it.
+    eager = StatsGauges(
+        metrics,
+        AdminService(cast(SqlStore, counting)),
+        Readiness(cast(SqlStore, counting), None),
+        refresh_s=0,
+    )
+    await asyncio.gather(*(eager.refresh() for _ in range(32)))
+    assert counting.calls["status_counts"] == 3
+    await eager.refresh()
+    assert counting.calls["status_counts"] == 4
+
+
+@dataclass
+class Breakable:
+    """A store whose database can be taken away and given back while the API runs."""
+
+    store: SqlStore
+    down: Callable[[], Awaitable[None]]
+    up: Callable[[], Awaitable[None]]
+
+
+@pytest_asyncio.fixture
+async def breakable(backend: str, db_url: str, tmp_path: Path) -> AsyncIterator[Breakable]:
+    """Postgres behind a TCP proxy that drops every connection; SQLite's driver closed and
+    opened again (in WAL mode another process's write lock does not stop reads, so the
+    counts of a locked SQLite file stay fresh: only its readiness fails)."""
+    proxy: TcpProxy | None = None
+    url = db_url
+    if backend == "postgres":
+        upstream = urlsplit(db_url)
+        proxy = TcpProxy(upstream.hostname or "127.0.0.1", upstream.port or 5432)
+        url = via_proxy(db_url, await proxy.start())
+    store = await open_store(url, tmp_path, 3, 1.0)
+    await store.db.migrate()
+
+    async def down() -> None:
+        if proxy is not None:
+            await proxy.stop()
+        else:
+            await store.db.close()
+
+    async def up() -> None:
+        if proxy is not None:
+            await proxy.start()
+        else:
+            store.db = await open_database(url, tmp_path, 3, 1.0)
+
+    try:
+        yield Breakable(store, down, up)
+    finally:
+        if proxy is not None:
+            await proxy.start()
+        await store.close()
+        if proxy is not None:
+            await proxy.stop()
+
+
+async def test_metrics_answer_while_the_database_is_down_and_recover(
+    make_settings: SettingsFactory, breakable: Breakable, store: SqlStore, keys: KeyRing
+) -> None:
+    """/metrics is 200 with the database gone: the gauges keep their last values, marked
+    stale, and readiness says database; when it is back they are fresh again."""
+    client = await serve(make_settings, breakable.store, keys, None)
+    try:
+        # `store` is another connection to the same database: it writes around the outage.
+        await submit_job(store, keys)
+        with capture_logs() as logs:
+            text = await (await client.get("/metrics")).text()
+            assert sample(text, "outboxd_stats_refresh_success", source="database") == 1
+            assert sample(text, "outboxd_ready", check="database") == 1
+            assert sample(text, "outboxd_rows", table="jobs", status="QUEUED") == 1
+            good = sample(text, "outboxd_stats_last_success_timestamp_seconds", source="database")
+            assert good is not None and good <= time.time()
+
+            await breakable.down()
+            await submit_job(store, keys)
+            for _ in range(3):
+                resp = await client.get("/metrics")
+                assert resp.status == 200, await resp.text()
+                text = await resp.text()
+                assert sample(text, "outboxd_stats_refresh_success", source="database") == 0
+                assert sample(text, "outboxd_ready", check="database") == 0
+                # Stale, not gone: the last counts it could read, and when it read them.
+                assert rows_gauges(text)[("jobs", "QUEUED")] == 1
+                assert set(rows_gauges(text)) == set(as_gauges({}))
+                assert (
+                    sample(text, "outboxd_stats_last_success_timestamp_seconds", source="database")
+                    == good
+                )
+
+            await breakable.up()
+            deadline = time.monotonic() + 20
+            while sample(text, "outboxd_stats_refresh_success", source="database") != 1:
+                assert time.monotonic() < deadline, "the gauges never recovered"
+                await asyncio.sleep(0.1)
+                text = await (await client.get("/metrics")).text()
+            assert sample(text, "outboxd_rows", table="jobs", status="QUEUED") == 2
+            assert sample(text, "outboxd_ready", check="database") == 1
+            later = sample(text, "outboxd_stats_last_success_timestamp_seconds", source="database")
+            assert later is not None and later > good
+        events = [e["event"] for e in logs if e["event"].startswith("metrics_refresh")]
+        # Once per outage, however many scrapes saw it.
+        assert events == ["metrics_refresh_failed", "metrics_refresh_recovered"]
     finally:
         await client.close()

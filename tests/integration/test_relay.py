@@ -26,12 +26,13 @@ from outboxd.config import RelaySettings, Settings
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
+from outboxd.services.admin import AdminService
 from outboxd.storage.ports import RelayRow
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.relay import Relay, RelayShape, relay_shape
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.moto import MotoServer
+from tests.support.moto import MotoServer, free_port
 from tests.support.ops import insert_portal_job
 
 FAIL_REASON = "InternalError: simulated per-entry failure"
@@ -243,6 +244,43 @@ async def test_failed_entries_back_off_with_jitter_then_die(
     assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(
         o for _, o in made if o not in failing
     )
+
+
+async def test_a_row_dead_at_publish_is_one_dead_letter_closed_by_redriving_its_job(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues, make_settings: SettingsFactory
+) -> None:
+    """SQS unreachable: the relay gives up on a job's row (row and job DEAD, both counted
+    where they died). Redriving the job closes the dead letter: no DEAD row is left, the
+    spent row is SUPERSEDED, and the fresh row goes out once SQS answers."""
+    job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-dead")
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    down = SqsQueues(make_settings(sqs={"endpoint_url": endpoint}).sqs, endpoint)
+    metrics = Metrics()
+    failing = Relay(store, down, relay_settings(max_attempts=1, publish_timeout_s=1.0), metrics)
+    assert await failing.relay_once() == 1
+    row = await store.get_relay_row(outbox_id)
+    assert row is not None and row.status == "DEAD" and row.last_error
+    job = await store.get_job(job_id)
+    assert job is not None and job.status == "DEAD" and job.error_code == "RETRIES_EXHAUSTED"
+
+    def dead(table: str) -> float | None:
+        return metrics.registry.get_sample_value("outboxd_dead_total", {"table": table})
+
+    assert (dead("relay_outbox"), dead("jobs"), dead("task_runs")) == (1, 1, 0)
+
+    await AdminService(store).redrive_job(job_id)
+    rows = {r.id: r for r in await store.relay_rows_for_job(job_id, 10)}
+    assert rows[outbox_id].status == "SUPERSEDED"
+    assert rows[outbox_id].last_error == row.last_error  # kept as history
+    assert [r.status for r in rows.values() if r.status == "DEAD"] == []
+    fresh = next(r for r in rows.values() if r.id != outbox_id)
+    assert fresh.status == "PENDING"
+
+    working = Relay(store, queues, relay_settings(), Metrics())
+    assert await working.relay_once() == 1
+    assert (await store.get_relay_row(fresh.id)).status == "SENT"  # type: ignore[union-attr]
+    assert (await store.get_relay_row(outbox_id)).status == "SUPERSEDED"  # type: ignore[union-attr]
+    assert [json.loads(b)["outboxId"] for _, b in await drain(queues)] == [fresh.id]
 
 
 async def test_sqs_outage_backs_off_and_queues_are_recreated_when_sqs_returns(

@@ -54,7 +54,7 @@ RETRY_DELAY_S = 3.0  # claimer.retry_delay_s
 PROCESSING_TIMEOUT_S = 10.0  # claimer.processing_timeout_s
 CATEGORIES = ("news", "finance", "education")
 JOB_STATUSES = {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"}
-RELAY_STATUSES = {"PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"}
+RELAY_STATUSES = {"PENDING", "SENT", "RETRYABLE_FAILED", "DEAD", "SUPERSEDED"}
 WORK_STATUSES = {"PENDING", "PROCESSING", "COMPLETED", "FAILED"}
 MAX_EXAMPLES = int(os.environ.get("OUTBOXD_SM_EXAMPLES", "60"))
 STEPS = int(os.environ.get("OUTBOXD_SM_STEPS", "50"))
@@ -308,6 +308,11 @@ class OutboxMachine(RuleBasedStateMachine):
             assert before.status != "DEAD" or before.sealed is None
             return
         assert before.status == "DEAD" and job.status == "QUEUED"
+        # One failure, one dead letter: the redrive closed the job's DEAD rows.
+        left = self._rows(
+            "SELECT id FROM relay_outbox WHERE job_id = ? AND status = 'DEAD'", job_id
+        )
+        assert left == [], "a redriven job kept a DEAD outbox row"
         event("job redriven")
         self.relay_ids.append(outbox_id)
 
@@ -463,9 +468,9 @@ class OutboxMachine(RuleBasedStateMachine):
             assert r["status"] in RELAY_STATUSES
             if r["status"] == "SENT":
                 assert r["queue_message_id"] and r["sent_at"] is not None
-            if r["status"] in ("SENT", "DEAD"):
+            if r["status"] in ("SENT", "DEAD", "SUPERSEDED"):
                 assert r["claimed_until"] is None
-            if r["status"] == "DEAD":
+            if r["status"] in ("DEAD", "SUPERSEDED"):
                 assert r["attempt_count"] >= MAX_ATTEMPTS
         for w in work:
             assert w["status"] in WORK_STATUSES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,3 +78,13 @@ async def _batch_call(
         entries.append(entry)
     # Batch deletes are a test's need only: botocore's client serves them.
     await queues._control.call(operation, QueueUrl=url, Entries=entries)
+
+
+async def send_to_dlq(queues: SqsQueues, kind: QueueKind, bodies: Sequence[str]) -> None:
+    """Put messages straight into a DLQ, as SQS does with one past maxReceiveCount."""
+    url = queues.queue_url(kind, dlq=True)
+    for body in bodies:
+        extra: dict[str, Any] = {}
+        if kind == "tasks":  # a FIFO queue: one group, as the relay's per task type
+            extra = {"MessageGroupId": "noop", "MessageDeduplicationId": uuid.uuid4().hex}
+        await queues._control.call("SendMessage", QueueUrl=url, MessageBody=body, **extra)

@@ -79,6 +79,8 @@ def test_wrong_type_is_named(raw: dict[str, Any], key: str) -> None:
         ({"sqs": {"tasks_queue": "tasks"}}, "sqs.tasks_queue"),
         ({"relay": {"publish_timeout_s": 0}}, "relay.publish_timeout_s"),
         ({"daemon": {"roles": ["api", "web"]}}, "daemon.roles"),
+        ({"metrics": {"refresh_s": -1}}, "metrics.refresh_s"),
+        ({"consumer": {"dlq_sweep_s": 0}}, "consumer.dlq_sweep_s"),
         ({"auth": {"tokens": [{"sha256": "xyz", "user": "u"}]}}, "auth.tokens[0].sha256"),
     ],
 )

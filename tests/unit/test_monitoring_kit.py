@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "contrib" / "prometheus" / "alerts.yml"
 DASHBOARD = ROOT / "contrib" / "grafana" / "outboxd.json"
 ALERT_TESTS = Path(__file__).parent / "data" / "alerts_test.yml"
-METRIC = re.compile(r"\boutboxd_[a-z_]+\b")
+METRIC = re.compile(r"\b(?:outboxd|process)_[a-z_]+\b")
 SUFFIXES = {
     "counter": ("_total", "_created"),
     "gauge": ("",),
@@ -77,14 +77,55 @@ def test_every_metric_a_panel_names_exists() -> None:
 def test_the_alerts_cover_what_operators_need() -> None:
     text = ALERTS.read_text()
     for alert in (
+        "OutboxdDown",
         "OutboxdDeadRowsRising",
         "OutboxdOldestPendingTooOld",
         "OutboxdDlqNotEmpty",
         "OutboxdNotReady",
+        "OutboxdStatsStale",
         "OutboxdClaimerNotTicking",
+        "OutboxdConsumerNotReceiving",
         "OutboxdRelayFailing",
+        "OutboxdRateLimited",
+        "OutboxdRestarting",
     ):
         assert f"alert: {alert}" in text, alert
+
+
+def test_every_alert_has_a_promtool_case_that_fires() -> None:
+    """Each rule is exercised by tests/unit/data/alerts_test.yml with an alert expected."""
+    names = re.findall(r"^\s*- alert: (\w+)$", ALERTS.read_text(), re.MULTILINE)
+    cases = ALERT_TESTS.read_text()
+    for name in names:
+        fired = re.search(rf"alertname: {name}\n\s*exp_alerts:\n\s*- exp_labels", cases)
+        assert fired, f"no promtool case expects {name} to fire"
+
+
+CLUSTER_WIDE = re.compile(
+    r"\b(?:outboxd_rows|outboxd_oldest_pending_age_seconds|outboxd_queue_depth|outboxd_pace_\w+)\b"
+)
+SUM = re.compile(r"\bsum\s*(?:(?:by|without)\s*\([^()]*\)\s*)?\(")
+
+
+def summed_parts(expr: str) -> list[str]:
+    """The argument of every `sum(...)` / `sum by (...) (...)` in a PromQL expression."""
+    parts = []
+    for m in SUM.finditer(expr):
+        depth, i = 1, m.end()
+        while depth and i < len(expr):
+            depth += {"(": 1, ")": -1}.get(expr[i], 0)
+            i += 1
+        parts.append(expr[m.end() : i - 1])
+    return parts
+
+
+def test_cluster_wide_gauges_are_never_summed() -> None:
+    """Every instance exports the same row counts, ages, queue depths and pace: a sum
+    would show N instances as N times the truth (they are taken with max)."""
+    assert summed_parts("sum by (table) (outboxd_rows)") == ["outboxd_rows"]
+    for expr in alert_exprs() + panel_exprs():
+        for part in summed_parts(expr):
+            assert not CLUSTER_WIDE.search(part), expr
 
 
 def test_operations_doc_lists_every_metric() -> None:

@@ -211,6 +211,7 @@ def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
         ("/v1/websites", "post"),
         ("/v1/websites/{domain}", "get"),
         ("/v1/admin/outbox", "get"),
+        ("/v1/admin/jobs/redrive", "post"),
         ("/v1/admin/outbox/{outbox_id}/redrive", "post"),
         ("/v1/admin/jobs/{job_id}/redrive", "post"),
         ("/v1/admin/stats", "get"),

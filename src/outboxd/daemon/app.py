@@ -39,6 +39,7 @@ from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.gauges import StatsGauges
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.tasks import TASK_TYPES, TaskService
 from outboxd.services.websites import WebsiteService
@@ -284,6 +285,7 @@ def build_api_deps(
 ) -> ApiDeps:
     """Everything the HTTP API needs, wired the same way in the daemon and in tests."""
     readiness = Readiness(store, queues)
+    admin = AdminService(store, readiness if queues is not None else None)
     return ApiDeps(
         settings=settings,
         store=store,
@@ -298,10 +300,11 @@ def build_api_deps(
             store, max_per_user_per_hour=settings.api.max_websites_per_user_per_hour
         ),
         tasks=TaskService(store),
-        admin=AdminService(store, readiness if queues is not None else None),
+        admin=admin,
         tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),
         metrics=metrics,
         readiness=readiness,
+        gauges=StatsGauges(metrics, admin, readiness, settings.metrics.refresh_s),
         runtime=runtime,
     )
 
@@ -449,7 +452,7 @@ async def _serve(
     notifier: SystemdNotifier,
     stack: contextlib.AsyncExitStack,
 ) -> int:
-    metrics = Metrics()
+    metrics = Metrics(roles)
     store = await open_when_reachable(settings, stop, notifier)
     if store is None:
         return 0  # stopped while waiting for the database

@@ -32,6 +32,7 @@ log = structlog.get_logger(__name__)
 
 _PAGE_QUERY = {"status", "limit", "cursor"}
 _TASK_FIELDS = checks.wire_names(models.TaskRequest)
+_REDRIVE_FIELDS = checks.wire_names(models.JobRedriveRequest)
 _TASK_PAYLOAD_FIELDS = checks.wire_names(models.TaskPayload)
 _check_task_type = checks.check_text_fields(models.TaskRequest, ("type",))
 _check_dedup_id = checks.check_text_fields(models.TaskRequest, ("dedup_id",))
@@ -79,6 +80,28 @@ async def redrive_job(request: web.Request) -> web.Response:
             inputs.path_id(request, "job_id"), actor=principal_of(request).user
         )
     return json_response(job_model(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+async def redrive_jobs(request: web.Request) -> web.Response:
+    """The bulk redrive (services/admin.py logs each batch with the acting user)."""
+    deps = deps_of(request)
+    body = await inputs.read_json_object(request, deps.settings.server.max_body_bytes)
+    inputs.check_fields(body, _REDRIVE_FIELDS)
+    job_ids, limit = checks.redrive_selection(body)
+    done = await deps.admin.redrive_jobs(
+        actor=principal_of(request).user,
+        job_ids=job_ids,
+        status=None if job_ids is not None else "DEAD",
+        limit=limit,
+    )
+    return json_response(
+        models.JobRedriveResult(
+            redriven=len(done.redriven),
+            job_ids=done.redriven,
+            refused=[models.RedriveRefusal(job_id, why) for job_id, why in done.refused],
+            more=done.more,
+        )
+    )
 
 
 async def list_jobs(request: web.Request) -> web.Response:

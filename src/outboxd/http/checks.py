@@ -11,7 +11,7 @@ import msgspec
 from msgspec import Struct
 
 from outboxd.http import inputs
-from outboxd.http.models import TaskPayload
+from outboxd.http.models import JOB_ID_RE, REDRIVE_MAX_IDS, REDRIVE_MAX_LIMIT, TaskPayload
 
 
 class _TextField:
@@ -105,6 +105,29 @@ def payload_days(payload: dict[str, Any]) -> float:
     ):
         inputs.fail("payload.older_than_days", f"must be a finite number {meta.ge:g}-{meta.le:g}")
     return float(days)
+
+
+def redrive_selection(body: dict[str, Any]) -> tuple[list[str] | None, int]:
+    """A JobRedriveRequest's job ids (None: every job in its status, which must be DEAD)
+    and limit."""
+    if "status" not in body:
+        inputs.fail("status", "is required")
+    if body["status"] != "DEAD":
+        inputs.fail("status", "must be DEAD")
+    limit = body.get("limit", 1000)
+    if isinstance(limit, float) and limit.is_integer():
+        limit = int(limit)  # JSON Schema's integer: 5.0 is 5
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= REDRIVE_MAX_LIMIT:
+        inputs.fail("limit", f"must be an integer 1-{REDRIVE_MAX_LIMIT}")
+    if "jobIds" not in body:
+        return None, limit
+    ids = body["jobIds"]
+    if not isinstance(ids, list) or not 1 <= len(ids) <= REDRIVE_MAX_IDS:
+        inputs.fail("jobIds", f"must be an array of 1-{REDRIVE_MAX_IDS} job ids")
+    for i, job_id in enumerate(ids):
+        if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
+            inputs.fail(f"jobIds[{i}]", "must be a job id (a lowercase UUID)")
+    return ids, limit
 
 
 def _days_meta() -> Any:

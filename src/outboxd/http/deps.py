@@ -16,6 +16,7 @@ from outboxd.config import Settings
 from outboxd.observability import Metrics
 from outboxd.security import Principal, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.gauges import StatsGauges
 from outboxd.services.portal_jobs import PortalJobService
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
@@ -51,6 +52,7 @@ class ApiDeps:
     tokens: TokenVerifier
     metrics: Metrics
     readiness: Readiness
+    gauges: StatsGauges
     runtime: RuntimeView | None = None
 
 

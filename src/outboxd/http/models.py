@@ -174,6 +174,45 @@ class TaskRequest(_Body):
     ) = None
 
 
+# A job id as the API issues it (a UUID, lowercase).
+JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+JOB_ID_RE: Final = re.compile(JOB_ID_PATTERN)
+# A bulk redrive names at most this many jobs, or redrives at most this many by status.
+REDRIVE_MAX_IDS: Final = 500
+REDRIVE_MAX_LIMIT: Final = 10_000
+
+
+class JobRedriveRequest(_Body):
+    """Redrive jobs in bulk: the jobs in `status` (newest first, at most `limit`), or only
+    those of them named by `jobIds`. Unknown fields are rejected."""
+
+    status: Annotated[
+        Literal["DEAD"],
+        Meta(description="The jobs in this state.", extra={"max_length": 32}),
+    ]
+    job_ids: (
+        Annotated[
+            list[Annotated[str, Meta(pattern=JOB_ID_PATTERN)]],
+            Meta(
+                min_length=1,
+                max_length=REDRIVE_MAX_IDS,
+                description="Only these jobs; one that is not DEAD, unknown or whose "
+                "credentials were erased is refused and changes nothing.",
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+    limit: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=REDRIVE_MAX_LIMIT,
+            description="Without jobIds: redrive at most this many (default 1000); `more` "
+            "in the answer says whether any are left.",
+        ),
+    ] = 1000
+
+
 # ------------------------------------------------------------------ responses
 
 
@@ -368,6 +407,25 @@ class TaskPage(Struct, rename="camel"):
     next_cursor: Cursor
 
 
+class RedriveRefusal(Struct, rename="camel"):
+    """A job a bulk redrive did not redrive, and why."""
+
+    job_id: str
+    reason: str
+
+
+class JobRedriveResult(Struct, rename="camel"):
+    """What a bulk redrive did: each job is redriven (one transaction per hundred) or
+    refused, and changes nothing when refused."""
+
+    redriven: Annotated[int, Meta(ge=0, description="How many jobs went back to QUEUED.")]
+    job_ids: Annotated[list[str], Meta(description="The jobs redriven, in order.")]
+    refused: list[RedriveRefusal]
+    more: Annotated[
+        bool, Meta(description="The limit was reached and more jobs are in that state.")
+    ]
+
+
 class Health(Struct):
     """The event loop answers."""
 
@@ -534,6 +592,9 @@ MODELS: Final = (
     Classification,
     TaskRequest,
     TaskAccepted,
+    JobRedriveRequest,
+    JobRedriveResult,
+    RedriveRefusal,
     TaskRun,
     TaskPage,
     JobOutboxItem,

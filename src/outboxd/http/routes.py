@@ -101,7 +101,7 @@ class Route:
 
 # ------------------------------------------------------------------ parameters
 
-_JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+_JOB_ID_PATTERN: Final = models.JOB_ID_PATTERN
 _NO_CONTROL_CHARS: Final = f"^[^{models.NO_CONTROLS}]*$"
 
 
@@ -250,6 +250,19 @@ _ADMIN: Final[tuple[Route, ...]] = (
         params=(JOB_ID,),
     ),
     Route(
+        "POST",
+        "/v1/admin/jobs/redrive",
+        admin.redrive_jobs,
+        "redriveJobs",
+        "admin",
+        "Redrive in bulk: every DEAD job (up to a limit), or those of them named, a hundred "
+        "per transaction.",
+        ok=(Ok(200, "What was redriven and what was refused.", models.JobRedriveResult),),
+        errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
+        access="admin",
+        request=models.JobRedriveRequest,
+    ),
+    Route(
         "GET",
         "/v1/admin/stats",
         admin.stats,
@@ -388,8 +401,7 @@ _OPERATIONS: Final[tuple[Route, ...]] = (
         "metrics",
         "operations",
         "Prometheus metrics (text exposition format).",
-        ok=(Ok(200, "The metrics.", media="text/plain"),),
-        errors=(STORAGE_UNAVAILABLE,),
+        ok=(Ok(200, "The metrics; stale gauges are marked, never an error.", media="text/plain"),),
         access="public",
     ),
     Route(

@@ -393,7 +393,7 @@ class SqsQueues:
     async def receive_dlq(
         self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
     ) -> list[ReceivedMessage]:
-        """A short poll of the DLQ (for the consumer's sweep of jobs that died there)."""
+        """A short poll of the DLQ (for the consumer's sweep of the work that died there)."""
         return await self._recreating_missing(
             lambda: self._receive(
                 self.queue_url(kind, dlq=True), max_messages, 0, visibility_timeout_s
@@ -432,14 +432,16 @@ class SqsQueues:
             for m in resp.get("Messages", [])
         ]
 
-    async def delete(self, kind: QueueKind, receipt_handle: str) -> None:
-        params = {"QueueUrl": self.queue_url(kind), "ReceiptHandle": receipt_handle}
+    async def delete(self, kind: QueueKind, receipt_handle: str, dlq: bool = False) -> None:
+        params = {"QueueUrl": self.queue_url(kind, dlq), "ReceiptHandle": receipt_handle}
         await self._plane().call("DeleteMessage", params)
 
-    async def change_visibility(self, kind: QueueKind, receipt_handle: str, timeout_s: int) -> None:
+    async def change_visibility(
+        self, kind: QueueKind, receipt_handle: str, timeout_s: int, dlq: bool = False
+    ) -> None:
         """ChangeMessageVisibility: 0 releases the message now, more extends (heartbeat)."""
         params = {
-            "QueueUrl": self.queue_url(kind),
+            "QueueUrl": self.queue_url(kind, dlq),
             "ReceiptHandle": receipt_handle,
             "VisibilityTimeout": timeout_s,
         }

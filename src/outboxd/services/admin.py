@@ -1,25 +1,28 @@
 """Operator actions shared by the admin API and the `outboxd` command: redrive and stats.
 
 `POST /v1/admin/jobs/{id}/redrive` and `outboxd jobs redrive`, `POST
-/v1/admin/outbox/{id}/redrive` and `outboxd outbox redrive` call the same methods;
-`GET /v1/admin/stats`, `outboxd status` and the /metrics gauges read the same
-`collect_stats`. Every action is logged here, once, with the `actor` who asked: the
-API's principal, or `cli:<user>` for the command.
+/v1/admin/outbox/{id}/redrive` and `outboxd outbox redrive`, `POST /v1/admin/jobs/redrive`
+and `outboxd jobs redrive --status DEAD` call the same methods; `GET /v1/admin/stats`,
+`outboxd status` and the /metrics gauges read the same counts. Every action is logged
+here, once, with the `actor` who asked (the API's principal, or `cli:<user>` for the
+command): each single redrive, and each batch of the bulk redrive.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal, Protocol
 
 import structlog
 
+from outboxd.errors import InvalidState, NotFound
 from outboxd.ids import new_id
 from outboxd.queue.sqs import QueueDepth, QueueKind
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
+    TABLE_STATUSES,
     JobRecord,
     JobStore,
     PaceState,
@@ -46,6 +49,19 @@ _PENDING_STATUSES: dict[str, tuple[str, ...]] = {
     "work_outbox": ("PENDING",),
     "task_runs": ("PENDING",),
 }
+# Jobs per transaction of a bulk redrive: one commit per batch, short enough that the
+# relay and intakes never wait long behind it.
+REDRIVE_BATCH: Final = 100
+
+
+@dataclass
+class BulkRedrive:
+    """What a bulk redrive did so far: the jobs redriven, the ones refused and why, and
+    whether it stopped at its limit with more DEAD jobs perhaps left."""
+
+    redriven: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    more: bool = False
 
 
 class AdminService:
@@ -58,6 +74,10 @@ class AdminService:
         self._store = store
         self._queues = queues
         self._clock = clock
+
+    @property
+    def has_queues(self) -> bool:
+        return self._queues is not None
 
     async def redrive_job(self, job_id: str, *, actor: str) -> JobRecord:
         """A DEAD job back to QUEUED with a fresh outbox row; NotFound or InvalidState."""
@@ -73,8 +93,80 @@ class AdminService:
         )
         return row
 
+    async def redrive_jobs(
+        self,
+        *,
+        actor: str,
+        job_ids: Sequence[str] | None = None,
+        status: Literal["DEAD"] | None = None,
+        limit: int | None = None,
+        on_progress: Callable[[BulkRedrive], None] | None = None,
+    ) -> BulkRedrive:
+        """Redrive the jobs named by `job_ids`, or every job in `status` (at most `limit`),
+        a batch per transaction. A job that cannot be redriven (not DEAD, unknown, its
+        credentials erased) is listed as refused and changes nothing. `on_progress` sees
+        the running totals after each batch; `actor` is logged with every batch."""
+        if (job_ids is None) == (status is None):
+            raise ValueError("name the jobs or a status, not both")
+        done = BulkRedrive()
+        if job_ids is not None:
+            wanted = list(dict.fromkeys(job_ids))  # each job once, in the caller's order
+            for start in range(0, len(wanted), REDRIVE_BATCH):
+                await self._redrive_batch(wanted[start : start + REDRIVE_BATCH], done, actor)
+                if on_progress is not None:
+                    on_progress(done)
+            return done
+        cursor: str | None = None
+        while True:
+            room = REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - _seen(done))
+            if room <= 0:
+                # At the limit: say whether a DEAD job is left beyond it.
+                done.more = bool((await self._store.list_jobs(status, 1, cursor)).items)
+                return done
+            page = await self._store.list_jobs(status, room, cursor)
+            if page.items:
+                await self._redrive_batch([j.id for j in page.items], done, actor)
+                if on_progress is not None:
+                    on_progress(done)
+            if page.next_cursor is None:
+                return done
+            # Keyset pages walk back in time: the jobs just redriven are behind the cursor.
+            cursor = page.next_cursor
+
+    async def _redrive_batch(self, ids: list[str], done: BulkRedrive, actor: str) -> None:
+        outcomes = await self._store.redrive_jobs([(i, new_id()) for i in ids], self._clock())
+        redriven: list[str] = []
+        for job_id, outcome in zip(ids, outcomes, strict=True):
+            if isinstance(outcome, NotFound):
+                done.refused.append((job_id, "no such job"))
+            elif isinstance(outcome, InvalidState):
+                done.refused.append((job_id, str(outcome)))
+            else:
+                redriven.append(job_id)
+        done.redriven.extend(redriven)
+        log.info(
+            "jobs_redriven",
+            actor=actor,
+            count=len(redriven),
+            job_ids=redriven,
+            refused=len(ids) - len(redriven),
+        )
+
     async def stats(self) -> Stats:
         return await collect_stats(self._store, self._queues)
+
+    async def database_stats(self) -> Stats:
+        """The part of the stats read from the database (counts, oldest ages, the pace),
+        with no queue depths."""
+        return await database_stats(self._store)
+
+    async def queue_stats(self) -> dict[QueueKind, QueueDepth] | None:
+        """The SQS depths (None without queues); raises what the queue calls raise."""
+        return None if self._queues is None else await self._queues.queue_stats()
+
+
+def _seen(done: BulkRedrive) -> int:
+    return len(done.redriven) + len(done.refused)
 
 
 @dataclass(frozen=True)
@@ -88,10 +180,10 @@ class Stats:
     queues_error: str | None = None  # why SQS did not answer
 
 
-async def collect_stats(store: StatsStore, queues: QueueStats | None) -> Stats:
-    """Row counts per table and status, oldest pending ages, cluster pace, queue depths."""
+async def database_stats(store: StatsStore) -> Stats:
+    """Row counts per table and status, oldest pending ages, cluster pace (no queues)."""
     now = time.time()
-    tables: dict[str, dict[str, int]] = {table: {} for table in _PENDING_STATUSES}
+    tables: dict[str, dict[str, int]] = {table: {} for table in TABLE_STATUSES}
     oldest: dict[str, float | None] = {}
     for sc in await store.status_counts():
         tables.setdefault(sc.table, {})[sc.status] = sc.count
@@ -103,12 +195,15 @@ async def collect_stats(store: StatsStore, queues: QueueStats | None) -> Stats:
         for t in tables
         for ts in [oldest.get(t)]
     }
-    pace = await store.pace_states(now)
-    depths: dict[QueueKind, QueueDepth] | None = None
-    error: str | None = None
-    if queues is not None:
-        try:
-            depths = await queues.queue_stats()
-        except Exception as exc:
-            error = str(exc)[:200]
-    return Stats(tables, ages, pace, depths, error)
+    return Stats(tables, ages, await store.pace_states(now), None)
+
+
+async def collect_stats(store: StatsStore, queues: QueueStats | None) -> Stats:
+    """Row counts per table and status, oldest pending ages, cluster pace, queue depths."""
+    stats = await database_stats(store)
+    if queues is None:
+        return stats
+    try:
+        return replace(stats, queues=await queues.queue_stats())
+    except Exception as exc:
+        return replace(stats, queues_error=str(exc)[:200])

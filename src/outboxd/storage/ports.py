@@ -12,8 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar, get_args
 
+from outboxd.errors import InvalidState, NotFound
+
 JobStatus = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"]
-RelayStatus = Literal["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD"]
+# SUPERSEDED: a DEAD row whose job was redriven since (a fresh row carries the retry): kept
+# as history, no longer a dead letter.
+RelayStatus = Literal["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD", "SUPERSEDED"]
 WorkStatus = Literal["PENDING", "PROCESSING", "COMPLETED", "FAILED"]
 TaskStatus = Literal["PENDING", "SENT", "SUCCEEDED", "FAILED", "DEAD"]
 # The one spelling of each status set: the API's filters, the OpenAPI enums and the
@@ -26,6 +30,13 @@ TERMINAL_JOB_STATUSES: Final[tuple[JobStatus, ...]] = ("SUCCEEDED", "FAILED", "D
 TERMINAL_TASK_STATUSES: Final[tuple[TaskStatus, ...]] = ("SUCCEEDED", "FAILED", "DEAD")
 # Relay rows not on the queue yet: the ones a publish (now or by the relay loop) takes.
 RELAY_UNSENT_STATUSES: Final[tuple[RelayStatus, ...]] = ("PENDING", "RETRYABLE_FAILED")
+# Every status of every table, by table name (the stats, /metrics and `outboxd status`).
+TABLE_STATUSES: Final[Mapping[str, tuple[str, ...]]] = {
+    "jobs": JOB_STATUSES,
+    "relay_outbox": RELAY_STATUSES,
+    "work_outbox": WORK_STATUSES,
+    "task_runs": TASK_STATUSES,
+}
 T = TypeVar("T")
 # api.max_websites_per_user_per_hour counts registrations over this period.
 WEBSITE_QUOTA_PERIOD_S: Final = 3600.0
@@ -281,7 +292,18 @@ class JobStore(Protocol):
     async def mark_job_dead(
         self, job_id: str, error: tuple[str, str], now: float
     ) -> JobRecord | None: ...
-    async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord: ...
+    async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
+        """A DEAD job back to QUEUED with a fresh outbox row, its DEAD rows SUPERSEDED;
+        NotFound or InvalidState."""
+        ...
+
+    async def redrive_jobs(
+        self, jobs: Sequence[tuple[str, str]], now: float
+    ) -> list[JobRecord | NotFound | InvalidState]:
+        """`redrive_job` for each (job id, fresh outbox id), in one transaction; each
+        outcome in order (a refusal changes nothing and stops none of the others)."""
+        ...
+
     async def list_jobs(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[JobRecord]: ...

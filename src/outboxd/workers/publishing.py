@@ -280,6 +280,12 @@ class Publishing:
         if failures:
             self._metrics.publishes.labels("failed").inc(sum(not f.dead for f in failures))
             self._metrics.publishes.labels("dead").inc(sum(f.dead for f in failures))
+            dead = [f.row for f in failures if f.dead]
+            if dead:
+                # A DEAD row takes its job or task with it (storage/store/relay.py).
+                self._metrics.dead.labels("relay_outbox").inc(len(dead))
+                self._metrics.dead.labels("jobs").inc(sum(r.job_id is not None for r in dead))
+                self._metrics.dead.labels("task_runs").inc(sum(r.task_id is not None for r in dead))
 
 
 def _sent_fields(part: Sequence[RelayRow]) -> dict[str, object]:

@@ -162,6 +162,13 @@ UPDATE relay_outbox
  WHERE id = :id AND status = 'DEAD'
 RETURNING *;
 
+-- name: relay_supersede_dead
+-- A redrive of the whole job closes its DEAD rows: the fresh row carries the retry, and the
+-- dead ones stay as history, out of the DEAD listings and counts.
+UPDATE relay_outbox
+   SET status = 'SUPERSEDED', claimed_until = NULL, version = version + 1
+ WHERE job_id = :job_id AND status = 'DEAD';
+
 -- name: task_dead
 UPDATE task_runs SET status = 'DEAD', error = :error, finished_at = :now, version = version + 1
  WHERE id = :id AND status IN ('PENDING', 'SENT');
@@ -185,7 +192,7 @@ SELECT * FROM relay_outbox
  LIMIT :limit;
 
 -- name: list_relay_unsent
--- list_relay for a status other than SENT (PENDING, RETRYABLE_FAILED, DEAD): the
+-- list_relay for a status other than SENT (PENDING, RETRYABLE_FAILED, DEAD, SUPERSEDED): the
 -- literal `status <> 'SENT'` is the predicate of relay_outbox_unsent, which lets both
 -- planners read that small index instead of passing over every SENT row in time order.
 SELECT * FROM relay_outbox

@@ -215,22 +215,46 @@ class SqlJobs(StoreBase):
             job_record,
         )
 
+    def _redrive(
+        self, job_id: str, outbox_id: str, now: float
+    ) -> Generator[Op, Any, JobRecord | NotFound | InvalidState]:
+        """One job's redrive inside a transaction: the job (QUEUED again), or why not."""
+        row = yield from self._one("redrive_job", {"id": job_id, "now": now})
+        if row is None:
+            current = yield from self._one("select_job", {"id": job_id})
+            if current is None:
+                return NotFound(f"job {job_id}")
+            if current["status"] == "DEAD":
+                return InvalidState("the job's credentials were erased; it cannot be redriven")
+            return InvalidState(f"job is {current['status']}, not DEAD")
+        # The job's DEAD outbox rows are answered by this redrive: they become SUPERSEDED
+        # (history, not dead letters), and the fresh row carries the retry.
+        yield execute(self.q["relay_supersede_dead"], {"job_id": job_id})
+        yield from self._insert_relay(outbox_id, "job", job_id, None, job_id, now)
+        return job_record(row)
+
     async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
         def body() -> Generator[Op, Any, JobRecord]:
-            row = yield from self._one("redrive_job", {"id": job_id, "now": now})
-            if row is None:
-                current = yield from self._one("select_job", {"id": job_id})
-                if current is None:
-                    raise NotFound(f"job {job_id}")
-                if current["status"] == "DEAD":
-                    raise InvalidState("the job's credentials were erased; it cannot be redriven")
-                raise InvalidState(f"job is {current['status']}, not DEAD")
-            # Any DEAD outbox row of the job stays as history; the fresh row
-            # carries the retry.
-            yield from self._insert_relay(outbox_id, "job", job_id, None, job_id, now)
-            return job_record(row)
+            outcome = yield from self._redrive(job_id, outbox_id, now)
+            if isinstance(outcome, NotFound | InvalidState):
+                raise outcome
+            return outcome
 
         return await self.db.run(body)
+
+    async def redrive_jobs(
+        self, jobs: Sequence[tuple[str, str]], now: float
+    ) -> list[JobRecord | NotFound | InvalidState]:
+        """Several (job id, fresh outbox id) redriven in one transaction, each outcome in
+        order: a job that cannot be redriven changes nothing and does not stop the others."""
+
+        def body() -> Generator[Op, Any, list[JobRecord | NotFound | InvalidState]]:
+            out: list[JobRecord | NotFound | InvalidState] = []
+            for job_id, outbox_id in jobs:
+                out.append((yield from self._redrive(job_id, outbox_id, now)))
+            return out
+
+        return await self.db.run(body) if jobs else []
 
     async def list_jobs(
         self, status: str | None, limit: int, cursor: str | None

@@ -1,0 +1,137 @@
+"""The /metrics gauges read from the database and SQS: refreshed at most every
+`metrics.refresh_s`, once for any number of scrapers, within a short timeout, and marked
+stale rather than failing the scrape.
+
+A scrape never waits longer than the refresh's timeout and always answers: with the
+database down it shows the last values it could read, `outboxd_stats_refresh_success
+{source="database"} 0` and the time of the last good refresh, so Prometheus keeps
+scraping the process and the readiness alert can fire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol
+
+import structlog
+
+from outboxd.observability import Metrics
+from outboxd.queue.sqs import QueueDepth, QueueKind
+from outboxd.services.admin import AdminService, Stats
+from outboxd.storage.ports import TABLE_STATUSES
+
+log = structlog.get_logger(__name__)
+
+# How long one part of a refresh (the counts, the queue depths) may take before the scrape
+# is answered with the previous values, marked stale.
+REFRESH_TIMEOUT_S: Final = 2.0
+
+
+class ReadinessCheck(Protocol):
+    async def check(self) -> dict[str, str]: ...
+
+
+class StatsGauges:
+    """Single-flight, cached refresh of the database and SQS gauges of one process."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        admin: AdminService,
+        readiness: ReadinessCheck,
+        refresh_s: float,
+        timeout_s: float = REFRESH_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._m = metrics
+        self._admin = admin
+        self._readiness = readiness
+        self._refresh_s = refresh_s
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+        self._started = 0.0
+        self._failing: set[str] = set()
+
+    async def refresh(self) -> None:
+        """Bring the gauges up to date unless a refresh started less than `refresh_s` ago;
+        a scrape that finds one running waits for that one. Never raises."""
+        task = self._task
+        if task is None or (task.done() and self._clock() - self._started >= self._refresh_s):
+            self._started = self._clock()
+            task = self._task = asyncio.create_task(self._refresh_all())
+        # Shielded: a scraper that hangs up does not cancel the refresh the others wait on.
+        await asyncio.shield(task)
+
+    async def _refresh_all(self) -> None:
+        await asyncio.gather(
+            self._refresh_readiness(), self._refresh_database(), self._refresh_sqs()
+        )
+
+    async def _refresh_readiness(self) -> None:
+        # Each probe has its own timeout (daemon/readiness.py) and reports, never raises.
+        for check, verdict in (await self._readiness.check()).items():
+            self._m.ready.labels(check).set(1 if verdict == "ok" else 0)
+
+    async def _refresh_database(self) -> None:
+        stats: Stats | None = await self._bounded("database", self._admin.database_stats())
+        if stats is None:
+            return
+        m = self._m
+        for table, known in TABLE_STATUSES.items():
+            counts = stats.tables.get(table, {})
+            # Every status, 0 when empty: a series that appears at N has no increase.
+            for status in (*known, *(s for s in counts if s not in known)):
+                m.rows.labels(table, status).set(counts.get(status, 0))
+        for table, age in stats.oldest_pending_age_s.items():
+            m.oldest_pending_age.labels(table).set(age or 0.0)
+        m.pace_last_slot.clear()
+        m.pace_next_slot.clear()
+        m.pace_paused_until.clear()
+        m.pace_sessions.clear()
+        for p in stats.pace:
+            # 0 for "none yet" / "never", as the help texts say (the API shows null).
+            m.pace_last_slot.labels(p.name).set(p.last_at or 0.0)
+            m.pace_next_slot.labels(p.name).set(p.next_at if p.last_at is not None else 0.0)
+            m.pace_paused_until.labels(p.name).set(max(p.paused_until, 0.0))
+            m.pace_sessions.labels(p.name).set(p.sessions)
+        self._succeeded("database")
+
+    async def _refresh_sqs(self) -> None:
+        if not self._admin.has_queues:
+            return
+        depths: dict[QueueKind, QueueDepth] | None = await self._bounded(
+            "sqs", self._admin.queue_stats()
+        )
+        if depths is None:
+            return
+        for queue, depth in depths.items():
+            self._m.queue_depth.labels(queue, "visible").set(depth.visible)
+            self._m.queue_depth.labels(queue, "inFlight").set(depth.in_flight)
+            self._m.queue_depth.labels(queue, "dlq").set(depth.dlq_visible)
+        self._succeeded("sqs")
+
+    async def _bounded(self, source: str, read: Awaitable[Any]) -> Any:
+        """What `read` returns within the timeout, or None with `source` marked stale."""
+        why: Exception | str
+        try:
+            return await asyncio.wait_for(read, self._timeout_s)
+        except TimeoutError:
+            why = f"no answer within {self._timeout_s:g} s"
+        except Exception as exc:
+            why = exc
+        self._m.stats_refresh_success.labels(source).set(0)
+        if source not in self._failing:
+            # Once per outage: a scrape every few seconds would repeat it for its length.
+            self._failing.add(source)
+            log.warning("metrics_refresh_failed", source=source, error=why)
+        return None
+
+    def _succeeded(self, source: str) -> None:
+        self._m.stats_refresh_success.labels(source).set(1)
+        self._m.stats_last_success.labels(source).set(time.time())
+        if source in self._failing:
+            self._failing.discard(source)
+            log.info("metrics_refresh_recovered", source=source)
