@@ -15,7 +15,22 @@ from typing import Any
 
 from testkit.process import terminate
 
-_LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
+
+def listening_url(stdout: str) -> str | None:
+    """The address the daemon's API listens on, from its `api_listening` log line (written
+    whatever logging.level says; JSON, `<N>`-prefixed under journald); the latest one."""
+    found = None
+    for line in stdout.splitlines():
+        line = re.sub(r"^<\d>", "", line.strip())
+        if '"api_listening"' not in line:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("event") == "api_listening" and isinstance(event.get("url"), str):
+            found = event["url"]
+    return found
 
 
 def _value(v: Any) -> str:
@@ -81,8 +96,15 @@ class DaemonProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.base_url: str | None = None
         self.starts = 0
+        self._offset = 0
 
     def start(self, timeout_s: float = 40.0, extra_env: Mapping[str, str] | None = None) -> str:
+        """Start the daemon and wait until its API listens: the base URL."""
+        self.spawn(extra_env)
+        return self.wait_listening(timeout_s)
+
+    def spawn(self, extra_env: Mapping[str, str] | None = None) -> None:
+        """Start the daemon and return at once (it may still be waiting for its database)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOXD_")}
         env.update(self.extra_env)
         env.update(extra_env or {})
@@ -90,7 +112,7 @@ class DaemonProcess:
         with self.stdout_path.open("ab") as out, self.stderr_path.open("ab") as err:
             err.write(f"\n--- start {self.starts}\n".encode())
             err.flush()
-            offset = self.stderr_path.stat().st_size
+            self._offset = self.stdout_path.stat().st_size
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "outboxd", "serve", "--config", str(self.config_path)],
                 stdout=out,
@@ -99,17 +121,22 @@ class DaemonProcess:
                 env=env,
                 cwd=self.workdir,
             )
+
+    def wait_listening(self, timeout_s: float = 40.0) -> str:
+        """Wait until the daemon started last logs the address its API listens on."""
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            text = self.stderr_path.read_bytes()[offset:].decode("utf-8", "replace")
-            m = _LISTEN_RE.search(text)
-            if m:
-                self.base_url = m.group(1)
-                return self.base_url
+            text = self.stdout_path.read_bytes()[self._offset :].decode("utf-8", "replace")
+            url = listening_url(text)
+            if url is not None:
+                self.base_url = url
+                return url
             if self.proc.poll() is not None:
+                err_text = self.stderr_path.read_text("utf-8", "replace")
                 raise RuntimeError(
-                    f"daemon exited with {self.proc.returncode} while starting:\n{text[-3000:]}"
-                    f"\n{self.logs()[-3000:]}"
+                    f"daemon exited with {self.proc.returncode} while starting:\n"
+                    f"{err_text[-3000:]}\n{text[-3000:]}"
                 )
             time.sleep(0.05)
         raise RuntimeError("daemon did not start listening in time")

@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import getpass
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from outboxd.http.models import PaceSlot
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+LIMIT_MAX = 500
 
 _EPILOG = """\
 Config: TOML; any key can be overridden by OUTBOXD_<SECTION>__<KEY> (e.g.
@@ -46,6 +49,19 @@ def version() -> str:
         return dist_version("outboxd")
     except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
         return "unknown"
+
+
+def _limit(text: str) -> int:
+    """--limit: an integer 1-500 (argparse exits 2 with the message otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer 1-{LIMIT_MAX}, got {text!r}"
+        ) from None
+    if not 1 <= value <= LIMIT_MAX:
+        raise argparse.ArgumentTypeError(f"must be 1-{LIMIT_MAX}, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +93,10 @@ def _parser() -> argparse.ArgumentParser:
         "migrate",
         parents=[common],
         help="apply pending database migrations (Postgres: under an advisory lock)",
+        description="Apply the pending database migrations and print their names (or "
+        '"up to date"). On Postgres they run under an advisory lock, so several instances '
+        "may migrate at once. Needed only with storage.auto_migrate = false: serve "
+        "migrates at start otherwise.",
     )
     st = sub.add_parser(
         "status",
@@ -92,7 +112,9 @@ def _parser() -> argparse.ArgumentParser:
         choices=RELAY_STATUSES,
         help="only rows in this status (default: all)",
     )
-    ol.add_argument("--limit", type=int, default=50, help="at most this many rows, 1-500 (50)")
+    ol.add_argument(
+        "--limit", type=_limit, default=50, help=f"at most this many rows, 1-{LIMIT_MAX} (50)"
+    )
     ol.add_argument("--json", action="store_true", help="print JSON instead of a table")
     orr = osub.add_parser("redrive", parents=[common], help="put a DEAD outbox row back to PENDING")
     orr.add_argument("id", help="the outbox row id (from `outboxd outbox list --status DEAD`)")
@@ -104,7 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     jl.add_argument(
         "--status", choices=JOB_STATUSES, help="only jobs in this status (default: all)"
     )
-    jl.add_argument("--limit", type=int, default=50, help="at most this many jobs, 1-500 (50)")
+    jl.add_argument(
+        "--limit", type=_limit, default=50, help=f"at most this many jobs, 1-{LIMIT_MAX} (50)"
+    )
     jl.add_argument("--json", action="store_true", help="print JSON instead of a table")
     jr = jsub.add_parser(
         "redrive",
@@ -129,7 +153,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     queues = sub.add_parser("queues", parents=[common], help="SQS queues")
     qsub = queues.add_subparsers(dest="queues_command", required=True, metavar="SUBCOMMAND")
-    qsub.add_parser("create", parents=[common], help="create queues, DLQs and redrive policies")
+    qsub.add_parser(
+        "create",
+        parents=[common],
+        help="create queues, DLQs and redrive policies",
+        description="Create the jobs and tasks queues and their dead-letter queues with the "
+        "redrive policy (sqs.max_receive_count), as serve does with sqs.create_queues = "
+        "true, and print the four queue URLs. Idempotent. Needs sqs:CreateQueue and "
+        "sqs:SetQueueAttributes; not for the embedded SQS.",
+    )
     token = sub.add_parser("token", parents=[common], help="API tokens")
     tsub = token.add_subparsers(dest="token_command", required=True, metavar="SUBCOMMAND")
     tc = tsub.add_parser(
@@ -145,6 +177,9 @@ def _parser() -> argparse.ArgumentParser:
         "keygen",
         parents=[common],
         help="print a new encryption key (one line of security.keys_file)",
+        description="Print a new random encryption key, alone on one line, in the format of "
+        "security.keys_file. Put it first in the file to encrypt with it; keep the older "
+        "keys below it so what they sealed can still be read. Reads no config.",
     )
     cc = sub.add_parser(
         "check-config",
@@ -186,15 +221,47 @@ def _load(args: argparse.Namespace) -> Settings:
     return Settings.from_toml(path)
 
 
-def _config_error(exc: ConfigError) -> None:
+def _config_error(exc: ConfigError, daemon: bool = False) -> None:
     # Under systemd the unit's stderr is the journal too: mark the refusal as an error
     # (<3>) so `journalctl -p warning` shows why the service does not start.
     prefix = "<3>" if os.environ.get("JOURNAL_STREAM") else ""
-    print(f"{prefix}{exc}", file=sys.stderr)
+    text = str(exc)
+    if daemon and not sys.stderr.isatty():
+        # serve's output is JSON lines, this one too (a log reader parses every line).
+        text = json.dumps(
+            {
+                "event": "config_invalid",
+                "level": "error",
+                "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+                "error": text,
+            },
+            ensure_ascii=False,
+        )
+    print(f"{prefix}{text}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    sys.exit(run(argv))
+    try:
+        code = run(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`outboxd outbox list | head -1`): stop quietly, and keep
+        # the interpreter's last flush from complaining about the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_FAIL
+    sys.exit(code)
+
+
+def cli_actor() -> str:
+    """Who runs this command, for the log line of an admin action: `cli:<user>`, the user
+    who ran sudo when it was run through sudo."""
+    user = os.environ.get("SUDO_USER", "").strip()
+    if not user:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no passwd entry for this uid (a container)
+            user = f"uid {os.getuid()}"
+    return f"cli:{user}"
 
 
 def run(argv: Sequence[str] | None = None) -> int:
@@ -217,7 +284,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         settings = _load(args)
     except ConfigError as exc:
-        _config_error(exc)
+        _config_error(exc, daemon=cmd == "serve")
         return EXIT_USAGE
     if cmd in ("check-config", "serve"):
         from outboxd.daemon.app import preflight
@@ -225,7 +292,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         try:
             preflight(settings, os.environ)
         except ConfigError as exc:
-            _config_error(exc)
+            _config_error(exc, daemon=cmd == "serve")
             return EXIT_USAGE
     if cmd == "check-config":
         if args.json:
@@ -237,6 +304,12 @@ def run(argv: Sequence[str] | None = None) -> int:
         from outboxd.daemon import app
 
         return asyncio.run(app.run(settings))
+    from outboxd.observability import configure_logging
+
+    # A one-shot command's log lines go to stderr as JSON (stdout is its output: a table, or
+    # JSON for a pipe), at info at least: the line naming who took an admin action stays.
+    level = "debug" if settings.logging.level == "debug" else "info"
+    configure_logging(level, "json", stream=sys.stderr)
     handlers: dict[str, Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]] = {
         "migrate": _migrate,
         "status": _status,
@@ -313,6 +386,11 @@ def _pace_line(name: str, pace: PaceSlot) -> str:
     )
 
 
+def queue_line(name: str, visible: int, in_flight: int, dlq: int) -> str:
+    """One queue's depths for `status`: messages waiting, being worked on, in its DLQ."""
+    return f"queue {name:<8} visible {visible:>7}  in flight {in_flight:>7}  dlq {dlq:>7}"
+
+
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.daemon.readiness import Readiness
     from outboxd.http.models import to_builtins
@@ -353,10 +431,11 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
         print(f"oldest pending {table:<14} {'-' if age is None else f'{age:.1f} s'}")
     for name, pace in body.pace.items():
         print(_pace_line(name, pace))
-    queues = to_builtins(body)["queues"]
-    if isinstance(queues, dict):
-        for name, depth in queues.items():
-            print(f"queue {name:<8} {depth}")
+    if stats.queues_error is not None:
+        print(f"queues: not reachable ({stats.queues_error})")
+    elif stats.queues is not None:
+        for name, depth in stats.queues.items():
+            print(queue_line(name, depth.visible, depth.in_flight, depth.dlq_visible))
     elif settings.sqs.endpoint_url == "embedded":
         print("queues: not reachable from here (embedded SQS lives inside the daemon)")
     else:
@@ -371,7 +450,7 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
     store = await _open(settings)
     try:
         if args.outbox_command == "list":
-            page = await store.list_relay_rows(args.status, max(1, min(args.limit, 500)), None)
+            page = await store.list_relay_rows(args.status, args.limit, None)
             items = [relay_item(r) for r in page.items]
             if args.json:
                 print(json.dumps(items, indent=2))
@@ -385,7 +464,7 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
                     )
             return EXIT_OK
         try:
-            row = await AdminService(store).redrive_outbox_row(args.id)
+            row = await AdminService(store).redrive_outbox_row(args.id, actor=cli_actor())
         except NotFound:
             print(f"outboxd: no outbox row {args.id}", file=sys.stderr)
             return EXIT_FAIL
@@ -428,7 +507,7 @@ async def _jobs(settings: Settings, args: argparse.Namespace) -> int:
 async def _jobs_list(store: Any, args: argparse.Namespace) -> int:
     from outboxd.http.render import job_body
 
-    page = await store.list_jobs(args.status, max(1, min(args.limit, 500)), None)
+    page = await store.list_jobs(args.status, args.limit, None)
     items = [job_body(j) for j in page.items]
     if args.json:
         print(json.dumps(items, indent=2))
@@ -446,7 +525,7 @@ async def _jobs_redrive_one(store: Any, job_id: str) -> int:
     from outboxd.services.admin import AdminService
 
     try:
-        job = await AdminService(store).redrive_job(job_id)
+        job = await AdminService(store).redrive_job(job_id, actor=cli_actor())
     except NotFound:
         print(f"outboxd: no job {job_id}", file=sys.stderr)
         return EXIT_FAIL
@@ -489,11 +568,8 @@ async def _job_events(settings: Settings, args: argparse.Namespace) -> int:
 async def _jobs_redrive_all(store: Any, status: str, limit: int | None) -> int:
     """Every job in `status`, through the service the admin API's bulk redrive calls: a
     progress line per batch, then the count (exit 1 when any job was refused)."""
-    from outboxd.observability import configure_logging
     from outboxd.services.admin import AdminService, BulkRedrive
 
-    # The service logs each batch with the acting user: on stderr, beside the output.
-    configure_logging("info", "json", stream=sys.stderr)
     counts = {sc.status: sc.count for sc in await store.status_counts() if sc.table == "jobs"}
     total = counts.get(status, 0) if limit is None else min(limit, counts.get(status, 0))
     print(f"{status} jobs to redrive: {total}", flush=True)
@@ -502,22 +578,13 @@ async def _jobs_redrive_all(store: Any, status: str, limit: int | None) -> int:
         print(f"redriven {len(done.redriven)}/{total}, refused {len(done.refused)}", flush=True)
 
     done = await AdminService(store).redrive_jobs(
-        actor=f"cli:{_os_user()}", status="DEAD", limit=limit, on_progress=progress
+        actor=cli_actor(), status="DEAD", limit=limit, on_progress=progress
     )
     for job_id, why in done.refused:
         print(f"refused {job_id}: {why}")
     more = " (more are left: run it again)" if done.more else ""
     print(f"redriven: {len(done.redriven)} jobs, refused: {len(done.refused)}{more}")
     return EXIT_FAIL if done.refused else EXIT_OK
-
-
-def _os_user() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container)
-        return str(os.getuid())
 
 
 async def _queues(settings: Settings, _args: argparse.Namespace) -> int:

@@ -66,6 +66,8 @@ class StorageSettings:
     # How long a request waits for a pooled connection or a locked SQLite file
     # before answering STORAGE_UNAVAILABLE instead of hanging.
     acquire_timeout_s: float = 5.0
+    # How long `serve` waits for a database that cannot be reached at start; 0: forever.
+    start_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,18 @@ DEFAULT_CATEGORIES = (
 )
 
 
+# The offline rules when none are configured: a few obvious ones and a catch-all last, so
+# the default classifies every website (most as "other") instead of failing each one
+# max_attempts times with "no rule matches".
+DEFAULT_RULES = (
+    ClassifierRule("education", suffix="ac.kr"),
+    ClassifierRule("education", suffix="edu"),
+    ClassifierRule("government", suffix="gov"),
+    ClassifierRule("news", contains="news"),
+    ClassifierRule("other"),
+)
+
+
 @dataclass(frozen=True)
 class ClassifierSettings:
     provider: Literal["rules", "openai"] = "rules"
@@ -162,7 +176,7 @@ class ClassifierSettings:
     api_key_env: str = "OPENAI_API_KEY"
     categories: tuple[str, ...] = DEFAULT_CATEGORIES
     timeout_s: float = 30.0
-    rules: tuple[ClassifierRule, ...] = ()
+    rules: tuple[ClassifierRule, ...] = DEFAULT_RULES
 
 
 @dataclass(frozen=True)
@@ -328,6 +342,15 @@ def _derive_defaults(data: dict[str, Any]) -> None:
     if base is not None:
         fill("relay", "backoff_max_s", max(RelaySettings.backoff_max_s, base))
     scrapers = data.get("scrapers")
+    classifier = scrapers.get("classifier") if isinstance(scrapers, dict) else None
+    categories = classifier.get("categories") if isinstance(classifier, dict) else None
+    if isinstance(classifier, dict) and isinstance(categories, list) and "rules" not in classifier:
+        # Own categories and no rules: the default rules whose category is among them.
+        classifier["rules"] = [
+            {k: v for k, v in dataclasses.asdict(r).items() if v is not None}
+            for r in DEFAULT_RULES
+            if r.category in categories
+        ]
     timeout = _number(
         scrapers.get("classifier") if isinstance(scrapers, dict) else None, "timeout_s"
     )
@@ -454,6 +477,11 @@ def _validate(s: Settings) -> None:
     need(url != "sqlite:///", "storage.url", "names no file")
     need(1 <= s.storage.pool_size <= 200, "storage.pool_size", "must be 1-200")
     need(s.storage.acquire_timeout_s > 0, "storage.acquire_timeout_s", "must be positive")
+    need(
+        s.storage.start_timeout_s >= 0,
+        "storage.start_timeout_s",
+        "must not be negative (0: wait for the database forever)",
+    )
     endpoint = s.sqs.endpoint_url
     need(
         endpoint is None

@@ -8,7 +8,8 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping, MutableMapping
+import time
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -111,7 +112,8 @@ def _error_fields(
     err = event_dict.get("error")
     if isinstance(err, BaseException):
         event_dict["error_type"] = type(err).__name__
-        event_dict["error"] = scrub_url(str(err))[:500]
+        # An exception with no message (a bare TimeoutError) still names what happened.
+        event_dict["error"] = scrub_url(str(err) or type(err).__name__)[:500]
     return event_dict
 
 
@@ -170,8 +172,26 @@ _line_encoder = msgspec.json.Encoder()
 _access_log = structlog.get_logger("outboxd.access")
 
 
-def log_request(request_id: str, method: str, route: str, status: int, duration_ms: float) -> None:
-    """One structured line per HTTP request (event `http_request`, level info)."""
+def log_request(
+    request_id: str,
+    method: str,
+    route: str,
+    status: int,
+    duration_ms: float,
+    quiet: bool = False,
+) -> None:
+    """One structured line per HTTP request (event `http_request`, level info; `quiet`:
+    debug, for the probes and scrapes that come every few seconds)."""
+    if quiet:
+        _access_log.debug(
+            "http_request",
+            request_id=request_id,
+            method=method,
+            route=route,
+            status=status,
+            duration_ms=duration_ms,
+        )
+        return
     line = _request_line
     if line is None or not line.current():
         # Not configured by configure_logging (tests, capture_logs): the usual path.
@@ -289,6 +309,129 @@ def configure_logging(
     )
     if _request_line is not None:
         _request_line.renderer = renderer
+    # What libraries log through the standard library (asyncio's "Task exception was never
+    # retrieved", a warning) becomes a JSON line too, not plain text on stderr.
+    root = logging.getLogger()
+    root.handlers = [h for h in root.handlers if not isinstance(h, _StdlibLines)]
+    root.addHandler(_StdlibLines())
+    logging.captureWarnings(True)
+
+
+class _StdlibLines(logging.Handler):
+    """A standard-library log record as the structured event `library_log`."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            method = record.levelname.lower()
+            if method not in ("debug", "info", "warning", "error", "critical"):
+                method = "warning"
+            fields: dict[str, Any] = {"logger": record.name, "message": record.getMessage()}
+            if record.exc_info:
+                fields["exc_info"] = record.exc_info
+            getattr(structlog.get_logger(record.name), method)("library_log", **fields)
+        except Exception:
+            self.handleError(record)
+
+
+def unfiltered_logger(name: str) -> Any:
+    """A logger that writes whatever `logging.level` says, through the same processors: for
+    the one start-up line a supervisor reads (the address a `port = 0` API listens on)."""
+    return structlog.wrap_logger(
+        None,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
+        logger_factory_args=(name,),
+    )
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+class OutageLog:
+    """The log lines of one component while a dependency it needs is down: one when the
+    outage starts, at most one every `every_s` while it lasts, one when it ends; never
+    one per failed attempt (a loop retrying every second would write thousands).
+
+    Events (each with `component`, the part of the daemon that saw it):
+    - `<dependency>_unavailable` (warning): the first failure; `error`, `since`;
+    - `<dependency>_still_unavailable` (warning): `count` failures so far, `since`,
+      `outage_s`, the latest `error`;
+    - `<dependency>_recovered` (info): the first success after; `outage_s`, `count`.
+    `dependency` is `storage` (the database) or `sqs`. The caller says what a failure and
+    a success are; the clocks are injected so tests need no sleeps.
+    """
+
+    def __init__(
+        self,
+        dependency: str,
+        component: str,
+        *,
+        every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        logger: Any = None,
+    ) -> None:
+        self.dependency = dependency
+        self.component = component
+        self._every_s = every_s
+        self._clock = clock
+        self._wall = wall
+        self._log = logger if logger is not None else structlog.get_logger("outboxd.outage")
+        self._started: float | None = None  # on `clock`, while down
+        self._since = ""  # the start on the wall clock, ISO 8601
+        self._last_line = 0.0
+        self._count = 0
+
+    @property
+    def down(self) -> bool:
+        return self._started is not None
+
+    @property
+    def count(self) -> int:
+        """Failures since the outage started (0 while up)."""
+        return self._count
+
+    def failed(self, error: BaseException | str, **fields: Any) -> int:
+        """Record one failure; the failures of this outage so far."""
+        now = self._clock()
+        self._count += 1
+        if self._started is None:
+            self._started = self._last_line = now
+            self._since = _iso(self._wall())
+            self._log.warning(
+                f"{self.dependency}_unavailable",
+                component=self.component,
+                since=self._since,
+                error=error,
+                **fields,
+            )
+        elif now - self._last_line >= self._every_s:
+            self._last_line = now
+            self._log.warning(
+                f"{self.dependency}_still_unavailable",
+                component=self.component,
+                since=self._since,
+                outage_s=round(now - self._started, 1),
+                count=self._count,
+                error=error,
+                **fields,
+            )
+        return self._count
+
+    def recovered(self, **fields: Any) -> None:
+        """Record a success: the outage, if there was one, is over."""
+        if self._started is None:
+            return
+        self._log.info(
+            f"{self.dependency}_recovered",
+            component=self.component,
+            since=self._since,
+            outage_s=round(self._clock() - self._started, 1),
+            count=self._count,
+            **fields,
+        )
+        self._started = None
+        self._count = 0
 
 
 def package_version() -> str:

@@ -107,6 +107,10 @@ async def test_outbox_list_dead_and_redrive(
     ok = run_cli("outbox", "redrive", target.id, "--config", config)
     assert ok.returncode == 0, ok.stderr
     assert target.id in ok.stdout
+    # The action's log line, on stderr (stdout is the command's output): who ran it.
+    (logged,) = [json.loads(line) for line in ok.stderr.splitlines()]
+    assert logged["event"] == "outbox_redriven" and logged["outbox_id"] == target.id
+    assert logged["actor"].startswith("cli:") and len(logged["actor"]) > 4, logged
     row = await store.get_relay_row(target.id)
     assert row is not None and (row.status, row.attempt_count) == ("PENDING", 0)
     job = await store.get_job(target.job_id or "")
@@ -136,8 +140,11 @@ async def test_jobs_redrive(store: SqlStore, keys: KeyRing, db_url: str, tmp_pat
     config = config_for(tmp_path, db_url)
     job = await submit_job(store, keys)
     await kill_in_processing(store, job.id)
-    ok = run_cli("jobs", "redrive", job.id, "--config", config)
+    ok = run_cli("jobs", "redrive", job.id, "--config", config, env={"SUDO_USER": "alice"})
     assert ok.returncode == 0, ok.stderr
+    (logged,) = [json.loads(line) for line in ok.stderr.splitlines()]
+    assert (logged["event"], logged["job_id"]) == ("job_redriven", job.id)
+    assert logged["actor"] == "cli:alice"  # run through sudo by alice
     fresh = await store.get_job(job.id)
     assert fresh is not None and fresh.status == "QUEUED" and fresh.error_code is None
     latest = await store.latest_relay_row_for_job(job.id)

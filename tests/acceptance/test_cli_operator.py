@@ -228,12 +228,20 @@ async def test_read_only_commands_never_create_or_migrate(
 
 
 def test_the_example_production_config_passes_check_config(tmp_path: Path) -> None:
-    """systemd/outboxd.example.toml as shipped, with the key file the unit hands over:
-    valid, AWS (`endpoint_url` null), Postgres, and nothing secret in the output."""
+    """systemd/outboxd.example.toml with the key file the unit hands over and its
+    placeholder token replaced: valid, AWS (`endpoint_url` null), Postgres, and nothing
+    secret in the output. As shipped, the placeholder token is refused."""
     keys = tmp_path / "keys"
     keys.write_text(run("keygen").stdout)
     example = str(ROOT / "systemd" / "outboxd.example.toml")
-    env = cli_env(OUTBOXD_SECURITY__KEYS_FILE=str(keys))
+    shipped = run(
+        "check-config", "--config", example, env=cli_env(OUTBOXD_SECURITY__KEYS_FILE=str(keys))
+    )
+    assert shipped.returncode == 2 and "auth.tokens[0]" in one_line(shipped), shipped
+    env = cli_env(
+        OUTBOXD_SECURITY__KEYS_FILE=str(keys),
+        OUTBOXD_AUTH__TOKENS='[{sha256 = "' + "ab" * 32 + '", user = "ops", role = "admin"}]',
+    )
     assert run("check-config", "--config", example, env=env).stdout.strip() == "config OK"
     done = run("check-config", "--json", "--config", example, env=env)
     assert done.returncode == 0, done.stderr
@@ -245,3 +253,23 @@ def test_the_example_production_config_passes_check_config(tmp_path: Path) -> No
     # Without a key (the unit's credential), serve would refuse: so does check-config.
     refused = run("check-config", "--config", example)
     assert refused.returncode == 2 and "security.keys_file" in one_line(refused)
+
+
+def test_a_reader_that_goes_away_is_no_traceback(tmp_path: Path) -> None:
+    """`outboxd check-config --json | true`: the reader is gone before the command writes;
+    it stops quietly, no BrokenPipeError traceback."""
+    keys = tmp_path / "keys"
+    keys.write_text(run("keygen").stdout)
+    path = write(tmp_path, {"storage": {"url": "sqlite:///x.db"}, "sqs": AWS,
+                            "security": {"keys_file": str(keys)}})  # fmt: skip
+    full = [sys.executable, "-m", "outboxd", "check-config", "--json", "--config", path]
+    done = subprocess.run(
+        ["bash", "-c", '"$@" | true', "pipe", *full],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cli_env(),
+        check=False,
+    )
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.stderr == "", done.stderr

@@ -42,11 +42,36 @@ def mode(path: Path) -> int:
 
 
 def test_dry_run_changes_nothing(tmp_path: Path) -> None:
+    """A fresh host: every step is shown, nothing is made (not even the temporary folder
+    a wheel would be built in), and the example config would not be enabled or started."""
+    scratch = tmp_path / "tmp"  # where mktemp would make the wheel's folder
+    scratch.mkdir()
+    done = install(tmp_path, "--dry-run", TMPDIR=str(scratch))
+    assert done.returncode == 0, done.stderr
+    for step in ("pip wheel", "-m venv", "--require-hashes", "daemon-reload"):
+        assert step in done.stdout, step
+    assert "still the example" in done.stdout and "token create" in done.stdout
+    assert "+ " + str(tmp_path / "systemctl") + " enable" not in done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["systemctl", "tmp"]
+    assert list(scratch.iterdir()) == []
+
+
+def test_dry_run_with_an_edited_config_would_check_enable_and_start(tmp_path: Path) -> None:
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    edited = (
+        (ROOT / "systemd" / "outboxd.example.toml")
+        .read_text()
+        .replace("port = 8080", "port = 8081")
+    )
+    (etc / "config.toml").write_text(edited)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
     done = install(tmp_path, "--dry-run", "--wheel", "outboxd-0-py3-none-any.whl")
     assert done.returncode == 0, done.stderr
-    for step in ("-m venv", "--require-hashes", "check-config", "daemon-reload", "enable"):
+    assert "still the example" not in done.stdout
+    for step in ("check-config", "enable outboxd.service", "restart outboxd.service"):
         assert step in done.stdout, step
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["systemctl"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == sorted([*before, "systemctl"])
 
 
 @pytest.mark.slow
@@ -74,18 +99,24 @@ def test_install_then_upgrade(tmp_path: Path) -> None:
     ).read_text()
     venv_outboxd = tmp_path / "opt" / ".venv" / "bin" / "outboxd"
     assert subprocess.run([str(venv_outboxd), "--version"], check=True, capture_output=True)
-    # A fresh config is not started: it names a database that does not exist yet.
+    # The example is neither enabled nor started: it names a database and a token that
+    # do not exist yet; the script says what to edit.
     calls = (tmp_path / "systemctl.calls").read_text().splitlines()
-    assert calls == ["daemon-reload", "enable outboxd.service"]
-    assert "edit " in first.stdout
+    assert calls == ["daemon-reload"]
+    assert "still the example" in first.stdout and "[[auth.tokens]]" in first.stdout
 
-    (etc / "config.toml").write_text(
-        (etc / "config.toml").read_text().replace("port = 8080", "port = 8081")
-    )
+    token = subprocess.run(
+        [str(venv_outboxd), "token", "create", "--user", "ops", "--role", "admin"],
+        check=True, capture_output=True, text=True,
+    ).stdout.splitlines()  # fmt: skip
+    edited = (etc / "config.toml").read_text().replace("port = 8080", "port = 8081")
+    start = edited.index("\n[[auth.tokens]]\n") + 1
+    end = edited.index("\n[[scheduler.jobs]]\n") + 1
+    (etc / "config.toml").write_text(edited[:start] + "\n".join(token[1:]) + "\n\n" + edited[end:])
     second = install(tmp_path, "--wheel", str(wheel), **offline)
     assert second.returncode == 0, second.stdout + second.stderr
     assert (etc / "keys").read_text() == keys  # never a new key over an old one
     assert "port = 8081" in (etc / "config.toml").read_text()
     assert "exists, kept" in second.stdout
     calls = (tmp_path / "systemctl.calls").read_text().splitlines()
-    assert calls[-1] == "restart outboxd.service"
+    assert calls[-2:] == ["enable outboxd.service", "restart outboxd.service"]

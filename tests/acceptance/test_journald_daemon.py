@@ -44,19 +44,31 @@ def serve_once(
     return run_cli("serve", "--config", str(path), timeout_s=timeout_s, env=env)
 
 
-def test_database_unreachable_at_start_logs_an_error(tmp_path: Path) -> None:
+def test_database_unreachable_at_start_is_waited_for_then_an_error(tmp_path: Path) -> None:
+    """serve waits for a database it cannot reach (a warning, priority 4), and with
+    storage.start_timeout_s set gives up after it: an error line naming the key and the
+    real cause, exit 1."""
     dead = free_port()
     config = {
-        "storage": {"url": f"postgresql://outboxd@127.0.0.1:{dead}/outboxd"},
+        "storage": {
+            "url": f"postgresql://outboxd@127.0.0.1:{dead}/outboxd",
+            "start_timeout_s": 2,
+        },
         "sqs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},
     }
     done = serve_once(tmp_path / "c.toml", 90, config=config)
     assert done.returncode == 1, done.stderr
+    assert done.stderr == "", done.stderr  # every line is JSON, on stdout
     lines = parse(done.stdout)
+    waiting = [(p, e) for p, e in lines if e["event"] == "storage_waiting"]
+    assert waiting and waiting[0][0] == 4 and waiting[0][1]["level"] == "warning", lines
+    assert "Connect" in waiting[0][1]["error"], waiting
     failed = [(p, e) for p, e in lines if e["event"] == "daemon_failed"]
     assert len(failed) == 1, lines
     assert failed[0][0] <= 4 and failed[0][0] == 3
     assert failed[0][1]["level"] == "error"
+    assert "storage.start_timeout_s (2 s)" in failed[0][1]["error"], failed
+    assert "Connect" in failed[0][1]["error"], failed
     assert {p for p, e in lines if e["level"] == "info"} == {6}
 
 
@@ -120,4 +132,9 @@ def test_a_refused_config_is_an_error_line_in_the_journal(tmp_path: Path) -> Non
     path.write_text('[sqs]\nendpoint_url = ""\n')
     done = serve_once(path, 60, keys=False)
     assert done.returncode == 2
-    assert done.stderr.startswith("<3>config: sqs.endpoint_url:"), done.stderr
+    (line,) = done.stderr.splitlines()
+    m = LINE.match(line)
+    assert m and m.group(1) == "3", line  # an error, as one JSON object
+    event = json.loads(m.group(2))
+    assert (event["event"], event["level"]) == ("config_invalid", "error")
+    assert event["error"].startswith("config: sqs.endpoint_url:"), event

@@ -104,7 +104,8 @@ def test_sqs_down_during_the_request_is_accepted_and_delivered_once_sqs_is_back(
     assert job["attempts"] == 1 and job["result"]["student"]["studentNumber"] == SAMPLE_SNO
     rows = outbox_rows_of(base, job_id)
     assert len(rows) == 1 and rows[0]["status"] == "SENT" and rows[0]["messageId"]
-    assert rows[0]["attempts"] >= 2
+    # However many tries the outage took, only the publish that went out counts.
+    assert rows[0]["attempts"] == 1, rows
     assert portal_thread.login_attempts(SAMPLE_SNO) == 1
     assert db_rows(db_url, "SELECT COUNT(*) AS n FROM jobs") == [{"n": 1}]
     assert "sqs_queue_missing_recreating" in {e["event"] for e in daemon.events()}

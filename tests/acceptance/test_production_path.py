@@ -35,6 +35,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from outboxd.security import generate_key, generate_token, hash_token
 from tests.acceptance.conftest import PortalThread, http_request, wait_for
 from tests.support import postgres as pg
+from tests.support.daemon import listening_url
 from tests.support.moto import MotoServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -168,6 +169,8 @@ def test_wheel_to_a_unit_like_service_offline(
         "OUTBOXD_STORAGE__URL": dsn,
         "AWS_CONFIG_FILE": "/nonexistent/aws-config",
         "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+        # The example's placeholder token replaced, as an operator must before it starts.
+        "OUTBOXD_AUTH__TOKENS": f'[{{sha256 = "{hash_token(token)}", user = "ops"}}]',
     }
     try:
         # 4. check-config on the example: AWS (no endpoint) resolves, nothing leaks.
@@ -205,7 +208,6 @@ def test_wheel_to_a_unit_like_service_offline(
             "OUTBOXD_SCRAPERS__SUWON__PORTAL_BASE_URL": portal.urls["portal_base_url"],
             "OUTBOXD_SCRAPERS__SUWON__INFO_BASE_URL": portal.urls["info_base_url"],
             "OUTBOXD_SCRAPERS__SUWON__MIN_INTERVAL_S": "0",
-            "OUTBOXD_AUTH__TOKENS": f'[{{sha256 = "{hash_token(token)}", user = "ops"}}]',
         }
         sh(*as_service, outboxd, "check-config", "--config", etc / "config.toml", env=env)
         out, err = workdir / "stdout.log", workdir / "stderr.log"
@@ -217,9 +219,8 @@ def test_wheel_to_a_unit_like_service_offline(
         try:
             wait_for("READY=1", lambda: "READY=1" in notify.lines or proc.poll(), 90)
             assert proc.poll() is None, err.read_text()[-3000:] + out.read_text()[-3000:]
-            m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", err.read_text())
-            assert m, err.read_text()
-            base = m.group(1)
+            base = listening_url(out.read_text())
+            assert base is not None and base.startswith("http://127.0.0.1:"), out.read_text()
 
             # 6. A portal job to SUCCEEDED.
             auth = {"Authorization": f"Bearer {token}"}

@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import socket
-import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,73 +18,7 @@ import pytest
 from tests.acceptance.conftest import offline_config
 from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer
-
-_LISTEN_RE = re.compile(r"listening on (http://[0-9.]+:\d+)")
-
-
-@dataclass
-class Datagram:
-    at: float
-    lines: list[str]
-    healthz: int | None = None  # /healthz status probed the moment READY=1 arrived
-
-
-@dataclass
-class NotifyListener:
-    """systemd's side of NOTIFY_SOCKET: an AF_UNIX datagram socket, read in a thread."""
-
-    path: Path
-    stderr_path: Path
-    received: list[Datagram] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(str(self.path))
-        self.sock.settimeout(0.1)
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            dgram = Datagram(time.monotonic(), data.decode().split("\n"))
-            if "READY=1" in dgram.lines:
-                dgram.healthz = self._probe_healthz()
-            self.received.append(dgram)
-
-    def _probe_healthz(self) -> int | None:
-        text = self.stderr_path.read_text("utf-8", "replace") if self.stderr_path.exists() else ""
-        found = _LISTEN_RE.findall(text)
-        if not found:
-            return None
-        try:
-            with urllib.request.urlopen(f"{found[-1]}/healthz", timeout=2) as resp:  # noqa: S310
-                return int(resp.status)
-        except OSError:
-            return -1
-
-    def with_line(self, line: str) -> list[Datagram]:
-        return [d for d in self.received if line in d.lines]
-
-    def wait_for(self, line: str, timeout_s: float = 20) -> Datagram:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            got = self.with_line(line)
-            if got:
-                return got[0]
-            time.sleep(0.02)
-        raise AssertionError(f"no {line} within {timeout_s} s; got {self.received}")
-
-    def close(self) -> None:
-        self._stop.set()
-        self.thread.join(2)
-        self.sock.close()
+from tests.support.sdnotify import NotifyListener, short_tmp_dir
 
 
 def daemon_config(moto: MotoServer) -> dict[str, Any]:
@@ -102,20 +32,15 @@ def daemon_config(moto: MotoServer) -> dict[str, Any]:
 
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
-    """AF_UNIX paths are limited to ~107 bytes; pytest's tmp_path can be longer."""
-    base = Path("/tmp") / f"obx-{uuid.uuid4().hex[:8]}"
-    base.mkdir()
-    yield base
-    for p in sorted(base.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() else p.rmdir()
-    base.rmdir()
+    with short_tmp_dir() as path:
+        yield path
 
 
 def test_ready_watchdog_and_stopping(
     moto_server: MotoServer, tmp_path: Path, short_dir: Path
 ) -> None:
     daemon = DaemonProcess(tmp_path, daemon_config(moto_server))
-    listener = NotifyListener(short_dir / "notify.sock", daemon.stderr_path)
+    listener = NotifyListener(short_dir / "notify.sock", daemon.stdout_path)
     usec = 400_000  # WATCHDOG=1 every 0.2 s
     try:
         daemon.start(extra_env={"NOTIFY_SOCKET": str(listener.path), "WATCHDOG_USEC": str(usec)})

@@ -566,3 +566,47 @@ async def test_admin_routes_are_403_for_a_user_token(
             method, template, json=body, headers={"Authorization": f"Bearer {admin_token}"}
         )
         assert resp.status in (200, 202), (template, await resp.text())
+
+
+# ------------------------------------------------------------------ who did it
+
+
+async def test_every_admin_action_is_logged_with_the_acting_principal(
+    two_role_api: tuple[Client, str, str], store: SqlStore, keys: KeyRing
+) -> None:
+    """Redrives, a classification retry and an enqueued task each log one line naming
+    the admin's token user (`actor`), so the journal says who changed what."""
+    api, _user_token, admin_token = two_role_api
+    auth = {"Authorization": f"Bearer {admin_token}"}
+    dead_row = await kill_at_publish(store, (await submit_job(store, keys, key="o")).id)
+    dead_job = await kill_in_processing(store, (await submit_job(store, keys, key="j")).id)
+    await store.register_website(str(uuid.uuid4()), str(uuid.uuid4()), "failed.example", None, 1.0)
+    work = await store.claim_work(time.time(), 0.0, 300.0)
+    assert work is not None and await store.fail_work(work, "no rule matches", True, time.time())
+
+    with capture_logs() as logs:
+        for path, status in (
+            (f"/v1/admin/outbox/{dead_row.id}/redrive", 200),
+            (f"/v1/admin/jobs/{dead_job.id}/redrive", 202),
+            ("/v1/admin/websites/failed.example/retry", 200),
+        ):
+            resp = await api.post(path, headers=auth)
+            assert resp.status == status, await resp.text()
+        resp = await api.post("/v1/admin/tasks", json={"type": "noop", "payload": {}}, headers=auth)
+        assert resp.status == 202, await resp.text()
+    actions = {
+        e["event"]: e
+        for e in logs
+        if e["event"]
+        in ("outbox_redriven", "job_redriven", "website_classification_retried", "task_enqueued")
+    }
+    assert set(actions) == {
+        "outbox_redriven",
+        "job_redriven",
+        "website_classification_retried",
+        "task_enqueued",
+    }, logs
+    assert {e["actor"] for e in actions.values()} == {"root"}
+    assert actions["outbox_redriven"]["outbox_id"] == dead_row.id
+    assert actions["job_redriven"]["job_id"] == dead_job.id
+    assert actions["website_classification_retried"]["domain"] == "failed.example"

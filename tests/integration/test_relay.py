@@ -32,7 +32,7 @@ from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.relay import Relay, RelayShape, relay_shape
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.moto import MotoServer, free_port
+from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
 
 FAIL_REASON = "InternalError: simulated per-entry failure"
@@ -247,16 +247,16 @@ async def test_failed_entries_back_off_with_jitter_then_die(
 
 
 async def test_a_row_dead_at_publish_is_one_dead_letter_closed_by_redriving_its_job(
-    store: SqlStore, keys: KeyRing, queues: SqsQueues, make_settings: SettingsFactory
+    store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
-    """SQS unreachable: the relay gives up on a job's row (row and job DEAD, both counted
-    where they died). Redriving the job closes the dead letter: no DEAD row is left, the
-    spent row is SUPERSEDED, and the fresh row goes out once SQS answers."""
+    """SQS refuses the message: the relay gives up on a job's row (row and job DEAD, both
+    counted where they died; an SQS that cannot be reached at all would spend no attempt,
+    test_relay_outage.py). Redriving the job closes the dead letter: no DEAD row is left,
+    the spent row is SUPERSEDED, and the fresh row goes out once SQS takes it."""
     job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-dead")
-    endpoint = f"http://127.0.0.1:{free_port()}"
-    down = SqsQueues(make_settings(sqs={"endpoint_url": endpoint}).sqs, endpoint)
+    refusing = PartialFailurePublisher(queues, fail=lambda m: FAIL_REASON)
     metrics = Metrics()
-    failing = Relay(store, down, relay_settings(max_attempts=1, publish_timeout_s=1.0), metrics)
+    failing = Relay(store, refusing, relay_settings(max_attempts=1), metrics)
     assert await failing.relay_once() == 1
     row = await store.get_relay_row(outbox_id)
     assert row is not None and row.status == "DEAD" and row.last_error
@@ -268,7 +268,7 @@ async def test_a_row_dead_at_publish_is_one_dead_letter_closed_by_redriving_its_
 
     assert (dead("relay_outbox"), dead("jobs"), dead("task_runs")) == (1, 1, 0)
 
-    await AdminService(store).redrive_job(job_id)
+    await AdminService(store).redrive_job(job_id, actor="test")
     rows = {r.id: r for r in await store.relay_rows_for_job(job_id, 10)}
     assert rows[outbox_id].status == "SUPERSEDED"
     assert rows[outbox_id].last_error == row.last_error  # kept as history

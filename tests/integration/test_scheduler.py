@@ -2,7 +2,8 @@
 
 docs/contract.md#scheduler: at each fire time the scheduler only inserts a task run whose
 dedup id is `<name>-<fire time, UTC ISO 8601>`; a unique index makes that safe on any number of
-instances; a failed enqueue is logged (`scheduler_enqueue_failed`) and retried next tick;
+instances; a failed enqueue is logged once (`storage_unavailable` for a database that is
+down, `scheduler_enqueue_failed` otherwise) and retried at the next tick at the earliest;
 fire times missed while the daemon was down are not replayed.
 """
 
@@ -18,6 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from outboxd.config import ScheduleEntry, SchedulerSettings
+from outboxd.errors import StorageError
 from outboxd.services.tasks import TaskService
 from outboxd.storage.ports import RelayRow, TaskRun, TaskStore
 from outboxd.storage.store import SqlStore, open_store
@@ -154,39 +156,100 @@ async def closed_store(db_url: str, tmp_path: Path) -> SqlStore:
     return dead
 
 
-async def test_a_failed_enqueue_is_logged_and_retried_next_tick(
+class CountingStore(SwitchableStore):
+    """SwitchableStore that counts the enqueues it was asked for."""
+
+    def __init__(self, target: Any) -> None:
+        super().__init__(target)
+        self.enqueues = 0
+
+    async def enqueue_task(self, *args: Any) -> Any:
+        self.enqueues += 1
+        return await self.target.enqueue_task(*args)
+
+
+async def test_a_failed_enqueue_is_retried_at_the_next_tick_never_at_once(
     store: SqlStore, db_url: str, tmp_path: Path
 ) -> None:
-    proxy = SwitchableStore(await closed_store(db_url, tmp_path))
+    """The database down: one `storage_unavailable` line, the same fire time tried again
+    no sooner than the next tick and then ever less often (the loop never spins on a fire
+    time that has passed), and once it is back the same fire time is enqueued, with one
+    `storage_recovered` line."""
+    proxy = CountingStore(await closed_store(db_url, tmp_path))
     clock = Clock(ts("2024-03-10T12:00:01"))
     s = Scheduler(
-        SchedulerSettings(jobs=(every("retry-me", 10),)),
+        SchedulerSettings(jobs=(every("retry-me", 60),), tick_s=1.0),
         TaskService(cast(TaskStore, proxy), clock),
         clock,
     )
-    clock.now = ts("2024-03-10T12:00:10.5")
+    clock.now = ts("2024-03-10T12:01:00.5")
     with capture_logs() as logs:
         assert await s.tick() == 0
-        assert await s.tick() == 0  # still broken: logged again, still not skipped
-    failed = [e for e in logs if e["event"] == "scheduler_enqueue_failed"]
-    assert len(failed) == 2, logs
-    assert failed[0]["log_level"] == "error"
-    assert failed[0]["schedule"] == "retry-me"
-    assert failed[0]["dedup_id"] == "retry-me-2024-03-10T12:00:10Z"
-    assert failed[0]["error"] is not None
+        assert proxy.enqueues == 1
+        # The fire time has passed, but the loop sleeps a whole tick before trying again.
+        assert s._sleep_s() == pytest.approx(1.0)
+        assert await s.tick() == 0
+        assert proxy.enqueues == 1  # not due yet: nothing was tried
+        # Thirty seconds of ticks while it stays down: a capped backoff (1, 1, 2, 4, 5, 5
+        # ... s), not thirty tries, and no more lines.
+        for _ in range(30):
+            clock.now += 1.0
+            assert await s.tick() == 0
+            assert s._sleep_s() > 0
+    assert 6 <= proxy.enqueues <= 10, proxy.enqueues
+    down = [e for e in logs if e["event"] == "storage_unavailable"]
+    assert len(down) == 1, logs
+    assert down[0]["log_level"] == "warning"
+    assert down[0]["component"] == "scheduler"
+    assert down[0]["schedule"] == "retry-me"
+    assert down[0]["dedup_id"] == "retry-me-2024-03-10T12:01:00Z"
+    assert "closed" in str(down[0]["error"])
+    assert [e for e in logs if e["log_level"] in ("warning", "error")] == down
     assert await task_runs(store) == []
 
     # The database is back before the next fire time: the same fire time is enqueued.
     proxy.target = store
-    clock.now = ts("2024-03-10T12:00:12")
+    clock.now += 5.0
     with capture_logs() as logs:
         assert await s.tick() == 1
-    assert not [e for e in logs if e["event"] == "scheduler_enqueue_failed"]
-    assert await dedup_ids(store) == ["retry-me-2024-03-10T12:00:10Z"]
+    recovered = [e for e in logs if e["event"] == "storage_recovered"]
+    assert len(recovered) == 1 and recovered[0]["component"] == "scheduler", logs
+    assert recovered[0]["count"] == proxy.enqueues - 1
+    assert await dedup_ids(store) == ["retry-me-2024-03-10T12:01:00Z"]
 
-    # And the schedule goes on from there.
-    assert await tick_at(s, clock, "2024-03-10T12:00:20") == 1
+    # And the schedule goes on from there, at every tick again.
+    assert await tick_at(s, clock, "2024-03-10T12:02:00") == 1
     assert len(await task_runs(store)) == 2
+
+
+class RefusingStore:
+    """A TaskStore whose enqueue fails with an error that is no outage (a bug, a refusal)."""
+
+    def __init__(self) -> None:
+        self.enqueues = 0
+
+    async def enqueue_task(self, *args: Any) -> Any:
+        self.enqueues += 1
+        raise StorageError("postgres: check constraint violated")
+
+
+async def test_an_error_that_is_no_outage_is_logged_each_try_and_backs_off_too() -> None:
+    refusing = RefusingStore()
+    clock = Clock(ts("2024-03-10T12:00:01"))
+    s = Scheduler(
+        SchedulerSettings(jobs=(every("bad", 10),)),
+        TaskService(cast(TaskStore, refusing), clock),
+        clock,
+    )
+    clock.now = ts("2024-03-10T12:00:10")
+    with capture_logs() as logs:
+        for _ in range(20):
+            assert await s.tick() == 0
+            clock.now += 0.5
+    failed = [e for e in logs if e["event"] == "scheduler_enqueue_failed"]
+    assert len(failed) == refusing.enqueues and 3 <= refusing.enqueues <= 6, logs
+    assert failed[0]["log_level"] == "error"
+    assert "constraint" in str(failed[0]["error"])
 
 
 async def test_an_outage_spanning_fire_times_keeps_only_the_latest(

@@ -68,7 +68,9 @@ REQUIRED_SERVICE = {
     "CapabilityBoundingSet": "",
     "UMask": "0077",
     "Restart": "on-failure",
-    "RestartSec": "2",
+    "RestartSec": "5",
+    "RestartPreventExitStatus": "2",
+    "TimeoutStartSec": "90",
     "KillSignal": "SIGTERM",
     "TimeoutStopSec": "45",
     "LimitNOFILE": "65536",
@@ -91,6 +93,12 @@ def test_stop_timeout_exceeds_default_shutdown_timeout() -> None:
     """systemd waits longer than the daemon's own drain, so SIGKILL never cuts a drain short."""
     stop_s = float(_parse()["Service"]["TimeoutStopSec"])
     assert stop_s > DaemonSettings().shutdown_timeout_s
+
+
+def test_systemd_never_gives_up_restarting() -> None:
+    """No start limit: a daemon that keeps exiting 1 (its database refusing it, say) is
+    restarted every RestartSec, not left failed after a burst of tries."""
+    assert _parse()["Unit"]["StartLimitIntervalSec"] == "0"
 
 
 def test_install_section() -> None:

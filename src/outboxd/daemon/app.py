@@ -28,11 +28,11 @@ from outboxd.config import ConfigError, Settings, is_loopback_host
 from outboxd.daemon.readiness import QueueReadiness, Readiness
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.daemon.sdnotify import SystemdNotifier
-from outboxd.errors import OutboxdError, SecurityError
+from outboxd.errors import OutboxdError, SecurityError, StorageUnavailable
 from outboxd.http.app import create_app
 from outboxd.http.deps import ApiDeps
 from outboxd.http.server import ConnectionLimits, GuardedSite, guard_app
-from outboxd.observability import Metrics, configure_logging
+from outboxd.observability import Metrics, configure_logging, unfiltered_logger
 from outboxd.queue.embedded import EmbeddedSqs
 from outboxd.queue.sqs import KINDS, SqsQueues, resolve_region
 from outboxd.scrapers.classifier import build_classifier
@@ -42,7 +42,7 @@ from outboxd.services.admin import AdminService
 from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
-from outboxd.services.tasks import TaskService
+from outboxd.services.tasks import TASK_TYPES, TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.changes import default_instance
 from outboxd.storage.db import sqlite_path
@@ -51,6 +51,7 @@ from outboxd.tracing import NO_TRACING, Tracing, configure_tracing
 from outboxd.workers.claimer import Claimer
 from outboxd.workers.consumer import Consumer
 from outboxd.workers.job_changes import JobChangeFeed
+from outboxd.workers.loops import DB_RETRY_BASE_S, DB_RETRY_CAP_S, backoff, sleep_or_stop
 from outboxd.workers.pacing import portal_pacing
 from outboxd.workers.relay import Relay, relay_shape
 from outboxd.workers.scheduler import Scheduler
@@ -78,6 +79,87 @@ async def open_configured_store(settings: Settings) -> SqlStore:
     return store
 
 
+# While `serve` waits for its database or migrates: a `storage_waiting` line at most this
+# often, and systemd's start timeout pushed back by START_EXTEND_S every START_EXTEND_EVERY_S.
+STORAGE_WAITING_LOG_S = 10.0
+START_EXTEND_S = 30.0
+START_EXTEND_EVERY_S = 10.0
+
+
+async def open_when_reachable(
+    settings: Settings, stop: asyncio.Event, notifier: SystemdNotifier
+) -> SqlStore | None:
+    """The store, opened (and migrated) once the database answers; None when `stop` is set
+    first. A database that cannot be reached is waited for with a capped backoff, for
+    ever or `storage.start_timeout_s` (then StorageUnavailable naming the key and the
+    cause); any other failure (a wrong password, a failed migration) is raised at once.
+    Meanwhile systemd's start timeout is extended, so neither the wait nor a long
+    migration is killed as a start that hangs."""
+    limit_s = settings.storage.start_timeout_s
+    started = time.monotonic()
+    last_line = -STORAGE_WAITING_LOG_S
+    attempts = 0
+
+    async def extend() -> None:
+        while True:
+            notifier.extend_start(START_EXTEND_S)
+            await asyncio.sleep(START_EXTEND_EVERY_S)
+
+    extender = asyncio.create_task(extend())
+    try:
+        while not stop.is_set():
+            attempts += 1
+            try:
+                store = await _unless_stopped(open_configured_store(settings), stop)
+            except StorageUnavailable as exc:
+                waited = time.monotonic() - started
+                if limit_s and waited >= limit_s:
+                    raise StorageUnavailable(
+                        f"the database did not answer within storage.start_timeout_s "
+                        f"({limit_s:g} s): {exc}"
+                    ) from None
+                if time.monotonic() - last_line >= STORAGE_WAITING_LOG_S:
+                    last_line = time.monotonic()
+                    log.warning(
+                        "storage_waiting",
+                        error=exc,
+                        waited_s=round(waited, 1),
+                        attempts=attempts,
+                        start_timeout_s=limit_s or None,
+                    )
+                notifier.status(f"waiting for the database ({attempts} tries): {exc}")
+                delay = backoff(attempts, DB_RETRY_BASE_S, DB_RETRY_CAP_S, jitter=False)
+                if limit_s:
+                    delay = min(delay, max(0.0, started + limit_s - time.monotonic()))
+                await sleep_or_stop(stop, delay)
+                continue
+            if store is not None and attempts > 1:
+                log.info(
+                    "storage_ready",
+                    waited_s=round(time.monotonic() - started, 1),
+                    attempts=attempts,
+                )
+            return store
+        return None
+    finally:
+        extender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await extender
+
+
+async def _unless_stopped(work: Awaitable[SqlStore], stop: asyncio.Event) -> SqlStore | None:
+    """`work`'s store, or None (the work cancelled, a store it opened closed) once `stop` is set."""
+    task = asyncio.ensure_future(work)
+    await _first(stop.wait(), task)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, OutboxdError):
+        store = await task
+        await store.close()
+    return None
+
+
 def load_keys(settings: Settings, env: Mapping[str, str]) -> KeyRing:
     keys_file = (
         settings.resolve_path(settings.security.keys_file) if settings.security.keys_file else None
@@ -98,6 +180,8 @@ def load_keys(settings: Settings, env: Mapping[str, str]) -> KeyRing:
 
 
 EMBEDDED_EXTRA = "outboxd[embedded]"
+# The user of systemd/outboxd.example.toml's [[auth.tokens]] entry, which must not stay.
+PLACEHOLDER_USER = "CHANGE-ME"
 
 
 def embedded_extra_missing() -> str | None:
@@ -142,7 +226,25 @@ def preflight(settings: Settings, env: Mapping[str, str]) -> None:
             )
     except SecurityError as exc:
         raise ConfigError(f"config: {exc}") from None
+    for i, job in enumerate(settings.scheduler.jobs):
+        if job.task not in TASK_TYPES:
+            raise ConfigError(
+                f"config: scheduler.jobs[{i}].task: unknown task type {job.task!r} "
+                f"(known: {', '.join(TASK_TYPES)})"
+            )
+    for i, tok in enumerate(settings.auth.tokens):
+        if tok.sha256.strip("0") == "" or tok.user == PLACEHOLDER_USER:
+            raise ConfigError(
+                f"config: auth.tokens[{i}]: still the example's placeholder; make a token with "
+                "`outboxd token create --user NAME --role admin` and paste its entry here"
+            )
     cl = settings.scrapers.classifier
+    if "claimer" in settings.daemon.roles and cl.provider == "rules" and not cl.rules:
+        raise ConfigError(
+            'config: scrapers.classifier.rules: provider "rules" with no rules fails every '
+            'website; add rules (a last { category = "other" } matches the rest), or set '
+            'provider = "openai"'
+        )
     needs_key = "claimer" in settings.daemon.roles and cl.provider == "openai"
     if needs_key and not env.get(cl.api_key_env, "").strip():
         raise ConfigError(
@@ -240,6 +342,7 @@ class ApiServer:
         self._port = port
         self.bound = asyncio.Event()
         self.address: tuple[str, int] | None = None
+        self.url: str | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._runner.setup()
@@ -251,11 +354,16 @@ class ApiServer:
             if sockets:
                 addr = sockets[0].getsockname()
                 self.address = (str(addr[0]), int(addr[1]))
-            log.info(
-                "api_listening",
-                host=self._host,
-                port=self.address[1] if self.address else self._port,
+            port = self.address[1] if self.address else self._port
+            host = self.address[0] if self.address else self._host
+            self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+            # Whatever logging.level says: how whoever started a `port = 0` API finds it.
+            unfiltered_logger(__name__).info(
+                "api_listening", host=self._host, port=port, url=self.url
             )
+            if sys.stderr.isatty():
+                sys.stderr.write(f"outboxd: listening on {self.url}\n")
+                sys.stderr.flush()
             self.bound.set()
             await stop.wait()
         finally:
@@ -276,6 +384,16 @@ def _install_signals(stop: asyncio.Event) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+
+    def on_hangup() -> None:
+        # SIGHUP's default would end the process with no drain and no line.
+        log.warning(
+            "reload_not_supported",
+            signal="SIGHUP",
+            detail="the config is read at start only; restart the daemon to apply a change",
+        )
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
 
 
 async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
@@ -317,13 +435,21 @@ async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
             "with role admin; the API binds loopback only",
         )
     tracing = configure_tracing(env, settings.daemon.instance_id or default_instance())
+    # From the start: a wait for the database is the event loop's too.
+    watchdog = asyncio.create_task(notifier.run_watchdog(stop))
     try:
         async with contextlib.AsyncExitStack() as stack:
             code = await _serve(settings, env, stop, roles, notifier, stack, tracing)
     except (OutboxdError, OSError, ValueError, ConfigError) as exc:
         log.error("daemon_failed", error=exc)
         return 1
+    except Exception as exc:
+        log.exception("daemon_failed", error=exc)
+        return 1
     finally:
+        watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog
         await asyncio.to_thread(tracing.shutdown)
     log.info("daemon_stopped", exit_code=code)
     return code
@@ -339,8 +465,11 @@ async def _serve(
     tracing: Tracing = NO_TRACING,
 ) -> int:
     metrics = Metrics(roles)
-    store = await open_configured_store(settings)
+    store = await open_when_reachable(settings, stop, notifier)
+    if store is None:
+        return 0  # stopped while waiting for the database
     stack.push_async_callback(store.close)
+    notifier.status("starting: " + ", ".join(sorted(roles)))
     keys = load_keys(settings, env)
     endpoint = await stack.enter_async_context(sqs_endpoint(settings))
 
@@ -445,6 +574,7 @@ async def _serve(
                     metrics,
                     settings.security.dead_retention_s,
                     portal_settings=settings.scrapers.suwon,
+                    storage_probe=store.db.ping,
                     tracing=tracing,
                 ),
             )
@@ -464,14 +594,12 @@ async def _serve(
             name: tg.create_task(_supervised(name, comp, stop, failures))
             for name, comp in components
         }
-        tg.create_task(notifier.run_watchdog(stop))
 
         async def announce_ready() -> None:
             if api_server is not None:
                 await _first(api_server.bound.wait(), running["api"])
                 if not api_server.bound.is_set():
                     return
-                print_address(api_server)
             notifier.ready(status="outboxd running: " + ", ".join(sorted(roles)))
             log.info("daemon_ready", roles=sorted(roles))
 
@@ -492,13 +620,6 @@ async def _serve(
         await stop.wait()
     await relay.drain(settings.relay.publish_timeout_s + 1.0)
     return 1 if failures else 0
-
-
-def print_address(server: ApiServer) -> None:
-    if server.address is not None:
-        host, port = server.address
-        sys.stderr.write(f"outboxd: listening on http://{host}:{port}\n")
-        sys.stderr.flush()
 
 
 async def _supervised(name: str, comp: Component, stop: asyncio.Event, failures: list[str]) -> None:

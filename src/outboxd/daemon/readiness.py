@@ -15,7 +15,7 @@ import structlog
 
 from outboxd.queue.sqs import KINDS, QueueDepth, QueueError, QueueKind, SqsQueues
 from outboxd.storage.store import SqlStore
-from outboxd.workers.loops import backoff, sleep_or_stop
+from outboxd.workers.loops import LoopFailures, sleep_or_stop
 
 log = structlog.get_logger(__name__)
 
@@ -32,24 +32,25 @@ class QueueReadiness:
     def __init__(self, queues: SqsQueues) -> None:
         self.queues = queues
         self.up = asyncio.Event()
+        # No jitter: one probe per daemon, nothing to spread.
+        self._failures = LoopFailures("sqs_connect", "sqs_start_failed", base_s=1.0, cap_s=30.0)
+        self._delay = 1.0
 
     async def start_once(self) -> bool:
         try:
             await self.queues.start()
         except QueueError as exc:
-            log.warning("sqs_unavailable", error=exc)
+            self._delay = self._failures.failed(exc)
             return False
+        self._failures.ok()
         self.up.set()
         return True
 
     async def run(self, stop: asyncio.Event) -> None:
-        attempt = 0
         while not self.up.is_set() and not stop.is_set():
-            attempt += 1
-            # No jitter: one probe per daemon, nothing to spread.
-            await sleep_or_stop(stop, backoff(attempt, 1.0, 30.0, jitter=False))
-            if not stop.is_set() and await self.start_once():
-                log.info("sqs_available")
+            await sleep_or_stop(stop, self._delay)
+            if not stop.is_set():
+                await self.start_once()
 
 
 @dataclass
@@ -77,7 +78,7 @@ async def _probe(fn: Callable[[], Awaitable[None]]) -> str:
     try:
         await asyncio.wait_for(fn(), READY_CHECK_TIMEOUT_S)
     except TimeoutError:
-        return "timeout"
+        return f"timeout: no answer within {READY_CHECK_TIMEOUT_S:g} s"
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc)[:120]}"
     return "ok"

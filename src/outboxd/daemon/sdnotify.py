@@ -1,4 +1,5 @@
-"""The sd_notify protocol (READY, STOPPING, WATCHDOG, STATUS) without libsystemd.
+"""The sd_notify protocol (READY, STOPPING, WATCHDOG, STATUS, EXTEND_TIMEOUT_USEC) without
+libsystemd.
 
 The protocol is one datagram of newline-separated ``KEY=value`` lines sent to the
 AF_UNIX socket named by ``NOTIFY_SOCKET``; that is small enough to implement here
@@ -68,6 +69,19 @@ class SystemdNotifier:
             self.notify("READY=1")
         else:
             self.notify("READY=1", _status_line(status))
+
+    def status(self, text: str) -> None:
+        """A one-line status for `systemctl status` (STATUS=)."""
+        self.notify(_status_line(text))
+
+    def extend_start(self, seconds: float, status: str | None = None) -> None:
+        """Ask for `seconds` more before systemd's start timeout (EXTEND_TIMEOUT_USEC): sent
+        while the daemon waits for its database or migrates, so neither is cut short."""
+        line = f"EXTEND_TIMEOUT_USEC={max(1, int(seconds * 1_000_000))}"
+        if status is None:
+            self.notify(line)
+        else:
+            self.notify(line, _status_line(status))
 
     def stopping(self) -> None:
         """Tell systemd shutdown has begun, so it waits up to TimeoutStopSec for the exit."""

@@ -67,16 +67,18 @@ def _operator_action(names: str) -> Iterator[None]:
 async def redrive_outbox(request: web.Request) -> web.Response:
     deps = deps_of(request)
     with _operator_action("outbox row"):
-        row = await deps.admin.redrive_outbox_row(inputs.path_id(request, "outbox_id"))
-    log.info("outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id)
+        row = await deps.admin.redrive_outbox_row(
+            inputs.path_id(request, "outbox_id"), actor=principal_of(request).user
+        )
     return json_response(relay_model(row))
 
 
 async def redrive_job(request: web.Request) -> web.Response:
     deps = deps_of(request)
     with _operator_action("job"):
-        job = await deps.admin.redrive_job(inputs.path_id(request, "job_id"))
-    log.info("job_redriven", job_id=job.id)
+        job = await deps.admin.redrive_job(
+            inputs.path_id(request, "job_id"), actor=principal_of(request).user
+        )
     return json_response(job_model(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
 
 
@@ -148,7 +150,9 @@ async def list_websites(request: web.Request) -> web.Response:
 async def retry_website(request: web.Request) -> web.Response:
     deps = deps_of(request)
     with _operator_action("website"):
-        website = await deps.websites.retry(domain_in_path(request))
+        website = await deps.websites.retry(
+            domain_in_path(request), actor=principal_of(request).user
+        )
     return json_response(website_model(website))
 
 
@@ -186,7 +190,7 @@ async def enqueue_task(request: web.Request) -> web.Response:
         raise field_error(
             "dedupId", "must be 1-128 characters of letters, digits and ASCII punctuation"
         )
-    run, created = await deps.tasks.enqueue(type_, payload, dedup)
+    run, created = await deps.tasks.enqueue(type_, payload, dedup, actor=principal_of(request).user)
     if not created and run.type != type_:
         raise ApiError(INVALID_STATE, "dedupId is already used by a task of another type")
     return json_response(models.TaskAccepted(run.id), 202)

@@ -38,13 +38,15 @@ from outboxd.http.problems import (
 from outboxd.http.responses import problem
 from outboxd.http.routes import ROUTES, Access
 from outboxd.http.server import SERVER_HEADER
-from outboxd.observability import Metrics, log_request
+from outboxd.observability import Metrics, OutageLog, log_request
 from outboxd.security import Principal, TokenVerifier
 
 log = structlog.get_logger(__name__)
 
-# Probes and scrapes are not access-logged (they come every few seconds).
-_QUIET_ROUTES: Final = frozenset({"/healthz", "/metrics"})
+# Probes and scrapes are access-logged at debug only (they come every few seconds).
+_QUIET_ROUTES: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+# Answers 200 with the database down (it reports readiness): no sign the database is back.
+_ANSWERS_WITHOUT_STORAGE: Final = frozenset({"/v1/admin/runtime"})
 
 # Request ids: a random per-process prefix and a counter (32 hex characters, as a
 # uuid4's hex was): unique, and a fraction of uuid4's cost per request.
@@ -69,6 +71,10 @@ class _Edge:
         self._metrics = metrics
         self.tokens = tokens
         self.access: dict[web.AbstractRoute, Access] = {}
+        # Routes whose success means the database answered: the end of an outage.
+        self.storage_routes: set[str] = set()
+        # Requests refused because the database is down: one outage, not a line each.
+        self.storage_outage = OutageLog("storage", "api")
         self._requests: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
 
@@ -115,8 +121,16 @@ async def edge_middleware(
             response.headers.setdefault(name, value)
     elapsed = time.perf_counter() - started
     edge.count(route, response.status, elapsed)
-    if route not in _QUIET_ROUTES:
-        log_request(request_id, request.method, route, response.status, round(elapsed * 1000, 2))
+    if response.status < 300 and edge.storage_outage.down and route in edge.storage_routes:
+        edge.storage_outage.recovered()
+    log_request(
+        request_id,
+        request.method,
+        route,
+        response.status,
+        round(elapsed * 1000, 2),
+        quiet=route in _QUIET_ROUTES,
+    )
     return response
 
 
@@ -163,7 +177,7 @@ async def _guarded(
         log.info("client_disconnected", method=request.method, route=_route_name(request))
         return problem(request, ApiError(VALIDATION_FAILED, "the request did not arrive whole"))
     except StorageUnavailable as exc:
-        log.warning("storage_unavailable", error=exc)
+        edge.storage_outage.failed(exc)
         return problem(
             request,
             ApiError(
@@ -281,4 +295,7 @@ def create_app(deps: ApiDeps) -> web.Application:
     for route in ROUTES:
         added = app.router.add_route(route.method, route.router_path or route.path, route.handler)
         edge.access[added] = route.access
+        canonical = added.resource.canonical if added.resource is not None else route.path
+        if route.access != "public" and canonical not in _ANSWERS_WITHOUT_STORAGE:
+            edge.storage_routes.add(canonical)
     return app

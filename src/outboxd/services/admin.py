@@ -3,9 +3,9 @@
 `POST /v1/admin/jobs/{id}/redrive` and `outboxd jobs redrive`, `POST
 /v1/admin/outbox/{id}/redrive` and `outboxd outbox redrive`, `POST /v1/admin/jobs/redrive`
 and `outboxd jobs redrive --status DEAD` call the same methods; `GET /v1/admin/stats`,
-`outboxd status` and the /metrics gauges read the same counts. The single redrives do not
-log (the API logs each one it made, the command prints its own line); the bulk redrive
-logs every batch it redrove with the acting user, whoever called it.
+`outboxd status` and the /metrics gauges read the same counts. Every action is logged
+here, once, with the `actor` who asked (the API's principal, or `cli:<user>` for the
+command): each single redrive, and each batch of the bulk redrive.
 """
 
 from __future__ import annotations
@@ -79,13 +79,19 @@ class AdminService:
     def has_queues(self) -> bool:
         return self._queues is not None
 
-    async def redrive_job(self, job_id: str) -> JobRecord:
+    async def redrive_job(self, job_id: str, *, actor: str) -> JobRecord:
         """A DEAD job back to QUEUED with a fresh outbox row; NotFound or InvalidState."""
-        return await self._store.redrive_job(job_id, new_id(), self._clock())
+        job = await self._store.redrive_job(job_id, new_id(), self._clock())
+        log.info("job_redriven", job_id=job.id, actor=actor)
+        return job
 
-    async def redrive_outbox_row(self, outbox_id: str) -> RelayRow:
+    async def redrive_outbox_row(self, outbox_id: str, *, actor: str) -> RelayRow:
         """A DEAD outbox row back to PENDING, its job or task with it; NotFound or InvalidState."""
-        return await self._store.redrive_relay_row(outbox_id, self._clock())
+        row = await self._store.redrive_relay_row(outbox_id, self._clock())
+        log.info(
+            "outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id, actor=actor
+        )
+        return row
 
     async def redrive_jobs(
         self,

@@ -29,6 +29,13 @@ def publish_failure(row: RelayRow, error: str, next_attempt_at: float, dead: boo
     return RelayFailure(row, error, next_attempt_at, dead, job_error)
 
 
+def publish_outage(row: RelayRow, error: str, next_attempt_at: float) -> RelayFailure:
+    """A publish that failed because SQS could not be reached at all (connection refused or
+    reset, a timeout, a 5xx, throttling): the row backs off with its attempt given back,
+    so no outage, however long, makes it DEAD. Only SQS refusing the message counts."""
+    return RelayFailure(row, error, next_attempt_at, dead=False, counted=False)
+
+
 def job_verdict(retryable: bool, receive_count: int, max_receive_count: int) -> JobVerdict:
     """A failed job run: FAILED when the error is not retryable; DEAD at the last receive
     SQS allows (the next receive would move the message to the DLQ); else retried."""

@@ -86,9 +86,15 @@ class TaskService:
         self._clock = clock
 
     async def enqueue(
-        self, type_: str, payload: Mapping[str, Any], dedup_id: str | None = None
+        self,
+        type_: str,
+        payload: Mapping[str, Any],
+        dedup_id: str | None = None,
+        *,
+        actor: str = "scheduler",
     ) -> tuple[TaskRun, bool]:
-        """Insert a task run and its outbox row in one transaction.
+        """Insert a task run and its outbox row in one transaction; `actor` is who asked
+        (an admin's principal, or the scheduler).
 
         A dedup id seen before makes this a no-op that returns the existing run.
         """
@@ -97,5 +103,11 @@ class TaskService:
             task_id, new_id(), type_, payload, dedup_id or task_id, self._clock()
         )
         if created:
-            log.info("task_enqueued", task_id=run.id, task_type=type_, dedup_id=run.dedup_id)
+            log.info(
+                "task_enqueued",
+                task_id=run.id,
+                task_type=type_,
+                dedup_id=run.dedup_id,
+                actor=actor,
+            )
         return run, created

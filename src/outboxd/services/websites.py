@@ -148,8 +148,10 @@ class WebsiteService:
     async def list(self, status: str | None, limit: int, cursor: str | None) -> Page[Website]:
         return await self._store.list_websites(status, limit, cursor)
 
-    async def retry(self, domain: str) -> Website:
+    async def retry(self, domain: str, *, actor: str) -> Website:
         """A FAILED classification back to PENDING (NotFound, InvalidState otherwise)."""
         website = await self._store.retry_failed_website(domain)
-        log.info("website_classification_retried", website_id=website.id, domain=domain)
+        log.info(
+            "website_classification_retried", website_id=website.id, domain=domain, actor=actor
+        )
         return website

@@ -237,6 +237,8 @@ class RelayFailure:
     next_attempt_at: float
     dead: bool
     job_error: tuple[str, str] | None = None
+    # False: SQS was not reached (an outage), and the attempt the claim counted is given back.
+    counted: bool = True
 
     def __post_init__(self) -> None:
         if self.dead and self.row.job_id is not None and self.job_error is None:

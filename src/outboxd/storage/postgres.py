@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -30,6 +31,9 @@ from outboxd.storage.db import (
 )
 
 log = structlog.get_logger(__name__)
+# The pool reconnects its floor connection itself and warns, traceback included, at each
+# failed try while the database is down: the loops already log that outage, once.
+logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
 
 T = TypeVar("T")
 

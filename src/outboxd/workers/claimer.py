@@ -26,7 +26,7 @@ from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import ClassificationError, Classifier, RateLimited
 from outboxd.services.retries import classification_gives_up
 from outboxd.storage.ports import PaceStore, WebsiteStore
-from outboxd.workers.loops import sleep_or_stop
+from outboxd.workers.loops import LoopFailures, sleep_or_stop
 from outboxd.workers.pacing import DbClock
 
 log = structlog.get_logger(__name__)
@@ -61,6 +61,7 @@ class Claimer:
             raise ValueError("claimer.pace_scope = 'cluster' needs a PaceStore")
         self._last_tick_at: float | None = None
         self._next_tick_at: float | None = None
+        self._failures = LoopFailures("claimer", "claimer_tick_failed")
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info(
@@ -71,14 +72,18 @@ class Claimer:
         while not stop.is_set():
             outcome: TickOutcome | None = None
             self._last_tick_at = self._clock()
+            failed_delay = 0.0
             try:
                 # Shielded: a shutdown lets the tick in flight record its
                 # outcome rather than leave a PROCESSING row for the timeout.
                 outcome = await asyncio.shield(self.tick(stop))
                 self._metrics.claimer_last_tick.set_to_current_time()
+                self._failures.ok()
             except Exception as exc:  # the loop outlives database and provider outages
-                log.warning("claimer_tick_failed", error=exc)
-            delay = max(self._settings.fixed_delay_s, self._paused_until - self._clock())
+                failed_delay = self._failures.failed(exc)
+            delay = max(
+                self._settings.fixed_delay_s, failed_delay, self._paused_until - self._clock()
+            )
             if self._pace is not None and outcome not in (None, "idle"):
                 # The shared slots space the calls: the next tick claims a row
                 # at once and queues for its slot, so the pace has no holes.

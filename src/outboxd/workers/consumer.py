@@ -43,7 +43,7 @@ from outboxd.storage.ports import (
     LoginLockStore,
 )
 from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent, trace_id_of
-from outboxd.workers.loops import backoff, sleep_or_stop
+from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
 
 log = structlog.get_logger(__name__)
 
@@ -114,6 +114,7 @@ class Consumer:
         dead_retention_s: float,
         clock: Callable[[], float] = time.time,
         portal_settings: SuwonScraperSettings | None = None,
+        storage_probe: Callable[[], Awaitable[None]] | None = None,
         tracing: Tracing = NO_TRACING,
     ) -> None:
         self._store = store
@@ -141,6 +142,12 @@ class Consumer:
         # The visibility a heartbeat renews to, and the job lease it keeps:
         # never 0, so a heartbeat always has something to extend.
         self._visibility_s = max(1, sqs_settings.visibility_timeout_s)
+        # Handlers and heartbeats that could not reach the database or SQS: logged as one
+        # outage, and while the database is down no message is received (each receive
+        # would bring a message one delivery closer to the DLQ for nothing).
+        self._failures = LoopFailures("consumer", "handler_infrastructure_error")
+        self._storage_probe = storage_probe
+        self._probing = asyncio.Lock()
 
     # ------------------------------------------------------------------ loops
 
@@ -155,8 +162,13 @@ class Consumer:
     async def _receive_loop(
         self, kind: QueueKind, stop: asyncio.Event, tg: asyncio.TaskGroup
     ) -> None:
-        failures = 0
+        # No jitter: one receive loop per queue and daemon; a few daemons polling SQS again
+        # at the same moment is no load worth spreading.
+        receive = LoopFailures(f"consumer_{kind}", "receive_failed", base_s=1.0, cap_s=30.0)
         while not stop.is_set():
+            if self._failures.outages["storage"].down:
+                await self._wait_for_storage(stop)
+                continue
             # Ask SQS for no more messages than there are free handler slots,
             # so nothing received waits (invisible) behind a busy handler.
             slots = self._slots[kind]
@@ -167,19 +179,37 @@ class Consumer:
                 )
             except QueueError as exc:
                 await slots.release(free)
-                failures += 1
-                log.warning("receive_failed", queue=kind, error=exc)
-                # No jitter: one receive loop per queue and daemon; a few daemons polling
-                # SQS again at the same moment is no load worth spreading.
-                await sleep_or_stop(stop, backoff(failures, 1.0, 30.0, jitter=False))
+                await receive.pause(stop, exc, queue=kind)
                 continue
-            failures = 0
+            receive.ok()
             if messages is None:  # stopping: nothing was taken
                 await slots.release(free)
                 break
             await slots.release(free - len(messages))
             for msg in messages:
                 tg.create_task(self._handle(kind, msg))
+
+    async def _wait_for_storage(self, stop: asyncio.Event) -> None:
+        """While the database is down: wait the backoff, then see whether it answers (one
+        receive loop looks, the other waits for its verdict)."""
+        async with self._probing:
+            failures = self._failures
+            if not failures.outages["storage"].down or stop.is_set():
+                return
+            await sleep_or_stop(
+                stop, backoff(failures.streak, failures.base_s, failures.cap_s, jitter=False)
+            )
+            if stop.is_set():
+                return
+            if self._storage_probe is None:
+                failures.ok()  # nothing to look with: the next message will tell
+                return
+            try:
+                await self._storage_probe()
+            except StorageError as exc:
+                failures.failed(exc)
+                return
+            failures.ok()
 
     async def _handle(self, kind: QueueKind, msg: ReceivedMessage) -> None:
         started = time.perf_counter()
@@ -189,11 +219,10 @@ class Consumer:
                 outcome = await self._handle_job(msg)
             else:
                 outcome = await self._handle_task(msg)
+            self._failures.ok()
         except (QueueError, StorageError) as exc:
             # Nothing is lost: the message comes back after its visibility timeout.
-            log.warning(
-                "handler_infrastructure_error", queue=kind, message_id=msg.message_id, error=exc
-            )
+            self._failures.failed(exc, queue=kind, message_id=msg.message_id)
         except Exception as exc:
             log.exception("handler_crashed", queue=kind, message_id=msg.message_id, error=exc)
         finally:
@@ -465,7 +494,10 @@ class Consumer:
                 await self._queues.change_visibility(kind, msg.receipt_handle, self._visibility_s)
                 await self._store.extend_job_lease(state.job, self._clock() + self._visibility_s)
             except (QueueError, StorageError) as exc:
-                log.warning("heartbeat_failed", message_id=msg.message_id, error=exc)
+                if outage_of(exc) is None:
+                    log.warning("heartbeat_failed", message_id=msg.message_id, error=exc)
+                else:
+                    self._failures.failed(exc, message_id=msg.message_id)
 
     # ------------------------------------------------------------------ tasks
 

@@ -24,7 +24,8 @@ from collections.abc import AsyncIterator
 import structlog
 
 from outboxd.config import SuwonScraperSettings
-from outboxd.errors import StorageError
+from outboxd.errors import StorageError, StorageUnavailable
+from outboxd.observability import OutageLog
 from outboxd.scrapers.suwon import PortalError, PortalPacing
 from outboxd.storage.ports import PaceLease, PaceSlot, PaceStore
 
@@ -99,6 +100,8 @@ class ClusterPortalPacing:
         self._holder = holder or instance_holder()
         self._ensured = False
         self._clock = DbClock()
+        # Renewals that cannot reach the database: one outage, not a line per renewal.
+        self._outage = OutageLog("storage", "pacing")
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[None]:
@@ -154,6 +157,9 @@ class ClusterPortalPacing:
             try:
                 if not await self._store.lease_renew(lease, self.lease_s, time.time()):
                     log.warning("portal_session_lease_lost", slot=lease.slot)
+                self._outage.recovered()
+            except StorageUnavailable as exc:
+                self._outage.failed(exc, slot=lease.slot)
             except StorageError as exc:
                 log.warning("portal_session_renew_failed", slot=lease.slot, error=exc)
 

@@ -19,10 +19,10 @@ import structlog
 
 from outboxd.config import RelaySettings
 from outboxd.crashpoints import crash_point
-from outboxd.observability import Metrics, log_info
+from outboxd.observability import Metrics, OutageLog, log_info
 from outboxd.queue import messages
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueError, QueueKind
-from outboxd.services.retries import publish_failure, publish_gives_up
+from outboxd.services.retries import publish_failure, publish_gives_up, publish_outage
 from outboxd.storage.ports import RelayFailure, RelayRow, RelayStore, TaskStore
 from outboxd.tracing import NO_TRACING, Tracing, trace_id_of
 from outboxd.workers.loops import backoff
@@ -87,6 +87,9 @@ class Publishing:
         )
         self._narrowed = False
         metrics.send_window.set(self.window.limit)
+        # SQS unreachable as a whole: logged once for the dispatch and the loop together,
+        # not once per row; the loop backs off while it lasts (workers/relay.py).
+        self.sqs_outage = OutageLog("sqs", "relay")
 
     async def drain(self, timeout_s: float) -> None:
         """At shutdown, before the store closes: wait (at most `timeout_s`) for sends
@@ -166,15 +169,46 @@ class Publishing:
             async with asyncio.timeout(self.settings.publish_timeout_s):
                 result = await self._publisher.send_batch(kind, messages)
             failed = False
+            self._answered(result)
             if self._tracing.enabled:
                 self._publish_spans(rows, result, started_at)
             return result
         except (QueueError, TimeoutError) as exc:
             failed = True
-            reason = str(exc) if isinstance(exc, QueueError) else "publish timed out"
-            return BatchResult(successful={}, failed={r.id: reason for r in rows})
+            error = (
+                exc
+                if isinstance(exc, QueueError)
+                else QueueError(
+                    f"SQS SendMessageBatch: no answer within {self.settings.publish_timeout_s:g} s "
+                    "(relay.publish_timeout_s)"
+                )
+            )
+            return self._request_failed(rows, error)
         finally:
             self.window.release(started, failed)
+
+    def _request_failed(self, rows: Sequence[RelayRow], error: QueueError) -> BatchResult:
+        """Every row's outcome when the SendMessageBatch request as a whole failed: an
+        outage (connection refused or reset, a timeout, a 5xx) spends none of their
+        attempts; a refusal of the request (a 4xx naming it) counts against each."""
+        ids = [r.id for r in rows]
+        if error.outage:
+            self.sqs_outage.failed(error)
+        return BatchResult(
+            successful={},
+            failed={i: str(error) for i in ids},
+            sender_fault={i: not error.outage for i in ids},
+            outage=frozenset(ids) if error.outage else frozenset(),
+        )
+
+    def _answered(self, result: BatchResult) -> None:
+        """SQS answered: an outage is over, unless a later request of a batch split by
+        size failed as one."""
+        if result.outage:
+            entry = next(iter(result.outage))
+            self.sqs_outage.failed(result.failed.get(entry, "SQS unavailable"))
+        else:
+            self.sqs_outage.recovered()
 
     def _publish_spans(
         self, rows: Sequence[RelayRow], result: BatchResult, started_at: float
@@ -219,6 +253,23 @@ class Publishing:
             row = by_id.get(entry_id)
             if row is None:
                 continue
+            if entry_id in result.outage:
+                # SQS was not reached: the attempt is given back however long that lasts,
+                # and the loop, not the row, backs off (a short, jittered delay here).
+                failures.append(
+                    publish_outage(
+                        row,
+                        reason,
+                        now
+                        + backoff(
+                            1,
+                            self.settings.backoff_base_s,
+                            self.settings.backoff_max_s,
+                            jitter=True,
+                        ),
+                    )
+                )
+                continue
             dead = publish_gives_up(row.attempt_count, self.settings.max_attempts)
             failures.append(
                 publish_failure(
@@ -244,6 +295,8 @@ class Publishing:
         for i in range(0, len(marked), size):
             log_info("outbox_sent", _sent_fields(marked[i : i + size]))
         for f in failures:
+            if not f.counted:
+                continue  # an SQS outage: self.sqs_outage has its lines
             log.warning(
                 "outbox_dead" if f.dead else "outbox_publish_failed",
                 outbox_id=f.row.id,

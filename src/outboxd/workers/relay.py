@@ -22,7 +22,7 @@ from outboxd.queue.sqs import BatchResult
 from outboxd.storage.ports import RelayRow
 from outboxd.tracing import NO_TRACING, Tracing
 from outboxd.workers.dispatch import DISPATCH_BATCHES_IN_FLIGHT, DISPATCH_MAX_WAIT_S, Dispatch
-from outboxd.workers.loops import sleep_or_stop
+from outboxd.workers.loops import LoopFailures, backoff, sleep_or_stop
 from outboxd.workers.publishing import Publisher, Publishing, RelayStoreWithTasks
 
 log = structlog.get_logger(__name__)
@@ -30,6 +30,9 @@ log = structlog.get_logger(__name__)
 # Rounds one relay pass may chain (each claim overlapping the previous round's sends)
 # before the loop looks at its stop event again.
 ROUNDS_PER_PASS = 10
+# The longest the loop waits between passes while SQS cannot be reached: how soon after
+# SQS returns the backlog starts to go out.
+SQS_PAUSE_CAP_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -80,21 +83,34 @@ class RelayLoop:
         self._lanes = lanes
         self._batches_per_round = batches_per_round
         self._stop = stop
+        self._failures = LoopFailures("relay", "relay_iteration_failed")
+        self._sqs_pauses = 0
 
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("relay_started", interval_s=self._send.settings.interval_s)
+        interval = self._send.settings.interval_s
         while not stop.is_set():
             try:
                 n = await self.relay_pass()
-            except Exception as exc:  # the loop must survive a database or SQS outage
-                log.warning("relay_iteration_failed", error=exc)
-                n = 0
+            except Exception as exc:  # the loop must survive a database outage
+                await self._failures.pause(stop, exc)
+                continue
+            self._failures.ok()
+            if self._send.sqs_outage.down:
+                # SQS could not be reached: no row spent an attempt on it, and the loop
+                # tries again later and later (up to SQS_PAUSE_CAP_S) while it lasts.
+                self._sqs_pauses += 1
+                await sleep_or_stop(
+                    stop, backoff(self._sqs_pauses, interval, SQS_PAUSE_CAP_S, jitter=False)
+                )
+                continue
+            self._sqs_pauses = 0
             if n >= self._round_rows():
                 continue  # a full round: there may be more due right now
-            await sleep_or_stop(stop, self._send.settings.interval_s)
+            await sleep_or_stop(stop, interval)
         log.info("relay_stopped")
 
     async def relay_pass(self) -> int:
@@ -133,6 +149,7 @@ class RelayLoop:
                     len(rows) >= self._round_rows()
                     and rounds < ROUNDS_PER_PASS
                     and not self._stopping()
+                    and not self._send.sqs_outage.down
                 )
                 db = self._send.in_background(self._record_then_claim(unrecorded, more))
                 unrecorded = None

@@ -2,8 +2,9 @@
 
 Misfire policy: a schedule fires for fire times that pass while the daemon
 runs. Fire times missed while it was down are not replayed (no backlog on
-restart); an enqueue that fails is retried on the next tick for the same fire
-time, and when a later fire time has passed meanwhile only the latest is kept.
+restart); an enqueue that fails is retried for the same fire time at the next
+tick at the earliest (later while failures go on: a capped backoff), and when a
+later fire time has passed meanwhile only the latest is kept.
 The dedup id `<name>-<fire time, UTC ISO 8601>` and the unique index on it make
 any number of instances enqueue each fire time once.
 """
@@ -14,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -22,7 +23,7 @@ import structlog
 from outboxd.config import ScheduleEntry, SchedulerSettings
 from outboxd.cron import CronSchedule, EverySchedule, Schedule, parse_timezone
 from outboxd.services.tasks import TaskService
-from outboxd.workers.loops import sleep_or_stop
+from outboxd.workers.loops import LoopFailures, sleep_or_stop
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +56,11 @@ class _Slot:
     schedule: Schedule
     tz: ZoneInfo
     next_fire: datetime
+    # After a failed enqueue: not tried again before this (the fire time itself has passed).
+    retry_at: datetime | None = None
+
+    def due(self) -> datetime:
+        return self.next_fire if self.retry_at is None else max(self.next_fire, self.retry_at)
 
 
 class Scheduler:
@@ -67,6 +73,7 @@ class Scheduler:
         self._settings = settings
         self._tasks = tasks
         self._clock = clock
+        self._failures = LoopFailures("scheduler", "scheduler_enqueue_failed", level="error")
         now = self._now()
         self._slots = []
         for entry in settings.jobs:
@@ -90,7 +97,7 @@ class Scheduler:
     def _sleep_s(self) -> float:
         if not self._slots:
             return self._settings.tick_s
-        soonest = min(s.next_fire for s in self._slots)
+        soonest = min(s.due() for s in self._slots)
         until = (soonest - self._now()).total_seconds()
         return max(0.0, min(self._settings.tick_s, until))
 
@@ -99,7 +106,7 @@ class Scheduler:
         created = 0
         now = self._now()
         for slot in self._slots:
-            if slot.next_fire > now:
+            if slot.due() > now:
                 continue
             # Only the latest passed fire time is enqueued (no backlog).
             fire = slot.next_fire
@@ -112,11 +119,14 @@ class Scheduler:
                     slot.entry.task, dict(slot.entry.payload), dedup
                 )
             except Exception as exc:
-                log.error(
-                    "scheduler_enqueue_failed", schedule=slot.entry.name, dedup_id=dedup, error=exc
-                )
-                slot.next_fire = fire  # retried next tick
+                delay = self._failures.failed(exc, schedule=slot.entry.name, dedup_id=dedup)
+                # The same fire time, at the next tick at the earliest: never at once (the
+                # fire time has passed, and a wait until it would be no wait at all).
+                slot.next_fire = fire
+                slot.retry_at = now + timedelta(seconds=max(self._settings.tick_s, delay))
                 continue
+            self._failures.ok()
+            slot.retry_at = None
             created += int(new)
             log.info(
                 "scheduler_fired",

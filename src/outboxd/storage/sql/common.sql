@@ -208,8 +208,10 @@ UPDATE task_runs SET status = 'SENT'
  WHERE status = 'PENDING' AND id IN (SELECT value FROM json_each(:ids));
 
 -- name: relay_failed
+-- :refund 1 gives back the attempt the claim counted (SQS could not be reached), else 0.
 UPDATE relay_outbox
    SET status = :status, next_attempt_at = :next_attempt_at, last_error = :last_error,
+       attempt_count = attempt_count - :refund,
        claimed_until = NULL, version = version + 1
  WHERE id = :id AND version = :version
 RETURNING *;

@@ -258,6 +258,7 @@ class SqlRelay(StoreBase):
                     "status": "DEAD" if f.dead else "RETRYABLE_FAILED",
                     "next_attempt_at": f.next_attempt_at,
                     "last_error": f.error[:1000],
+                    "refund": 0 if f.counted else 1,
                 },
             )
             if updated is None:
