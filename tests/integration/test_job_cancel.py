@@ -222,7 +222,7 @@ async def test_cancel_and_redrive_never_race_into_a_running_job(
     admin = AdminService(store)
     cancel, redrive = await asyncio.gather(
         store.cancel_job(job_id, time.time(), "admin"),
-        admin.redrive_job(job_id),
+        admin.redrive_job(job_id, actor="test"),
         return_exceptions=True,
     )
     # A DEAD job cannot be cancelled, whichever comes first: the redrive wins.
@@ -235,7 +235,7 @@ async def test_cancel_and_redrive_never_race_into_a_running_job(
         job, outcome = await store.cancel_job(job_id, time.time(), "admin")
         assert (outcome, job.status) == ("cancelled", "CANCELLED")
     with pytest.raises(InvalidState):
-        await admin.redrive_job(job_id)
+        await admin.redrive_job(job_id, actor="test")
     job = await store.get_job(job_id)
     assert job is not None and job.status == "CANCELLED"
     rows = await store.relay_rows_for_job(job_id, 10)

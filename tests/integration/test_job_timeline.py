@@ -48,7 +48,7 @@ async def test_a_retried_dead_and_redriven_job_has_its_whole_timeline(
     dead = await rig.wait_status(job_id, "DEAD")
 
     rig.portal.always_fail_503 = False
-    redriven = await AdminService(store).redrive_job(job_id)
+    redriven = await AdminService(store).redrive_job(job_id, actor="test")
     assert redriven.status == "QUEUED"
     fresh = await store.latest_relay_row_for_job(job_id)
     assert fresh is not None
