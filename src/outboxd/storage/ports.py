@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar, get_args
 
@@ -38,6 +38,8 @@ TABLE_STATUSES: Final[Mapping[str, tuple[str, ...]]] = {
     "task_runs": TASK_STATUSES,
 }
 T = TypeVar("T")
+# A wall clock (Unix seconds), passed where a transaction must read the time itself.
+Clock = Callable[[], float]
 # api.max_websites_per_user_per_hour counts registrations over this period.
 WEBSITE_QUOTA_PERIOD_S: Final = 3600.0
 
@@ -436,13 +438,16 @@ class PaceStore(Protocol):
     """
 
     async def pace_ensure(self, name: str, lease_slots: int = 0) -> None: ...
-    async def pace_take(self, name: str, delay_s: float, now: float) -> PaceSlot: ...
-    async def pace_pause(self, name: str, pause_s: float, now: float) -> PaceState: ...
+    # The writes take the caller's clock and read it inside their transaction: on SQLite
+    # a slot is decided only once the write lock is held, so a wait for the lock cannot make
+    # the time it records stale (Postgres reads clock_timestamp() in the statement instead).
+    async def pace_take(self, name: str, delay_s: float, clock: Clock) -> PaceSlot: ...
+    async def pace_pause(self, name: str, pause_s: float, clock: Clock) -> PaceState: ...
     async def pace_state(self, name: str, now: float) -> PaceState | None: ...
     async def lease_take(
-        self, name: str, holder: str, limit: int, lease_s: float, now: float
+        self, name: str, holder: str, limit: int, lease_s: float, clock: Clock
     ) -> PaceLease | None: ...
-    async def lease_renew(self, lease: PaceLease, lease_s: float, now: float) -> bool: ...
+    async def lease_renew(self, lease: PaceLease, lease_s: float, clock: Clock) -> bool: ...
     async def lease_release(self, lease: PaceLease) -> bool: ...
 
 
