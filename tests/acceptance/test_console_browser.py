@@ -44,6 +44,7 @@ from tests.support.daemon import DaemonProcess, FakeProcess
 from tests.support.loop_thread import LoopThread
 from tests.support.moto import MotoServer
 from tests.support.ops import ROOT
+from tests.support.sqs_proxy import RefusingGate
 from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.slow
@@ -184,10 +185,13 @@ def fake_ai(tmp_path: Path) -> Iterator[FakeProcess]:
 
 @dataclass
 class SqsLink:
-    """moto behind a TCP proxy: `cut()` makes SQS unreachable, `mend()` brings it back."""
+    """moto behind a refusing gate behind a TCP proxy: `cut()` makes SQS unreachable and
+    `mend()` brings it back (an outage: no attempt spent); `refuse()` makes it refuse every
+    message (each publish attempt counts) until `accept()`."""
 
     loop: LoopThread
     proxy: TcpProxy
+    gate: RefusingGate
 
     @property
     def endpoint_url(self) -> str:
@@ -199,17 +203,25 @@ class SqsLink:
     def mend(self) -> None:
         self.loop.run(self.proxy.start())
 
+    def refuse(self) -> None:
+        self.loop.call(lambda: setattr(self.gate, "refusing", True))
+
+    def accept(self) -> None:
+        self.loop.call(lambda: setattr(self.gate, "refusing", False))
+
 
 @pytest.fixture
 def sqs_link(moto_server: MotoServer) -> Iterator[SqsLink]:
-    upstream = urlsplit(moto_server.endpoint_url)
     loop = LoopThread()
+    gate = RefusingGate(moto_server.endpoint_url)
+    upstream = urlsplit(loop.run(gate.start()))
     proxy = TcpProxy(upstream.hostname or "127.0.0.1", upstream.port or 80)
     loop.run(proxy.start())
     try:
-        yield SqsLink(loop, proxy)
+        yield SqsLink(loop, proxy, gate)
     finally:
         loop.run(proxy.stop())
+        loop.run(gate.stop())
         loop.close()
 
 
@@ -341,8 +353,9 @@ def test_dead_letters_websites_and_a_fast_clock(
 ) -> None:
     base = console_daemon.base_url
     assert base is not None
-    # A job whose relay row dies: SQS is cut for its publish attempts.
-    sqs_link.cut()
+    # A job whose relay row dies: SQS refuses the message on every publish attempt (an
+    # unreachable SQS would spend no attempt: the row would wait, not die).
+    sqs_link.refuse()
     by_row = submit_job(base, USER)
 
     def dead_row() -> str | None:
@@ -350,7 +363,7 @@ def test_dead_letters_websites_and_a_fast_clock(
         return str(rows["outbox"][0]["id"]) if rows["outbox"][0]["status"] == "DEAD" else None
 
     row_id = wait_for("the relay row to die", dead_row, timeout_s=60)
-    sqs_link.mend()
+    sqs_link.accept()
     # Two jobs that die in the consumer: the portal answers 503 to everything.
     portal_thread.run(lambda: setattr(portal_thread.portal, "always_fail_503", True))
     by_page, by_selection = submit_job(base, USER), submit_job(base, USER)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -81,14 +82,39 @@ async def categories(store: SqlStore, domains: list[str]) -> dict[str, str | Non
 # --- the pace table ---------------------------------------------------------------------------
 
 
+async def test_a_slot_is_decided_once_the_write_lock_is_held(
+    store: SqlStore, backend: str, db_url: str
+) -> None:
+    """A caller that waited for the SQLite write lock gets a slot no earlier than the moment it
+    got the lock: a slot stamped with the time it asked would let the next one start a delay
+    after that stale time, closer than the delay to when this one really ran. (Postgres reads
+    its own clock in the statement.) Real clock: the lock is held for a while on purpose."""
+    await store.pace_ensure("lock")
+    if backend != "sqlite":
+        before = time.time()
+        assert (await store.pace_take("lock", 0.4, time.time)).slot >= before - 1.0
+        return
+    blocker = sqlite3.connect(db_url.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        taking = asyncio.ensure_future(store.pace_take("lock", 0.4, time.time))
+        await asyncio.sleep(0.5)  # the other writer's transaction, held on purpose
+        released = time.time()
+        blocker.execute("ROLLBACK")
+        slot = await taking
+    finally:
+        blocker.close()
+    assert slot.slot >= released
+
+
 async def test_slots_are_handed_out_delay_apart_across_two_stores(
     store: SqlStore, other: SqlStore
 ) -> None:
-    first = await store.pace_take("r", 0.5, time.time())
+    first = await store.pace_take("r", 0.5, time.time)
     assert first.wait_s == 0  # an unused pace starts now
     slots = await asyncio.gather(
         *(
-            s.pace_take("r", 0.5, time.time())
+            s.pace_take("r", 0.5, time.time)
             for s in itertools.islice(itertools.cycle([store, other]), 8)
         )
     )
@@ -102,16 +128,16 @@ async def test_slots_are_handed_out_delay_apart_across_two_stores(
 
 
 async def test_a_pause_holds_every_later_slot_back(store: SqlStore, other: SqlStore) -> None:
-    await store.pace_take("r", 0.1, time.time())
-    state = await store.pace_pause("r", 2.0, time.time())
+    await store.pace_take("r", 0.1, time.time)
+    state = await store.pace_pause("r", 2.0, time.time)
     assert 1.9 < state.paused_for_s <= 2.0
     seen = await other.pace_state("r", time.time())
     assert seen is not None and seen.paused_for_s > 1.8
-    slot = await other.pace_take("r", 0.1, time.time())
+    slot = await other.pace_take("r", 0.1, time.time)
     assert slot.slot >= state.paused_until
     assert 1.8 < slot.wait_s <= 2.0
     # A shorter pause never shortens the one in force.
-    again = await other.pace_pause("r", 0.5, time.time())
+    again = await other.pace_pause("r", 0.5, time.time)
     assert again.paused_until == state.paused_until
 
 
@@ -119,12 +145,12 @@ async def test_session_leases_hold_the_limit_expire_and_come_back(
     store: SqlStore, other: SqlStore
 ) -> None:
     await store.pace_ensure("p", 2)
-    a = await store.lease_take("p", "a", 2, 30.0, time.time())
-    b = await other.lease_take("p", "b", 2, 0.5, time.time())
+    a = await store.lease_take("p", "a", 2, 30.0, time.time)
+    b = await other.lease_take("p", "b", 2, 0.5, time.time)
     assert a is not None and b is not None and a.slot != b.slot
-    assert await other.lease_take("p", "c", 2, 30.0, time.time()) is None  # both sessions are held
+    assert await other.lease_take("p", "c", 2, 30.0, time.time) is None  # both sessions are held
     # The limit is the caller's: with max_concurrency = 1 the second row is never used.
-    assert await store.lease_take("p", "c", 1, 30.0, time.time()) is None
+    assert await store.lease_take("p", "c", 1, 30.0, time.time) is None
     states = {s.name: s for s in await store.pace_states(time.time())}
     assert states["p"].sessions == 2
     # b's holder dies: its lease ends by itself.
@@ -133,13 +159,13 @@ async def test_session_leases_hold_the_limit_expire_and_come_back(
     while c is None:
         assert time.monotonic() < deadline, "the expired lease never came back"
         await asyncio.sleep(0.1)
-        c = await store.lease_take("p", "c", 2, 30.0, time.time())
+        c = await store.lease_take("p", "c", 2, 30.0, time.time)
     assert c.slot == b.slot
     assert not await other.lease_release(b)  # no longer b's to give back
-    assert not await other.lease_renew(b, 30.0, time.time())
-    assert await store.lease_renew(a, 30.0, time.time())
+    assert not await other.lease_renew(b, 30.0, time.time)
+    assert await store.lease_renew(a, 30.0, time.time)
     assert await store.lease_release(a)
-    d = await other.lease_take("p", "d", 2, 30.0, time.time())
+    d = await other.lease_take("p", "d", 2, 30.0, time.time)
     assert d is not None and d.slot == a.slot
 
 
@@ -213,7 +239,7 @@ async def test_a_cluster_claimer_woken_late_skips_its_slot(store: SqlStore, ai: 
     next slot's holder: it takes the next slot and calls at that one."""
     delay = 1.0
     await register(store, "late.example")
-    await store.pace_take(AI_PACE, delay, time.time())  # the claimer's slot is a delay ahead
+    await store.pace_take(AI_PACE, delay, time.time)  # the claimer's slot is a delay ahead
     claimer = cluster_claimer(store, ai, fixed_delay_s=delay)
     late = LateOnce(0.3)
     claimer._db_clock = late
@@ -258,7 +284,7 @@ async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
 ) -> None:
     # Another instance holds the next ten slots of 0.5 s: this one's slot is 5 s away.
     for _ in range(10):
-        await other.pace_take(AI_PACE, 0.5, time.time())
+        await other.pace_take(AI_PACE, 0.5, time.time)
     await register(store, "waiting.example")
     claimer = cluster_claimer(store, ai, fixed_delay_s=0.5)
     stop = asyncio.Event()
@@ -331,7 +357,7 @@ async def test_a_portal_session_longer_than_its_lease_is_renewed_early_and_never
             )
             if rows:
                 margins.append(float(rows[0]["expires_at"]) - time.time())
-            lease = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time())
+            lease = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time)
             if lease is not None:
                 taken_by_other.append(lease.slot)
                 await other.lease_release(lease)
@@ -343,7 +369,7 @@ async def test_a_portal_session_longer_than_its_lease_is_renewed_early_and_never
     assert len(margins) > 20
     # Renewed every third of the lease: at least about two thirds of it always remain.
     assert min(margins) > slow.lease_s / 3, sorted(margins)[:5]
-    after = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time())
+    after = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time)
     assert after is not None  # given back at the end
 
 
@@ -357,11 +383,11 @@ async def test_metrics_admin_stats_and_status_show_the_pace(
 
     from tests.support.ops import run_cli, write_config
 
-    await store.pace_take(AI_PACE, 0.5, time.time())
-    await store.pace_take(AI_PACE, 0.5, time.time())
-    await store.pace_pause(AI_PACE, 30.0, time.time())
+    await store.pace_take(AI_PACE, 0.5, time.time)
+    await store.pace_take(AI_PACE, 0.5, time.time)
+    await store.pace_pause(AI_PACE, 30.0, time.time)
     await store.pace_ensure("suwon", 2)
-    assert await store.lease_take("suwon", "someone", 2, 60.0, time.time()) is not None
+    assert await store.lease_take("suwon", "someone", 2, 60.0, time.time) is not None
     ai_state = await store.pace_state(AI_PACE, time.time())
     assert ai_state is not None and ai_state.last_at is not None
 

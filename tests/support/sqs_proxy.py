@@ -4,6 +4,7 @@ call, answer slowly) write only the handler."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -77,3 +78,55 @@ async def queues_at(url: str) -> AsyncIterator[SqsQueues]:
         yield q
     finally:
         await q.close()
+
+
+class RefusingGate:
+    """An HTTP hop in front of an SQS server that can refuse every message sent through it.
+
+    While `refusing`, a SendMessageBatch is answered with every entry Failed (a sender
+    fault, as SQS names a message it will not take) and a SendMessage with a 400; every
+    other call, and every call while not refusing, goes on to `upstream` unchanged.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.refusing = False
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        target = request.headers.get("X-Amz-Target", "")
+        if self.refusing and target.endswith(".SendMessageBatch"):
+            entries = json.loads(body).get("Entries") or []
+            failed = [
+                {
+                    "Id": e["Id"],
+                    "SenderFault": True,
+                    "Code": "InvalidParameterValue",
+                    "Message": "refused by the test",
+                }
+                for e in entries
+            ]
+            payload = {"Successful": [], "Failed": failed}
+            return web.json_response(payload, content_type="application/x-amz-json-1.0")
+        if self.refusing and target.endswith(".SendMessage"):
+            fault = {"__type": "com.amazonaws.sqs#InvalidParameterValue", "message": "refused"}
+            return web.json_response(fault, status=400, content_type="application/x-amz-json-1.0")
+        status, payload, headers = await forward(self.upstream, request, body)
+        return web.Response(status=status, body=payload, headers=headers)
+
+    async def start(self) -> str:
+        app = web.Application(client_max_size=4 * MAX_MESSAGE_BYTES)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

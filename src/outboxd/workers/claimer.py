@@ -140,7 +140,7 @@ class Claimer:
         except RateLimited as exc:
             self._paused_until = self._clock() + exc.retry_after_s
             if self._pace is not None:
-                state = await self._pace.pace_pause(AI_PACE, exc.retry_after_s, time.time())
+                state = await self._pace.pace_pause(AI_PACE, exc.retry_after_s, time.time)
                 self._paused_until = self._clock() + state.paused_for_s
             await self._store.give_back_work(row)
             log.warning("claimer_rate_limited", retry_after_s=exc.retry_after_s, **bind)

@@ -76,7 +76,7 @@ class DbClock:
     async def take(self, store: PaceStore, name: str, delay_s: float) -> tuple[PaceSlot, float]:
         """`store.pace_take`, and the slot's deadline on the monotonic clock."""
         sent = time.time()
-        slot = await store.pace_take(name, delay_s, sent)
+        slot = await store.pace_take(name, delay_s, time.time)
         self.observe(sent, time.time(), slot.now)
         return slot, self.deadline(slot.slot)
 
@@ -141,7 +141,7 @@ class ClusterPortalPacing:
                 self._ensured = True
             while True:
                 lease = await self._store.lease_take(
-                    self._name, self._holder, self._limit, self.lease_s, time.time()
+                    self._name, self._holder, self._limit, self.lease_s, time.time
                 )
                 if lease is not None:
                     return lease
@@ -155,7 +155,7 @@ class ClusterPortalPacing:
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
-                if not await self._store.lease_renew(lease, self.lease_s, time.time()):
+                if not await self._store.lease_renew(lease, self.lease_s, time.time):
                     log.warning("portal_session_lease_lost", slot=lease.slot)
                 self._outage.recovered()
             except StorageUnavailable as exc:

@@ -1,7 +1,8 @@
 """Cluster pacing (`ports.PaceStore`): slots and session leases shared by every instance.
 
-`now` is the caller's clock, used on SQLite (one host: its clock); the Postgres blocks
-ignore it and read clock_timestamp() instead.
+The writes take the caller's clock and read it inside their transaction, so on SQLite (one
+host: its clock) the time is read with the write lock held; the Postgres blocks ignore it
+and read clock_timestamp() instead.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Generator
 from typing import Any
 
 from outboxd.storage.db import Op, execute
-from outboxd.storage.ports import PaceLease, PaceSlot, PaceState
+from outboxd.storage.ports import Clock, PaceLease, PaceSlot, PaceState
 from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import pace_state_record
 
@@ -24,9 +25,9 @@ class SqlPace(StoreBase):
 
         await self.db.run(body)
 
-    async def pace_take(self, name: str, delay_s: float, now: float) -> PaceSlot:
+    async def pace_take(self, name: str, delay_s: float, clock: Clock) -> PaceSlot:
         def body() -> Generator[Op, Any, PaceSlot]:
-            params = {"name": name, "delay": float(delay_s), "now": now}
+            params = {"name": name, "delay": float(delay_s), "now": clock()}
             row = yield from self._one("pace_take", params)
             if row is None:  # first use on a database that has not seen this resource
                 yield execute(self.q["pace_ensure"], {"name": name})
@@ -40,9 +41,9 @@ class SqlPace(StoreBase):
 
         return await self.db.run(body)
 
-    async def pace_pause(self, name: str, pause_s: float, now: float) -> PaceState:
+    async def pace_pause(self, name: str, pause_s: float, clock: Clock) -> PaceState:
         def body() -> Generator[Op, Any, PaceState]:
-            params = {"name": name, "pause_s": float(pause_s), "now": now}
+            params = {"name": name, "pause_s": float(pause_s), "now": clock()}
             row = yield from self._one("pace_pause", params)
             if row is None:
                 yield execute(self.q["pace_ensure"], {"name": name})
@@ -62,7 +63,7 @@ class SqlPace(StoreBase):
         return await self.db.read(body)
 
     async def lease_take(
-        self, name: str, holder: str, limit: int, lease_s: float, now: float
+        self, name: str, holder: str, limit: int, lease_s: float, clock: Clock
     ) -> PaceLease | None:
         def body() -> Generator[Op, Any, PaceLease | None]:
             row = yield from self._one(
@@ -72,7 +73,7 @@ class SqlPace(StoreBase):
                     "holder": holder,
                     "limit": int(limit),
                     "lease_s": float(lease_s),
-                    "now": now,
+                    "now": clock(),
                 },
             )
             if row is None:
@@ -81,17 +82,19 @@ class SqlPace(StoreBase):
 
         return await self.db.run(body)
 
-    async def lease_renew(self, lease: PaceLease, lease_s: float, now: float) -> bool:
-        return await self._changed(
-            "lease_renew",
-            {
+    async def lease_renew(self, lease: PaceLease, lease_s: float, clock: Clock) -> bool:
+        def body() -> Generator[Op, Any, bool]:
+            params = {
                 "name": lease.name,
                 "slot": lease.slot,
                 "holder": lease.holder,
                 "lease_s": float(lease_s),
-                "now": now,
-            },
-        )
+                "now": clock(),
+            }
+            n = yield from self._count("lease_renew", params)
+            return n == 1
+
+        return await self.db.run(body)
 
     async def lease_release(self, lease: PaceLease) -> bool:
         return await self._changed(
