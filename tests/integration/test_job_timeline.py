@@ -98,7 +98,7 @@ async def test_a_retried_dead_and_redriven_job_has_its_whole_timeline(
     assert {
         ((e.detail or {})["outboxId"], (e.detail or {})["messageId"]) for e in by_type["dispatched"]
     } == set(sent.items())
-    assert by_type["redriven"][0].detail == {"outboxId": fresh.id}
+    assert by_type["redriven"][0].detail == {"outboxId": fresh.id, "by": "test"}
     assert [e.detail for e in by_type["progress"]][-1] == {"step": "GRADES", "done": 3, "total": 3}
     assert {e.instance for e in events} == {store.instance}
     assert all(0 < e.at <= time.time() for e in events)

@@ -13,9 +13,11 @@ from aiohttp import web
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.http import checks, inputs, models
+from outboxd.http.conditional import Encoded, digest, held_view
 from outboxd.http.deps import deps_of, principal_of
 from outboxd.http.problems import INVALID_STATE, NOT_FOUND, ApiError, field_error
 from outboxd.http.render import (
+    admin_job_model,
     job_detail_model,
     job_model,
     relay_model,
@@ -120,10 +122,16 @@ async def list_jobs(request: web.Request) -> web.Response:
         created_from=inputs.query_time(request, "from"),
         created_to=inputs.query_time(request, "to"),
     )
-    page = await deps.store.list_jobs(
-        None, inputs.query_limit(request), inputs.query_cursor(request), where
-    )
-    return json_response(models.JobPage([job_model(j) for j in page.items], page.next_cursor))
+    limit, cursor = inputs.query_limit(request), inputs.query_cursor(request)
+
+    async def read() -> Encoded:
+        page = await deps.store.list_jobs(None, limit, cursor, where)
+        items = [admin_job_model(j) for j in page.items]
+        body = models.encode(models.JobPage(items, page.next_cursor))
+        return body, digest(body)
+
+    # Held with Prefer: wait until a job's change alters this page (http/conditional.py).
+    return await held_view(request, f"jobs {where!r} {limit} {cursor}", read)
 
 
 async def get_job_detail(request: web.Request) -> web.Response:
@@ -172,7 +180,23 @@ async def runtime(request: web.Request) -> web.Response:
 
 
 async def stats(request: web.Request) -> web.Response:
-    return json_response(stats_model(await deps_of(request).admin.stats()))
+    """The numbers, with a weak ETag over what does not move with the clock (the ages and
+    the pace's countdowns do): held with Prefer: wait until a job's change alters them."""
+    admin_service = deps_of(request).admin
+
+    async def read() -> Encoded:
+        model = stats_model(await admin_service.stats())
+        steady = (
+            model.tables,
+            model.queues,
+            {
+                k: (p.last_slot_at, p.next_slot_at, p.paused_until, p.sessions)
+                for k, p in model.pace.items()
+            },
+        )
+        return models.encode(model), digest(models.encode(steady))
+
+    return await held_view(request, "stats", read, weak=True)
 
 
 async def enqueue_task(request: web.Request) -> web.Response:

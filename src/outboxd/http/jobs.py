@@ -3,7 +3,6 @@ held until it changes on `Prefer: wait`), its timeline and its cancel; owner or 
 
 from __future__ import annotations
 
-import hashlib
 from typing import cast
 
 import structlog
@@ -11,6 +10,7 @@ from aiohttp import web
 
 from outboxd.errors import InvalidState, NotFound, QuotaExceeded
 from outboxd.http import checks, inputs, models
+from outboxd.http.conditional import Encoded, digest, matches, tagged
 from outboxd.http.deps import deps_of, principal_of
 from outboxd.http.problems import (
     ENQUEUE_FAILED,
@@ -106,26 +106,11 @@ def visible_job(request: web.Request, job: JobRecord | None) -> JobRecord:
     return job
 
 
-def _encoded(job: JobRecord) -> tuple[bytes, str]:
+def _encoded(job: JobRecord) -> Encoded:
     """The job's body, and its entity tag: a digest of exactly those bytes, so it changes
     whenever the body does."""
     body = models.encode(job_model(job))
-    return body, hashlib.blake2b(body, digest_size=12).hexdigest()
-
-
-def _job_response(
-    body: bytes, etag: str, status: int = 200, applied: int | None = None
-) -> web.Response:
-    headers = {"ETag": f'"{etag}"'}
-    if applied is not None:
-        headers["Preference-Applied"] = f"wait={applied}"
-    if status == 304:
-        return web.Response(status=304, headers=headers)
-    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
-
-
-def _matches(tags: list[str] | None, etag: str) -> bool:
-    return tags is not None and ("*" in tags or etag in tags)
+    return body, digest(body)
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -139,27 +124,27 @@ async def get_job(request: web.Request) -> web.Response:
     if wait_s is None or deps.waits is None:
         job = visible_job(request, await deps.store.get_job(job_id))
         body, etag = _encoded(job)
-        return _job_response(body, etag, 304 if _matches(tags, etag) else 200)
+        return tagged(body, etag, 304 if matches(tags, etag) else 200)
     # The hold is taken before the read: a change committed after the read still wakes it.
     async with deps.waits.hold(job_id) as hold:
         job = visible_job(request, await deps.store.get_job(job_id))
         body, etag = _encoded(job)
         if hold is None:  # api.max_waiters held already, or stopping: no wait applied
-            return _job_response(body, etag, 304 if _matches(tags, etag) else 200)
+            return tagged(body, etag, 304 if matches(tags, etag) else 200)
         if tags is None:
             if job.terminal:
-                return _job_response(body, etag, applied=wait_s)
+                return tagged(body, etag, applied=wait_s)
             ending, now = await hold.until(lambda j: j is None or j.terminal, wait_s)
         else:
-            if not _matches(tags, etag):  # stale: the client has not seen this body
-                return _job_response(body, etag, applied=wait_s)
+            if not matches(tags, etag):  # stale: the client has not seen this body
+                return tagged(body, etag, applied=wait_s)
             ending, now = await hold.until(lambda j: j is None or _encoded(j)[1] != etag, wait_s)
     if now is None:
         raise ApiError(NOT_FOUND, "no such job")  # pruned while it was waited on
     new_body, new_etag = _encoded(now)
     if tags is not None and new_etag == etag and ending != "stopped":
-        return _job_response(new_body, new_etag, 304, applied=wait_s)
-    return _job_response(new_body, new_etag, applied=wait_s)
+        return tagged(new_body, new_etag, 304, applied=wait_s)
+    return tagged(new_body, new_etag, applied=wait_s)
 
 
 async def get_job_events(request: web.Request) -> web.Response:

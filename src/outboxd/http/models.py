@@ -324,9 +324,7 @@ class Job(Struct, rename="camel"):
 class JobEvent(Struct, rename="camel"):
     """One entry of a job's timeline: what happened, and the job's state right after it."""
 
-    seq: Annotated[
-        int, Meta(ge=1, description="Orders the job's events; increasing, with gaps.")
-    ]
+    seq: Annotated[int, Meta(ge=1, description="Orders the job's events; increasing, with gaps.")]
     at: Annotated[DateTime, Meta(description="When it happened" + _RFC3339)]
     type: Annotated[
         JobEventType,
@@ -435,10 +433,16 @@ class OutboxPage(Struct, rename="camel"):
     next_cursor: Cursor
 
 
+class AdminJob(Job):
+    """A job as an admin sees it: with its owner."""
+
+    user: Annotated[str, Meta(description="The job's owner: the user of the token that made it.")]
+
+
 class JobPage(Struct, rename="camel"):
     """Jobs, newest first."""
 
-    items: list[Job]
+    items: list[AdminJob]
     next_cursor: Cursor
 
 
@@ -499,12 +503,16 @@ class OpenApiDocument(Struct):
 # ------------------------------------------------------------------ the console's admin reads
 
 
-class JobDetail(Job):
-    """A job with its relay outbox rows (admin view)."""
+class JobDetail(AdminJob):
+    """A job with its owner and its relay outbox rows (admin view)."""
 
     outbox: Annotated[
         list[OutboxItem],
-        Meta(max_length=20, description="The job's relay outbox rows, newest first."),
+        Meta(
+            max_length=20,
+            description="The job's relay outbox rows, newest first (SUPERSEDED ones are the "
+            "history of a redriven job).",
+        ),
     ]
 
 
@@ -603,6 +611,15 @@ class MinuteCount(Struct):
     finished: Annotated[Count, Meta(description="Jobs that reached SUCCEEDED, FAILED or DEAD.")]
 
 
+class StatusNames(Struct):
+    """Every status of each table, in their order of life (the console's status names)."""
+
+    jobs: list[JobStatus]
+    relay_outbox: list[RelayStatus]
+    work_outbox: list[WorkStatus]
+    task_runs: list[TaskStatus]
+
+
 class Runtime(Struct, rename="camel"):
     """What only the running process knows: readiness, claimer pace, schedules, throughput."""
 
@@ -623,6 +640,9 @@ class Runtime(Struct, rename="camel"):
     task_types: Annotated[
         list[TaskType],
         Meta(description="The built-in task types POST /v1/admin/tasks accepts."),
+    ]
+    statuses: Annotated[
+        StatusNames, Meta(description="The status names of each table, as the API uses them.")
     ]
 
 

@@ -162,10 +162,10 @@ _HEADERS: Final[dict[str, Schema]] = {
         "schema": {"type": "string"},
     },
     "ETag": {
-        "description": "The job body's entity tag: it changes whenever the body does (send it "
-        "back in If-None-Match).",
+        "description": "The body's entity tag: it changes whenever the body does (send it "
+        "back in If-None-Match); weak (W/) where the route says what it covers.",
         "required": True,
-        "schema": {"type": "string", "pattern": '^"[0-9a-f]{24}"$'},
+        "schema": {"type": "string", "pattern": '^(W/)?"[0-9a-f]{24}"$'},
     },
     "Preference-Applied": {
         "description": "wait=N: the request was held up to N seconds (Prefer's, at most "
@@ -386,16 +386,16 @@ def _build() -> dict[str, Any]:
                     "in": "header",
                     "required": False,
                     "description": "RFC 7240. wait=N holds the request up to N seconds (clamped "
-                    "to api.max_wait_s, 60 by default; 0 does not wait) until the job changes "
-                    "(with If-None-Match) or finishes (without). Other preferences, and a "
-                    "wait that is not a whole number, are ignored.",
+                    "to api.max_wait_s, 60 by default; 0 does not wait) until the answer "
+                    "changes (with If-None-Match; a job: or finishes, without). Other "
+                    "preferences, and a wait that is not a whole number, are ignored.",
                     "schema": {"type": "string"},
                 },
                 "If-None-Match": {
                     "name": "If-None-Match",
                     "in": "header",
                     "required": False,
-                    "description": "An ETag of the job (or *): 304 while it is still the "
+                    "description": "An ETag of the answer (or *): 304 while it is still the "
                     "current one (with Prefer: wait, after the wait).",
                     "schema": {"type": "string"},
                 },

@@ -12,7 +12,11 @@ from outboxd.http import models
 from outboxd.services.admin import Stats
 from outboxd.services.tasks import BUILTIN_TASKS
 from outboxd.storage.ports import (
+    JOB_STATUSES,
+    RELAY_STATUSES,
     RELAY_UNSENT_STATUSES,
+    TASK_STATUSES,
+    WORK_STATUSES,
     JobEvent,
     JobRecord,
     PaceState,
@@ -70,10 +74,15 @@ def job_body(job: JobRecord) -> dict[str, Any]:
     return models.to_builtins(job_model(job))
 
 
+def admin_job_model(job: JobRecord) -> models.AdminJob:
+    """The job with its owner (the admin's view)."""
+    return models.AdminJob(**msgspec.structs.asdict(job_model(job)), user=job.user_id)
+
+
 def job_detail_model(job: JobRecord, rows: Sequence[RelayRow]) -> models.JobDetail:
-    """The job with its relay outbox rows (the admin's view)."""
+    """The job with its owner and relay outbox rows (the admin's view)."""
     return models.JobDetail(
-        **msgspec.structs.asdict(job_model(job)), outbox=[relay_model(r) for r in rows]
+        **msgspec.structs.asdict(admin_job_model(job)), outbox=[relay_model(r) for r in rows]
     )
 
 
@@ -213,4 +222,7 @@ def runtime_model(
             for at, accepted, finished in throughput
         ],
         task_types=list(BUILTIN_TASKS),
+        statuses=models.StatusNames(
+            list(JOB_STATUSES), list(RELAY_STATUSES), list(WORK_STATUSES), list(TASK_STATUSES)
+        ),
     )

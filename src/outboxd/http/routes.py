@@ -139,6 +139,23 @@ _JOB_LINKS: Final = (
 _WEBSITE_LINKS: Final = (Link("GetWebsite", "getWebsite", "domain", "/domain"),)
 _BODY_ERRORS: Final = (VALIDATION_FAILED, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE)
 
+_NOT_MODIFIED: Final = Ok(
+    304,
+    "Not Modified: If-None-Match names the current ETag (at once, or after a wait of Prefer's "
+    "N seconds in which it did not change).",
+    media="",
+    headers=("ETag", "Preference-Applied"),
+)
+# How a view of many jobs (a listing, the stats) waits.
+_VIEW_WAIT: Final = (
+    "With `Prefer: wait=N` (clamped to api.max_wait_s) and `If-None-Match` naming the current "
+    "ETag, the request is held until a change of any job alters the answer (200, the new "
+    "ETag; read at most once a second while jobs keep changing) or N seconds pass (304); "
+    "an ETag that is not the current one, or no If-None-Match, answers at once. Held "
+    "requests count toward api.max_waiters with those on jobs, and are answered at once "
+    "when the daemon stops."
+)
+
 # ------------------------------------------------------------------ the API
 
 _API: Final[tuple[Route, ...]] = (
@@ -339,10 +356,20 @@ _ADMIN: Final[tuple[Route, ...]] = (
         admin.stats,
         "getStats",
         "admin",
-        "Counts per table and status, oldest pending ages, SQS depth.",
-        ok=(Ok(200, "The numbers.", models.Stats),),
+        "Counts per table and status, oldest pending ages, SQS depth; wait for a job's "
+        "change with Prefer.",
+        ok=(
+            Ok(200, "The numbers.", models.Stats, headers=("ETag", "Preference-Applied")),
+            _NOT_MODIFIED,
+        ),
         errors=(STORAGE_UNAVAILABLE,),
         access="admin",
+        headers=("Prefer", "If-None-Match"),
+        description="Every answer carries a weak ETag over the counts, the queue depths and "
+        "the pace (not the ages or the pace's countdowns, which move with the clock). "
+        + _VIEW_WAIT
+        + " A change of the other tables or of SQS alone does not end the wait; it shows at "
+        "the next answer.",
     ),
     Route(
         "POST",
@@ -382,10 +409,16 @@ _ADMIN: Final[tuple[Route, ...]] = (
         admin.list_jobs,
         "listJobs",
         "admin",
-        "Jobs, newest first (keyset pagination), any user's; filtered by each parameter given.",
-        ok=(Ok(200, "A page of jobs.", models.JobPage),),
+        "Jobs, newest first (keyset pagination), any user's; filtered by each parameter "
+        "given; wait for a change with Prefer.",
+        ok=(
+            Ok(200, "A page of jobs.", models.JobPage, headers=("ETag", "Preference-Applied")),
+            _NOT_MODIFIED,
+        ),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
         access="admin",
+        headers=("Prefer", "If-None-Match"),
+        description="Every answer carries the page's ETag. " + _VIEW_WAIT,
         params=(
             _status(JOB_STATUSES, "Only jobs in this state."),
             _query(

@@ -81,13 +81,13 @@ class AdminService:
 
     async def redrive_job(self, job_id: str, *, actor: str) -> JobRecord:
         """A DEAD job back to QUEUED with a fresh outbox row; NotFound or InvalidState."""
-        job = await self._store.redrive_job(job_id, new_id(), self._clock())
+        job = await self._store.redrive_job(job_id, new_id(), self._clock(), by=actor)
         log.info("job_redriven", job_id=job.id, actor=actor)
         return job
 
     async def redrive_outbox_row(self, outbox_id: str, *, actor: str) -> RelayRow:
         """A DEAD outbox row back to PENDING, its job or task with it; NotFound or InvalidState."""
-        row = await self._store.redrive_relay_row(outbox_id, self._clock())
+        row = await self._store.redrive_relay_row(outbox_id, self._clock(), by=actor)
         log.info(
             "outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id, actor=actor
         )
@@ -134,7 +134,9 @@ class AdminService:
             cursor = page.next_cursor
 
     async def _redrive_batch(self, ids: list[str], done: BulkRedrive, actor: str) -> None:
-        outcomes = await self._store.redrive_jobs([(i, new_id()) for i in ids], self._clock())
+        outcomes = await self._store.redrive_jobs(
+            [(i, new_id()) for i in ids], self._clock(), by=actor
+        )
         redriven: list[str] = []
         for job_id, outcome in zip(ids, outcomes, strict=True):
             if isinstance(outcome, NotFound):

@@ -1,4 +1,5 @@
-"""Requests held until their job changes (`GET /v1/jobs/{id}` with `Prefer: wait=N`).
+"""Requests held until their job changes (`GET /v1/jobs/{id}` with `Prefer: wait=N`), or
+until a view of many jobs changes (a listing, the stats: `hold_view`).
 
 A held request holds no database connection: it waits on a future. Per job there is one
 watch, registered with `storage.changes.JobChanges`; when the job may have changed (a
@@ -6,18 +7,22 @@ commit in this process, a notification from another, a poll), the watch reads th
 once and answers every request it holds whose condition the job now meets. So a thousand
 requests on one job cost one read per change, not a thousand.
 
-A request registers its hold before it reads the job, so a change committed between its
-read and its wait still wakes it. `api.max_waiters` bounds the requests held at once; the
-daemon's stop Event answers all of them at once.
+A view is watched the same way under a key naming everything its read depends on (the
+listing's filters and page): any job's change wakes it, and its holds share one read per
+change, at most one per `VIEW_SETTLE_S` while jobs keep changing.
+
+A request registers its hold before it reads, so a change committed between its read and
+its wait still wakes it. `api.max_waiters` bounds the requests held at once, jobs and
+views together; the daemon's stop Event answers all of them at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar, cast
 
 import structlog
 
@@ -27,9 +32,14 @@ from outboxd.storage.ports import JobRecord
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
 # Why a hold ended: the job met the condition, the time ran out, or the daemon is stopping.
 Ending = Literal["changed", "timeout", "stopped"]
 Condition = Callable[[JobRecord | None], bool]
+# A view is read at most this often while jobs keep changing: a burst costs one read.
+VIEW_SETTLE_S: Final = 1.0
+# View keys live beside job ids (UUIDs) in one table of watches.
+_VIEW: Final = "view:"
 
 
 class JobReader(Protocol):
@@ -37,58 +47,66 @@ class JobReader(Protocol):
 
 
 @dataclass(eq=False)
-class _Hold:
+class _Hold(Generic[T]):
     fut: asyncio.Future[Ending]
-    condition: Condition | None = None
+    condition: Callable[[T], bool] | None = None
     # A change came before the holder said what it waits for: look once it does.
     signalled: bool = False
 
 
 @dataclass(eq=False)
-class _Watch:
-    holds: list[_Hold] = field(default_factory=list)
+class _Watch(Generic[T]):
+    read: Callable[[], Awaitable[T]]
+    settle_s: float = 0.0
+    holds: list[_Hold[T]] = field(default_factory=list)
     refresh: asyncio.Task[None] | None = None
     again: bool = False
-    # The job as last read for this watch: what holds are answered with.
-    job: JobRecord | None = None
-    reading: asyncio.Future[JobRecord | None] | None = None
+    # What was last read for this watch: what holds are answered with.
+    value: T | None = None
+    reading: asyncio.Future[T] | None = None
 
 
-class Hold:
-    """One request's hold on a job (from `JobWaits.hold`)."""
+class Hold(Generic[T]):
+    """One request's hold on a job or a view (from `JobWaits.hold`, `JobWaits.hold_view`)."""
 
-    def __init__(self, waits: JobWaits, job_id: str, hold: _Hold) -> None:
+    def __init__(self, waits: JobWaits, key: str, hold: _Hold[T]) -> None:
         self._waits = waits
-        self._job_id = job_id
+        self._key = key
         self._hold = hold
 
-    async def until(
-        self, condition: Condition, timeout_s: float
-    ) -> tuple[Ending, JobRecord | None]:
-        """Wait until `condition(job)` holds for the job as read after a change, for at most
-        `timeout_s`, or until the daemon stops; why it ended, and the job as read then."""
+    async def until(self, condition: Callable[[T], bool], timeout_s: float) -> tuple[Ending, T]:
+        """Wait until `condition(value)` holds for the value as read after a change, for at
+        most `timeout_s`, or until the daemon stops; why it ended, and the value read then."""
         self._hold.condition = condition
         if self._hold.signalled:
-            self._waits.wake(self._job_id)
+            self._waits.wake(self._key)
         fut = self._hold.fut
         if not fut.done():
             await asyncio.wait({fut}, timeout=timeout_s)
         ending: Ending = fut.result() if fut.done() else "timeout"
         if ending == "changed":
-            return ending, self._waits.last_read(self._job_id)
-        # Timed out or stopping: the job as it is now (one read for every hold of the job
-        # that asks at the same time).
-        return ending, await self._waits.read(self._job_id)
+            return ending, cast(T, self._waits.last_read(self._key))
+        # Timed out or stopping: the value as it is now (one read for every hold of the
+        # watch that asks at the same time).
+        return ending, cast(T, await self._waits.read(self._key))
 
 
 class JobWaits:
-    def __init__(self, store: JobReader, changes: JobChanges, max_waiters: int) -> None:
+    def __init__(
+        self,
+        store: JobReader,
+        changes: JobChanges,
+        max_waiters: int,
+        view_settle_s: float = VIEW_SETTLE_S,
+    ) -> None:
         self._store = store
         self._changes = changes
         self._max = max_waiters
-        self._watches: dict[str, _Watch] = {}
+        self._view_settle_s = view_settle_s
+        self._watches: dict[str, _Watch[Any]] = {}
         self._held = 0
         self._stopping = False
+        self._stopped = asyncio.Event()
 
     @property
     def held(self) -> int:
@@ -99,37 +117,63 @@ class JobWaits:
         """Until the daemon stops; then every held request is answered at once."""
         await stop.wait()
         self._stopping = True
+        self._stopped.set()
         for watch in self._watches.values():
             for h in watch.holds:
                 if not h.fut.done():
                     h.fut.set_result("stopped")
 
-    @contextlib.asynccontextmanager
-    async def hold(self, job_id: str) -> AsyncIterator[Hold | None]:
+    def hold(
+        self, job_id: str
+    ) -> contextlib.AbstractAsyncContextManager[Hold[JobRecord | None] | None]:
         """A hold on `job_id`, registered before the caller reads the job; None (answer at
         once) past `api.max_waiters` or while the daemon stops."""
+
+        async def read() -> JobRecord | None:
+            return await self._store.get_job(job_id)
+
+        return self._hold(job_id, read, 0.0)
+
+    def hold_view(
+        self, key: str, read: Callable[[], Awaitable[T]]
+    ) -> contextlib.AbstractAsyncContextManager[Hold[T] | None]:
+        """A hold on a view of many jobs that `read` reads, woken by any job's change; the
+        holds of one `key` share its reads, so `key` must name all `read` depends on."""
+        return self._hold(_VIEW + key, read, self._view_settle_s)
+
+    @contextlib.asynccontextmanager
+    async def _hold(
+        self, key: str, read: Callable[[], Awaitable[T]], settle_s: float
+    ) -> AsyncIterator[Hold[T] | None]:
         if self._stopping or self._held >= self._max:
             yield None
             return
-        watch = self._watches.get(job_id)
+        watch: _Watch[T] | None = self._watches.get(key)
         if watch is None:
-            watch = self._watches[job_id] = _Watch()
-            self._changes.watch(job_id, self.wake)
-        h = _Hold(asyncio.get_running_loop().create_future())
+            watch = self._watches[key] = _Watch(read, settle_s)
+            if key.startswith(_VIEW):
+                self._changes.watch_any(key, self.wake)
+            else:
+                self._changes.watch(key, self.wake)
+        h: _Hold[T] = _Hold(asyncio.get_running_loop().create_future())
         watch.holds.append(h)
         self._held += 1
         try:
-            yield Hold(self, job_id, h)
+            yield Hold(self, key, h)
         finally:
             self._held -= 1
             watch.holds.remove(h)
-            if not watch.holds and self._watches.get(job_id) is watch:
-                del self._watches[job_id]
-                self._changes.unwatch(job_id)
+            if not watch.holds and self._watches.get(key) is watch:
+                del self._watches[key]
+                if key.startswith(_VIEW):
+                    self._changes.unwatch_any(key)
+                else:
+                    self._changes.unwatch(key)
 
-    def wake(self, job_id: str) -> None:
-        """`job_id` may have changed: read it once and answer the holds it now satisfies."""
-        watch = self._watches.get(job_id)
+    def wake(self, key: str) -> None:
+        """The job `key` (or any job, for a view) may have changed: read once and answer the
+        holds the value now satisfies."""
+        watch = self._watches.get(key)
         if watch is None:
             return
         if not any(h.condition is not None for h in watch.holds):
@@ -141,33 +185,39 @@ class JobWaits:
         if watch.refresh is not None and not watch.refresh.done():
             watch.again = True  # read again once the read in flight is back
             return
-        watch.refresh = asyncio.ensure_future(self._refresh(job_id, watch))
+        watch.refresh = asyncio.ensure_future(self._refresh(key, watch))
 
-    async def _refresh(self, job_id: str, watch: _Watch) -> None:
+    async def _refresh(self, key: str, watch: _Watch[Any]) -> None:
         while True:
+            if watch.settle_s:
+                # Changes that come meanwhile are covered by the one read after the pause.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopped.wait(), watch.settle_s)
+                if self._stopping or not watch.holds:
+                    return
             watch.again = False
             try:
-                job = await self._store.get_job(job_id)
+                value = await watch.read()
             except StorageError as exc:
                 # The holds wait on: the next change or their time answers them.
-                log.warning("job_wait_read_failed", job_id=job_id, error=exc)
+                log.warning("job_wait_read_failed", key=key, error=exc)
                 return
-            watch.job = job
+            watch.value = value
             for h in watch.holds:
-                if h.condition is not None and not h.fut.done() and h.condition(job):
+                if h.condition is not None and not h.fut.done() and h.condition(value):
                     h.fut.set_result("changed")
             if not watch.again:
                 return
 
-    def last_read(self, job_id: str) -> JobRecord | None:
-        watch = self._watches.get(job_id)
-        return watch.job if watch is not None else None
+    def last_read(self, key: str) -> Any:
+        watch = self._watches.get(key)
+        return watch.value if watch is not None else None
 
-    async def read(self, job_id: str) -> JobRecord | None:
-        """The job now, one read shared by the holds of the job that ask together."""
-        watch = self._watches.get(job_id)
-        if watch is None:
-            return await self._store.get_job(job_id)
+    async def read(self, key: str) -> Any:
+        """The value now, one read shared by the holds of the watch that ask together."""
+        watch = self._watches.get(key)
+        if watch is None:  # pragma: no cover - a hold keeps its watch until it is released
+            return None
         if watch.reading is None or watch.reading.done():
-            watch.reading = asyncio.ensure_future(self._store.get_job(job_id))
+            watch.reading = asyncio.ensure_future(watch.read())
         return await asyncio.shield(watch.reading)

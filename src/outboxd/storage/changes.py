@@ -5,6 +5,8 @@ that changed a job (this process), the database's notifications (Postgres LISTEN
 process sharing the database), and a poll of the events table while no notification can
 arrive (SQLite, or Postgres while its listening connection is down). Whoever waits on a
 job registers one callback for it; a signal for a job nobody watches costs a dict lookup.
+Whoever waits on any job (a held listing) registers a callback under a key of its own
+with `watch_any`; it is called once per signal, whichever jobs it names.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def default_instance() -> str:
 class JobChanges:
     def __init__(self) -> None:
         self._watch: dict[str, Wake] = {}
+        self._any: dict[str, Wake] = {}
 
     def watch(self, job_id: str, wake: Wake) -> None:
         """Call `wake(job_id)` whenever `job_id` may have changed, until `unwatch`."""
@@ -35,18 +38,39 @@ class JobChanges:
     def watched(self) -> list[str]:
         return list(self._watch)
 
+    def watch_any(self, key: str, wake: Wake) -> None:
+        """Call `wake(key)` whenever any job may have changed, until `unwatch_any(key)`."""
+        self._any[key] = wake
+
+    def unwatch_any(self, key: str) -> None:
+        self._any.pop(key, None)
+
+    def watching_any(self) -> bool:
+        return bool(self._any)
+
     def publish(self, job_ids: Iterable[str | None]) -> None:
         """These jobs may have changed (a commit, a notification, a poll)."""
-        if not self._watch:
+        if not self._watch and not self._any:
             return
+        some = False
         for job_id in job_ids:
             if job_id is None:
                 continue
+            some = True
             wake = self._watch.get(job_id)
             if wake is not None:
                 wake(job_id)
+        if some:
+            self.some_changed()
+
+    def some_changed(self) -> None:
+        """Some job changed, which one unknown (a poll of the newest event): wakes the
+        `watch_any` callbacks only."""
+        for key, wake in list(self._any.items()):
+            wake(key)
 
     def publish_all(self) -> None:
         """Any watched job may have changed (notifications were lost: a listener reconnected)."""
         for job_id, wake in list(self._watch.items()):
             wake(job_id)
+        self.some_changed()

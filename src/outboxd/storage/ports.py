@@ -175,6 +175,14 @@ class NewEvent:
     detail: Mapping[str, Any] | None = None
 
 
+def redriven_event(at: float, outbox_id: str, by: str | None) -> NewEvent:
+    """A redrive's event: the fresh outbox row, and who asked for it when known."""
+    detail: dict[str, Any] = {"outboxId": outbox_id}
+    if by is not None:
+        detail["by"] = by
+    return NewEvent("redriven", at, detail)
+
+
 CancelOutcome = Literal["cancelled", "requested", "unchanged"]
 
 
@@ -364,21 +372,21 @@ class JobStore(Protocol):
     async def mark_job_dead(
         self, job_id: str, error: tuple[str, str], now: float
     ) -> JobRecord | None: ...
-    async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
+    async def redrive_job(
+        self, job_id: str, outbox_id: str, now: float, by: str | None = None
+    ) -> JobRecord:
         """A DEAD job back to QUEUED with a fresh outbox row, its DEAD rows SUPERSEDED;
-        NotFound or InvalidState."""
+        NotFound or InvalidState. `by` (who asked) goes into the `redriven` event."""
         ...
 
     async def redrive_jobs(
-        self, jobs: Sequence[tuple[str, str]], now: float
+        self, jobs: Sequence[tuple[str, str]], now: float, by: str | None = None
     ) -> list[JobRecord | NotFound | InvalidState]:
         """`redrive_job` for each (job id, fresh outbox id), in one transaction; each
         outcome in order (a refusal changes nothing and stops none of the others)."""
         ...
 
-    async def cancel_job(
-        self, job_id: str, now: float, by: str
-    ) -> tuple[JobRecord, CancelOutcome]:
+    async def cancel_job(self, job_id: str, now: float, by: str) -> tuple[JobRecord, CancelOutcome]:
         """Cancel a job at once when nobody runs it (QUEUED, or RUNNING without a live lease:
         its unsent outbox rows deleted, its credentials erased), else flag it for the worker
         holding it. NotFound; InvalidState for a job that finished otherwise."""
@@ -401,6 +409,10 @@ class JobChangeStore(Protocol):
 
     async def job_event_marks(self, job_ids: Sequence[str]) -> dict[str, int]:
         """The newest event's seq of each of `job_ids` that has events."""
+        ...
+
+    async def newest_job_event(self) -> int | None:
+        """The newest event's seq of any job (None: no events)."""
         ...
 
     def listen_job_changes(
@@ -482,7 +494,9 @@ class RelayStore(Protocol):
         ...
 
     async def get_relay_row(self, outbox_id: str) -> RelayRow | None: ...
-    async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow: ...
+    async def redrive_relay_row(
+        self, outbox_id: str, now: float, by: str | None = None
+    ) -> RelayRow: ...
     async def list_relay_rows(
         self, status: str | None, limit: int, cursor: str | None
     ) -> Page[RelayRow]: ...

@@ -10,7 +10,9 @@ arrive here:
 - SQLite (and Postgres while not listening): every `POLL_S` one query reads the newest
   event of each job a request waits on, for all of them, and wakes those that moved
   (and those watched since the last poll, so a change between a request's read and its
-  hold is seen). Nothing is read while nobody waits.
+  hold is seen). While a listing is held (`JobChanges.watch_any`), the same poll reads the
+  newest event of any job, and a move wakes the listings. Nothing is read while nobody
+  waits.
 """
 
 from __future__ import annotations
@@ -36,13 +38,13 @@ _UNSEEN = -1
 
 
 class JobChangeFeed:
-    def __init__(
-        self, store: JobChangeStore, changes: JobChanges, poll_s: float = POLL_S
-    ) -> None:
+    def __init__(self, store: JobChangeStore, changes: JobChanges, poll_s: float = POLL_S) -> None:
         self._store = store
         self._changes = changes
         self._poll_s = poll_s
         self._marks: dict[str, int | None] = {}
+        # The newest event of any job at the last poll, while listings are held.
+        self._newest: int | None = _UNSEEN
 
     async def run(self, stop: asyncio.Event) -> None:
         failures = 0
@@ -59,6 +61,7 @@ class JobChangeFeed:
                         log.info("job_listener_restored", after_failures=failures)
                     failures = 0
                     self._marks.clear()
+                    self._newest = _UNSEEN
                     # What changed while nothing listened was not notified.
                     self._changes.publish_all()
                     await self._listen(conn, stop)
@@ -99,7 +102,9 @@ class JobChangeFeed:
                     await t
 
     async def poll_once(self) -> None:
-        """One query for every watched job; wake those whose newest event moved."""
+        """One query for every watched job; wake those whose newest event moved. While
+        listings are held, one more for the newest event of any job."""
+        await self._poll_any()
         watched = self._changes.watched()
         if not watched:
             self._marks.clear()
@@ -112,3 +117,18 @@ class JobChangeFeed:
         moved = [j for j in watched if self._marks.get(j, _UNSEEN) != marks.get(j)]
         self._marks = {j: marks.get(j) for j in watched}
         self._changes.publish(moved)
+
+    async def _poll_any(self) -> None:
+        if not self._changes.watching_any():
+            self._newest = _UNSEEN
+            return
+        try:
+            newest = await self._store.newest_job_event()
+        except StorageError as exc:
+            log.debug("job_changes_poll_failed", error=exc)
+            return
+        # The first poll of a watch wakes it too: a change between a listing's read and
+        # this poll would otherwise be taken for the starting point.
+        if newest != self._newest:
+            self._changes.some_changed()
+        self._newest = newest

@@ -155,6 +155,10 @@ SELECT job_id, MAX(seq) AS seq FROM job_events
  WHERE job_id IN (SELECT value FROM json_each(:ids))
  GROUP BY job_id;
 
+-- name: job_events_newest
+-- The newest event of any job, for held listings: it moves whenever a job changes.
+SELECT MAX(seq) AS seq FROM job_events;
+
 -- ---------------------------------------------------------------- relay outbox
 
 -- name: claim_relay_due

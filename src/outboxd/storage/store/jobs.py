@@ -24,6 +24,7 @@ from outboxd.storage.ports import (
     NewPortalJob,
     Page,
     RelayRow,
+    redriven_event,
 )
 from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import dump, job_event_record, job_record, relay_record
@@ -80,10 +81,13 @@ class SqlJobs(StoreBase):
             latest = yield from self._relay_row(row["id"])
             return JobIntake(job=job_record(row), outbox=latest, created=False)
 
-        # No one can be waiting on a job that did not exist: nothing to publish.
         if self.group is None:
-            return await self.db.run(body)
-        return await self.group.run(body, (new, now))
+            intake: JobIntake = await self.db.run(body)
+        else:
+            intake = await self.group.run(body, (new, now))
+        if intake.created:  # nobody waits on this job yet; a held listing may
+            self.changes.publish((intake.job.id,))
+        return intake
 
     def _intake_bulk(self, items: Sequence[Any], now: float) -> TxBody[list[Any]]:
         """A group's intakes as one statement: per item its JobIntake, or None when its
@@ -265,13 +269,11 @@ class SqlJobs(StoreBase):
         )
 
     def _redrive(
-        self, job_id: str, outbox_id: str, now: float
+        self, job_id: str, outbox_id: str, now: float, by: str | None
     ) -> Generator[Op, Any, JobRecord | NotFound | InvalidState]:
         """One job's redrive inside a transaction: the job (QUEUED again), or why not."""
         row = yield from self._job_change(
-            "redrive_job",
-            {"id": job_id, "now": now},
-            NewEvent("redriven", now, {"outboxId": outbox_id}),
+            "redrive_job", {"id": job_id, "now": now}, redriven_event(now, outbox_id, by)
         )
         if row is None:
             current = yield from self._one("select_job", {"id": job_id})
@@ -288,9 +290,11 @@ class SqlJobs(StoreBase):
         )
         return job_record(row)
 
-    async def redrive_job(self, job_id: str, outbox_id: str, now: float) -> JobRecord:
+    async def redrive_job(
+        self, job_id: str, outbox_id: str, now: float, by: str | None = None
+    ) -> JobRecord:
         def body() -> Generator[Op, Any, JobRecord]:
-            outcome = yield from self._redrive(job_id, outbox_id, now)
+            outcome = yield from self._redrive(job_id, outbox_id, now, by)
             if isinstance(outcome, NotFound | InvalidState):
                 raise outcome
             return outcome
@@ -354,6 +358,14 @@ class SqlJobs(StoreBase):
 
         return await self.db.read(body)
 
+    async def newest_job_event(self) -> int | None:
+        def body() -> Generator[Op, Any, int | None]:
+            rows = yield fetch(self.q["job_events_newest"], {})
+            seq = rows[0]["seq"] if rows else None
+            return None if seq is None else int(seq)
+
+        return await self.db.read(body)
+
     async def job_event_marks(self, job_ids: Sequence[str]) -> dict[str, int]:
         if not job_ids:
             return {}
@@ -366,7 +378,7 @@ class SqlJobs(StoreBase):
         return await self.db.read(body)
 
     async def redrive_jobs(
-        self, jobs: Sequence[tuple[str, str]], now: float
+        self, jobs: Sequence[tuple[str, str]], now: float, by: str | None = None
     ) -> list[JobRecord | NotFound | InvalidState]:
         """Several (job id, fresh outbox id) redriven in one transaction, each outcome in
         order: a job that cannot be redriven changes nothing and does not stop the others."""
@@ -374,7 +386,7 @@ class SqlJobs(StoreBase):
         def body() -> Generator[Op, Any, list[JobRecord | NotFound | InvalidState]]:
             out: list[JobRecord | NotFound | InvalidState] = []
             for job_id, outbox_id in jobs:
-                out.append((yield from self._redrive(job_id, outbox_id, now)))
+                out.append((yield from self._redrive(job_id, outbox_id, now, by)))
             return out
 
         if not jobs:

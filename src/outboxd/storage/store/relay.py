@@ -17,7 +17,7 @@ import msgspec
 
 from outboxd.errors import InvalidState, NotFound
 from outboxd.storage.db import Op, execute, execute_each, fetch
-from outboxd.storage.ports import NewEvent, Page, RelayFailure, RelayRow
+from outboxd.storage.ports import NewEvent, Page, RelayFailure, RelayRow, redriven_event
 from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import relay_record
 
@@ -25,9 +25,7 @@ from outboxd.storage.store.records import relay_record
 _encode_detail = msgspec.json.Encoder().encode
 
 
-def _job_ids(
-    rows: Iterable[RelayRow], failures: Sequence[RelayFailure] = ()
-) -> list[str | None]:
+def _job_ids(rows: Iterable[RelayRow], failures: Sequence[RelayFailure] = ()) -> list[str | None]:
     """The jobs a recorded outcome touched (their held requests look again)."""
     return [r.job_id for r in rows] + [f.row.job_id for f in failures]
 
@@ -297,7 +295,9 @@ class SqlRelay(StoreBase):
     async def get_relay_row(self, outbox_id: str) -> RelayRow | None:
         return await self._record("select_relay_row", {"id": outbox_id}, relay_record, write=False)
 
-    async def redrive_relay_row(self, outbox_id: str, now: float) -> RelayRow:
+    async def redrive_relay_row(
+        self, outbox_id: str, now: float, by: str | None = None
+    ) -> RelayRow:
         def body() -> Generator[Op, Any, RelayRow]:
             before = yield from self._one("select_relay_row", {"id": outbox_id})
             if before is None:
@@ -316,7 +316,7 @@ class SqlRelay(StoreBase):
                 yield from self._job_change(
                     "job_requeue_if_dead",
                     {"id": relay.job_id, "now": now},
-                    NewEvent("redriven", now, {"outboxId": relay.id}),
+                    redriven_event(now, relay.id, by),
                 )
             elif relay.task_id is not None:
                 yield execute(self.q["task_requeue"], {"id": relay.task_id})

@@ -1,0 +1,192 @@
+"""Waiting instead of polling on the views of many jobs: GET /v1/admin/jobs and
+GET /v1/admin/stats with ETag, If-None-Match and Prefer: wait, in-process on both backends.
+They share the job waits' machinery (services/job_waits.py): any job's change, made in
+this process or by another store on the database, ends a hold whose answer it alters;
+holds of one listing share their reads; api.max_waiters bounds job and view holds
+together; the stop Event answers them at once; a held listing holds no connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from outboxd.storage.store import SqlStore, open_store
+from outboxd.workers.job_changes import JobChangeFeed
+from tests.integration.test_job_waits import Api, Client, _until_held, held, make_api, new_job
+
+__all__ = ["make_api"]  # the fixture, used by name
+
+JOBS = "/v1/admin/jobs"
+
+
+async def held_view(
+    client: Client, path: str, etag: str, wait: int = 30, **params: str
+) -> Any:
+    return await client.get(
+        path, params=params, headers={"Prefer": f"wait={wait}", "If-None-Match": etag}
+    )
+
+
+async def test_a_listing_has_an_etag_and_a_new_job_ends_its_wait(make_api: Api) -> None:
+    client = await make_api()
+    await new_job(client)
+    first = await client.get(JOBS)
+    etag = first.headers["ETag"]
+    assert first.status == 200 and etag.startswith('"') and len(etag) == 26
+    assert "Preference-Applied" not in first.headers
+    same = await client.get(JOBS, headers={"If-None-Match": etag})
+    assert (same.status, same.headers["ETag"], await same.read()) == (304, etag, b"")
+    # No If-None-Match: a wait means nothing for a listing, it answers at once.
+    quick = await asyncio.wait_for(client.get(JOBS, headers={"Prefer": "wait=30"}), 5)
+    assert quick.status == 200 and "Preference-Applied" not in quick.headers
+
+    request = asyncio.ensure_future(held_view(client, JOBS, etag))
+    await _until_held(client, 1)
+    job_id, _ = await new_job(client)  # this process's intake
+    resp = await asyncio.wait_for(request, 10)
+    assert resp.status == 200 and resp.headers["Preference-Applied"] == "wait=30"
+    assert resp.headers["ETag"] != etag
+    body = await resp.json()
+    assert body["items"][0]["jobId"] == job_id and body["items"][0]["user"] == "local"
+    # Unchanged since: 304 once the (short) wait is over, with the same tag.
+    again = await held_view(client, JOBS, resp.headers["ETag"], wait=1)
+    assert (again.status, again.headers["ETag"]) == (304, resp.headers["ETag"])
+    assert again.headers["Preference-Applied"] == "wait=1"
+    # A tag that is not the current one answers at once.
+    stale = await asyncio.wait_for(held_view(client, JOBS, '"stale"'), 5)
+    assert stale.status == 200 and stale.headers["Preference-Applied"] == "wait=30"
+
+
+async def test_a_change_that_leaves_the_page_as_it_was_does_not_end_the_wait(
+    make_api: Api, store: SqlStore
+) -> None:
+    client = await make_api()
+    page = await client.get(JOBS, params={"status": "CANCELLED"})
+    assert (await page.json())["items"] == []
+    etag = page.headers["ETag"]
+    request = asyncio.ensure_future(held_view(client, JOBS, etag, status="CANCELLED"))
+    await _until_held(client, 1)
+    job_id, _ = await new_job(client)  # QUEUED: not on this page
+    await asyncio.sleep(2.5)  # past the view's settle: the page was read again, unchanged
+    assert not request.done()
+    await store.cancel_job(job_id, time.time(), "admin")
+    resp = await asyncio.wait_for(request, 10)
+    assert resp.status == 200
+    assert [i["jobId"] for i in (await resp.json())["items"]] == [job_id]
+
+
+async def test_holds_of_one_listing_share_their_reads(make_api: Api, store: SqlStore) -> None:
+    client = await make_api()
+    await new_job(client)
+    etag = (await client.get(JOBS, params={"limit": "5"})).headers["ETag"]
+    reads = 0
+    list_jobs = store.list_jobs
+
+    async def counted(*args: Any, **kw: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return await list_jobs(*args, **kw)
+
+    store.list_jobs = counted  # type: ignore[method-assign]
+    try:
+        requests = [
+            asyncio.ensure_future(held_view(client, JOBS, etag, limit="5")) for _ in range(10)
+        ]
+        await _until_held(client, 10)
+        await asyncio.sleep(0.2)
+        own_reads = reads  # each request's read before its wait
+        for _ in range(5):  # a burst of changes
+            await new_job(client)
+        for resp in await asyncio.wait_for(asyncio.gather(*requests), 10):
+            assert resp.status == 200
+        # Ten holds, five changes: a few reads for all of them, not one per hold and change.
+        assert own_reads == 10 and reads - own_reads <= 3, (own_reads, reads)
+    finally:
+        del store.list_jobs
+
+
+async def test_stats_answer_a_weak_etag_and_wait_for_a_job(make_api: Api) -> None:
+    client = await make_api()
+    first = await client.get("/v1/admin/stats")
+    etag = first.headers["ETag"]
+    assert first.status == 200 and etag.startswith('W/"')
+    assert (await client.get("/v1/admin/stats", headers={"If-None-Match": etag})).status == 304
+    timed_out = await held_view(client, "/v1/admin/stats", etag, wait=1)
+    assert (timed_out.status, timed_out.headers["ETag"]) == (304, etag)
+    request = asyncio.ensure_future(held_view(client, "/v1/admin/stats", etag))
+    await _until_held(client, 1)
+    await new_job(client)
+    resp = await asyncio.wait_for(request, 10)
+    assert resp.status == 200 and resp.headers["ETag"] != etag
+    assert (await resp.json())["tables"]["jobs"] == {"QUEUED": 1}
+
+
+async def test_another_store_on_the_database_ends_a_held_listing(
+    make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """Another daemon's change reaches this one only through the feed: a notification on
+    Postgres, the poll of the newest event on SQLite."""
+    client = await make_api()
+    feed = JobChangeFeed(store, store.changes)
+    stop = asyncio.Event()
+    running = asyncio.create_task(feed.run(stop))
+    other = await open_store(db_url, tmp_path, 2, 2.0)
+    try:
+        job_id, _ = await new_job(client)
+        await asyncio.sleep(0.3)  # the listener is up (Postgres)
+        etag = (await client.get(JOBS)).headers["ETag"]
+        request = asyncio.ensure_future(held_view(client, JOBS, etag))
+        await _until_held(client, 1)
+        await asyncio.sleep(1.5)  # a poll or two with nothing new: the hold stays
+        assert not request.done()
+        await other.cancel_job(job_id, time.time(), "admin")
+        resp = await asyncio.wait_for(request, 15)
+        assert resp.status == 200
+        assert (await resp.json())["items"][0]["status"] == "CANCELLED"
+    finally:
+        stop.set()
+        await running
+        await other.close()
+
+
+async def test_job_and_view_holds_share_max_waiters_and_the_stop_answers_them(
+    make_api: Api,
+) -> None:
+    client = await make_api(max_waiters=2)
+    job_id, job_etag = await new_job(client)
+    etag = (await client.get(JOBS)).headers["ETag"]
+    on_job = asyncio.ensure_future(held(client, job_id, 30, job_etag))
+    on_list = asyncio.ensure_future(held_view(client, JOBS, etag))
+    await _until_held(client, 2)
+    extra = await asyncio.wait_for(held_view(client, JOBS, etag), 5)
+    assert extra.status == 304 and "Preference-Applied" not in extra.headers
+    client.stop.set()
+    job_resp, list_resp = await asyncio.wait_for(asyncio.gather(on_job, on_list), 5)
+    assert job_resp.status == 200 and list_resp.status == 200
+    assert (await list_resp.json())["items"][0]["jobId"] == job_id
+
+
+async def test_a_held_listing_holds_no_database_connection(
+    make_api: Api, store: SqlStore
+) -> None:
+    if store.backend != "postgres":
+        pytest.skip("a pool to look at is Postgres's")
+    client = await make_api()
+    await new_job(client)
+    etag = (await client.get(JOBS)).headers["ETag"]
+    requests = [asyncio.ensure_future(held_view(client, JOBS, etag)) for _ in range(20)]
+    await _until_held(client, 20)
+    pool = store.db._pool  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10  # a hold registers before its read: let the reads end
+    while pool.get_idle_size() < pool.get_size():
+        assert time.monotonic() < deadline, "a pooled connection stays lent"
+        await asyncio.sleep(0.05)
+    assert not any(r.done() for r in requests)
+    await new_job(client)
+    for resp in await asyncio.wait_for(asyncio.gather(*requests), 10):
+        assert resp.status == 200
