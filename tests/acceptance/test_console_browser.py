@@ -11,11 +11,13 @@ OUTBOXD_UPDATE_SCREENSHOTS=1 they are written to docs/img/ (shown in the README)
 
 from __future__ import annotations
 
+import re
 import time
 import tomllib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,6 +39,7 @@ from tests.support.browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
     RequestLog,
+    Sent,
     require_chromium,
     screenshot_path,
 )
@@ -310,7 +313,6 @@ def test_user_token_refused_then_admin_sees_the_daemon_live(
     expect(page.get_by_test_id("job-result")).to_contain_text("student")
     expect(page.get_by_test_id("outbox-table")).to_contain_text("SENT")
     assert SAMPLE_PASSWORD not in page.content()
-    page.screenshot(path=str(screenshot_path("console-job.png", tmp_path)), full_page=True)
 
     # Jobs: the list by status, and the lookup by id.
     page.goto(f"{base}/ui/jobs")
@@ -340,29 +342,41 @@ def test_user_token_refused_then_admin_sees_the_daemon_live(
     assert page.context.cookies() == []
 
 
-# Two publish attempts, so a relay row dies quickly while SQS is cut.
+# Two publish attempts, so a relay row dies quickly while SQS refuses its message.
 FAST_RELAY_DEATH = {"relay": {"max_attempts": 2, "backoff_base_s": 0.2, "backoff_max_s": 0.5}}
+UTC_TIME = re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3} UTC$")
+DURATION = re.compile(r"^\d+(\.\d)? (ms|s|min|h)$")
+TIMES = ("created", "updated", "finished")
+
+
+def expect_times_in_utc(page: Page, selector: str) -> None:
+    """Every time the selector finds is written out in UTC (and there is at least one)."""
+    texts = page.locator(selector).all_inner_texts()
+    shown = [t for t in texts if t != "—"]
+    assert shown and all(UTC_TIME.match(t) for t in shown), texts
 
 
 @pytest.mark.parametrize("console_daemon", [FAST_RELAY_DEATH], indirect=True, ids=["relay2"])
-def test_dead_letters_websites_and_a_fast_clock(
+def test_dead_letters_a_timeline_websites_and_a_fast_clock(
     console_daemon: DaemonProcess,
     portal_thread: PortalThread,
     sqs_link: SqsLink,
+    tmp_path: Path,
     browser: Browser,
 ) -> None:
     base = console_daemon.base_url
     assert base is not None
-    # A job whose relay row dies: SQS refuses the message on every publish attempt (an
-    # unreachable SQS would spend no attempt: the row would wait, not die).
+    # Two jobs whose relay rows die: SQS refuses the message on every publish attempt (an
+    # unreachable SQS would spend no attempt: the rows would wait, not die).
     sqs_link.refuse()
-    by_row = submit_job(base, USER)
+    by_row, by_job = submit_job(base, USER), submit_job(base, USER)
 
-    def dead_row() -> str | None:
-        rows = http_request("GET", f"{base}/v1/admin/jobs/{by_row}", headers=ADMIN).json()
+    def dead_row(job_id: str) -> str | None:
+        rows = http_request("GET", f"{base}/v1/admin/jobs/{job_id}", headers=ADMIN).json()
         return str(rows["outbox"][0]["id"]) if rows["outbox"][0]["status"] == "DEAD" else None
 
-    row_id = wait_for("the relay row to die", dead_row, timeout_s=60)
+    row_id = wait_for("the relay row to die", lambda: dead_row(by_row), timeout_s=60)
+    superseded_id = wait_for("the other relay row to die", lambda: dead_row(by_job), timeout_s=60)
     sqs_link.accept()
     # Two jobs that die in the consumer: the portal answers 503 to everything.
     portal_thread.run(lambda: setattr(portal_thread.portal, "always_fail_503", True))
@@ -386,25 +400,60 @@ def test_dead_letters_websites_and_a_fast_clock(
     page = tab.page
     sign_in(tab, base, ADMIN_TOKEN, "/ui/dead-letters")
 
-    # One DEAD job redriven from its own page, which then follows it to SUCCEEDED.
+    # A DEAD job's timeline: a retried attempt and the one that died, with their errors.
     expect(page.get_by_test_id("dead-jobs")).to_contain_text(by_page)
     expect(page.get_by_test_id("dead-jobs")).to_contain_text("RETRIES_EXHAUSTED")
     page.get_by_role("link", name=by_page).click()
     expect(page.get_by_test_id("job-status")).to_have_text("DEAD")
     expect(page.get_by_test_id("job-error-code")).to_have_text("RETRIES_EXHAUSTED")
+    attempts = page.get_by_test_id("timeline-attempt")
+    expect(attempts).to_have_count(2)
+    expect(attempts.nth(0).get_by_test_id("attempt-outcome")).to_contain_text("retry in")
+    expect(attempts.nth(0).get_by_test_id("attempt-detail")).to_contain_text("PORTAL_UNAVAILABLE")
+    expect(attempts.nth(1).get_by_test_id("attempt-outcome")).to_have_text("dead")
+    # The last attempt's error with the job's message.
+    message = http_request("GET", f"{base}/v1/jobs/{by_page}", headers=ADMIN).json()["error"]
+    expect(attempts.nth(1).get_by_test_id("attempt-detail")).to_contain_text(
+        f"RETRIES_EXHAUSTED: {message['message']}"
+    )
+    dispatched = page.locator("[data-testid=timeline-event][data-type=dispatched]")
+    expect(dispatched).to_contain_text("message ")
+
+    # Redriven from its own page, which then follows it to SUCCEEDED: a third attempt.
     page.get_by_test_id("redrive-job").click()
     expect(page.get_by_test_id("job-status")).to_have_text("SUCCEEDED", timeout=90_000)
     assert any(d.startswith("confirm: Redrive job") for d in tab.dialogs)
     assert job_status(base, by_page) == "SUCCEEDED"
+    expect(attempts).to_have_count(3)
+    expect(attempts.nth(2).get_by_test_id("attempt-outcome")).to_have_text("succeeded")
+    expect(page.locator("[data-testid=timeline-event][data-type=redriven]")).to_contain_text(
+        "by root"
+    )
+    for i in range(3):
+        assert DURATION.match(attempts.nth(i).get_by_test_id("attempt-duration").inner_text())
+    expect_times_in_utc(page, "[data-testid=timeline] td.time")
+    expect_times_in_utc(page, ", ".join(f"dd[data-testid=job-{t}]" for t in TIMES))
+    page.screenshot(path=str(screenshot_path("console-job.png", tmp_path)), full_page=True)
 
-    # The other from a selection on the dead-letters page, after a confirmation.
+    # A selection of two DEAD jobs (one died in the consumer, one at publish): one bulk
+    # redrive, after a confirmation. The relay-dead job's row becomes history.
     page.goto(f"{base}/ui/dead-letters")
-    row = page.locator(f"tr[data-job-id='{by_selection}']")
-    row.locator("input[type=checkbox]").check()
+    expect(page.locator(f"tr[data-outbox-id='{superseded_id}']")).to_contain_text("DEAD")
+    posts_before = len(tab.requests.sent)
+    for job_id in (by_selection, by_job):
+        page.locator(f"tr[data-job-id='{job_id}'] input[type=checkbox]").check()
     page.get_by_test_id("redrive-selected").click()
-    expect(page.locator("#notice")).to_contain_text("Redriven 1 item(s).")
-    assert any(by_selection in d for d in tab.dialogs if d.startswith("confirm: Redrive 1"))
-    wait_job(base, by_selection, "SUCCEEDED", timeout_s=90)
+    expect(page.locator("#notice")).to_contain_text("Redriven 2 item(s).")
+    assert any(by_selection in d and by_job in d for d in tab.dialogs if "Redrive 2" in d)
+    posts = [s.path for s in tab.requests.sent[posts_before:] if s.method == "POST"]
+    assert posts == ["/v1/admin/jobs/redrive"], posts
+    expect(page.locator(f"tr[data-outbox-id='{superseded_id}']")).to_have_count(0)
+    for job_id in (by_selection, by_job):
+        wait_job(base, job_id, "SUCCEEDED", timeout_s=90)
+    page.goto(f"{base}/ui/jobs/{by_job}")
+    history = page.locator(f"tr[data-outbox-id='{superseded_id}']")
+    expect(history).to_contain_text("SUPERSEDED")
+    expect(history).to_contain_text("history")
 
     # The DEAD relay row, redriven from its own row: its job runs to SUCCEEDED.
     page.goto(f"{base}/ui/dead-letters")
@@ -420,6 +469,7 @@ def test_dead_letters_websites_and_a_fast_clock(
     page.goto(f"{base}/ui/websites")
     failed_row = page.locator(f"tr[data-domain='{EVIL_DOMAIN}']")
     expect(failed_row).to_contain_text(EVIL_ANSWER)
+    assert failed_row.locator("bdi", has_text=EVIL_ANSWER).count() == 1
     expect(page.get_by_test_id("work-FAILED")).to_have_text("1")
     assert page.locator("main script, main img").count() == 0
     assert page.evaluate("window.pwned") is None
@@ -434,30 +484,173 @@ def test_dead_letters_websites_and_a_fast_clock(
     )
     assert not any(d.startswith("alert") for d in tab.dialogs)
 
-    # JavaScript's clock run far ahead: the refresh stays one request chain.
+    # JavaScript's clock run far ahead: nothing runs on a timer, so nothing is sent.
     clock_tab = open_tab(browser, base)
     clock_tab.page.clock.install()
     sign_in(clock_tab, base, ADMIN_TOKEN)
     expect(clock_tab.page.get_by_test_id("tables")).to_be_visible()
+    expect_times_in_utc(clock_tab.page, "[data-testid=claimer] dd:nth-of-type(-n+2)")
+    expect_times_in_utc(clock_tab.page, "[data-testid=schedules] td.time")
     log = clock_tab.requests
+    wait_for(
+        "the overview's stats request to be held", lambda: held_requests(log, "/v1/admin/stats")
+    )
     log.reset_peak()
-    before = log.paths["/v1/admin/stats"]
     started = time.monotonic()
     for _ in range(5):
         clock_tab.page.clock.run_for(60_000)  # five minutes of timers, at once
         clock_tab.page.wait_for_timeout(200)
-    real_s = time.monotonic() - started
-    made = log.paths["/v1/admin/stats"] - before
-    # A setInterval would have fired 300 refreshes; one chain makes at most one per run_for
-    # plus one per real second.
-    assert made <= 5 + real_s + 2, (made, real_s)
+    made = log.api_since(started)
+    # A poll on a timer would have sent 300; a held request answers a job's change (none
+    # now) or its wait's end (25 s).
+    assert len(made) <= 2, [s.url for s in made]
     assert log.max_in_flight <= 1, log.max_in_flight
-    # And it still refreshes: a new job shows up without a reload.
+    # And it still follows: a new job shows up without a reload or a timer.
     jobs_before = int(clock_tab.page.get_by_test_id("count-jobs-SUCCEEDED").inner_text())
     wait_job(base, submit_job(base, USER), "SUCCEEDED")
-    clock_tab.page.clock.run_for(2_000)
     expect(clock_tab.page.get_by_test_id("count-jobs-SUCCEEDED")).to_have_text(str(jobs_before + 1))
     assert tab.foreign == [] and clock_tab.foreign == []
+
+
+def held_requests(log: RequestLog, path: str) -> list[Sent]:
+    """The requests for `path` that asked to be held (Prefer: wait, with If-None-Match)."""
+    return [
+        s
+        for s in log.api_since(0)
+        if s.path == path
+        and s.headers.get("prefer", "").startswith("wait=")
+        and "if-none-match" in s.headers
+    ]
+
+
+def job_rows(page: Page) -> set[str]:
+    rows = page.locator("[data-testid=jobs-table] tr[data-job-id]")
+    return {str(rows.nth(i).get_attribute("data-job-id")) for i in range(rows.count())}
+
+
+def expect_job_rows(page: Page, wanted: set[str]) -> None:
+    """The jobs list shows exactly `wanted` (an empty list says so)."""
+    if not wanted:
+        expect(page.get_by_text("No jobs.")).to_be_visible()
+        return
+    rows = page.locator("[data-testid=jobs-table] tr[data-job-id]")
+    expect(rows).to_have_count(len(wanted))
+    assert job_rows(page) == wanted
+
+
+# A name with a right-to-left override and no end to it: shown as it is, it would turn the
+# rest of its line around ("college: ..." drawn before it, backwards).
+HOSTILE_NAME = "\u202eevil name"
+
+
+def test_filters_in_the_url_a_cancel_followed_live_and_isolated_portal_text(
+    console_daemon: DaemonProcess,
+    portal_thread: PortalThread,
+    sqs_link: SqsLink,
+    tmp_path: Path,
+    browser: Browser,
+) -> None:
+    base = console_daemon.base_url
+    assert base is not None
+    portal_thread.run(
+        lambda: setattr(portal_thread.portal.students[SAMPLE_SNO], "name", HOSTILE_NAME)
+    )
+    # bob's job succeeds (with the hostile name in its result); root's fails at login.
+    done = submit_job(base, USER)
+    wait_job(base, done, "SUCCEEDED")
+    failed = submit_job(base, ADMIN, password="not-the-password")
+    wait_job(base, failed, "FAILED")
+
+    # A QUEUED job (SQS cut) cancelled from its page, which updates by itself.
+    sqs_link.cut()
+    queued = submit_job(base, USER)
+    tab = open_tab(browser, base)
+    page = tab.page
+    sign_in(tab, base, ADMIN_TOKEN, f"/ui/jobs/{queued}")
+    expect(page.get_by_test_id("job-status")).to_have_text("QUEUED")
+    wait_for(
+        "the job page's request to be held",
+        lambda: held_requests(tab.requests, f"/v1/jobs/{queued}"),
+    )
+    page.evaluate("window.__sameDocument = true")
+    page.get_by_test_id("cancel-job").click()
+    expect(page.get_by_test_id("job-status")).to_have_text("CANCELLED")
+    assert page.evaluate("window.__sameDocument") is True
+    assert any(d.startswith(f"confirm: Cancel job {queued}") for d in tab.dialogs)
+    expect(page.locator("[data-testid=timeline-event][data-type=cancelled]")).to_contain_text(
+        "by admin"
+    )
+    held = held_requests(tab.requests, f"/v1/jobs/{queued}")
+    assert held and held[0].headers["prefer"] == "wait=25", held
+    # Idle now (CANCELLED is final): at most the one request held again, never one a second.
+    page.wait_for_timeout(500)
+    quiet_from = time.monotonic()
+    page.wait_for_timeout(3_000)
+    quiet = tab.requests.api_since(quiet_from)
+    assert len(quiet) <= 1, [s.url for s in quiet]
+    sqs_link.mend()
+
+    # The filters narrow the list and live in the URL.
+    page.goto(f"{base}/ui/jobs")
+    expect_job_rows(page, {done, failed, queued})
+    expect_times_in_utc(page, "[data-testid=jobs-table] td.time")
+    page.get_by_test_id("job-user-filter").fill("bob")
+    page.get_by_test_id("apply-filters").click()
+    expect_job_rows(page, {done, queued})
+    page.get_by_test_id("job-status-filter").select_option("CANCELLED")
+    expect_job_rows(page, {queued})
+    assert "user=bob" in page.url and "status=CANCELLED" in page.url
+    page.reload()
+    expect(page.get_by_test_id("job-user-filter")).to_have_value("bob")
+    expect(page.get_by_test_id("job-status-filter")).to_have_value("CANCELLED")
+    expect_job_rows(page, {queued})
+    page.get_by_test_id("clear-filters").click()
+    expect_job_rows(page, {done, failed, queued})
+    page.get_by_test_id("job-code-filter").fill("PORTAL_AUTH_FAILED")
+    page.get_by_test_id("apply-filters").click()
+    expect_job_rows(page, {failed})
+    page.get_by_test_id("clear-filters").click()
+    # From just after the failed job's creation (UTC, as typed): only the later one.
+    created = http_request("GET", f"{base}/v1/jobs/{failed}", headers=ADMIN).json()["createdAt"]
+    after = datetime.fromisoformat(created.replace("Z", "+00:00")) + timedelta(milliseconds=1)
+    page.get_by_test_id("job-from-filter").fill(after.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3])
+    page.get_by_test_id("apply-filters").click()
+    expect_job_rows(page, {queued})
+    page.reload()
+    expect_job_rows(page, {queued})
+    page.get_by_test_id("job-to-filter").fill(after.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3])
+    page.get_by_test_id("apply-filters").click()
+    expect_job_rows(page, set())
+
+    # bob's jobs, followed: a new one shows up by itself, and nothing is polled meanwhile.
+    page.goto(f"{base}/ui/jobs?user=bob")
+    expect_job_rows(page, {done, queued})
+    wait_for("the list's request to be held", lambda: held_requests(tab.requests, "/v1/admin/jobs"))
+    quiet_from = time.monotonic()
+    page.wait_for_timeout(3_000)
+    assert len(tab.requests.api_since(quiet_from)) <= 1
+    newer = submit_job(base, USER)
+    expect(page.locator(f"[data-testid=jobs-table] tr[data-job-id='{newer}']")).to_have_count(1)
+    page.screenshot(path=str(screenshot_path("console-jobs.png", tmp_path)), full_page=True)
+
+    # The portal's hostile name is isolated: a <bdi>, and the text after it stays after it.
+    page.goto(f"{base}/ui/jobs/{done}")
+    name = page.locator("[data-testid=job-result] [data-field=name]")
+    college = page.locator("[data-testid=job-result] [data-field=college]")
+    expect(name).to_contain_text("evil name")
+    shown = name.locator("bdi")
+    assert shown.evaluate("n => n.tagName") == "BDI"
+    assert shown.evaluate("n => getComputedStyle(n).unicodeBidi") == "isolate"
+    assert shown.inner_text() == HOSTILE_NAME
+    name_box, college_box = name.bounding_box(), college.bounding_box()
+    assert name_box is not None and college_box is not None
+    # On one line, the college after the name, left to right.
+    assert abs(college_box["y"] - name_box["y"]) < 2, (name_box, college_box)
+    assert college_box["x"] >= name_box["x"] + name_box["width"] - 1, (name_box, college_box)
+    label = college.evaluate("n => n.firstChild.textContent + n.childNodes[1].textContent")
+    assert label == ", college: "
+    expect_times_in_utc(page, ", ".join(f"dd[data-testid=job-{t}]" for t in TIMES))
+    assert tab.foreign == []
 
 
 # ---------------------------------------------------------------- the embedded default

@@ -61,8 +61,10 @@ async def test_jobs_list_by_status_with_keyset_pages(
     assert all(item["status"] == "DEAD" for page in pages for item in page)
     assert all(item["error"]["code"] == "RETRIES_EXHAUSTED" for page in pages for item in page)
 
-    everything = [i["jobId"] for p in await walk(api, "/v1/admin/jobs", 3) for i in p]
-    assert sorted(everything) == sorted(j.id for j in jobs)
+    everything = [i for p in await walk(api, "/v1/admin/jobs", 3) for i in p]
+    assert sorted(i["jobId"] for i in everything) == sorted(j.id for j in jobs)
+    # Each with its owner, for the console's user column.
+    assert {i["jobId"]: i["user"] for i in everything} == {j.id: j.user_id for j in jobs}
 
     queued = await (await api.get("/v1/admin/jobs", params={"status": "QUEUED"})).json()
     assert [i["jobId"] for i in queued["items"]] == [jobs[6].id]
@@ -83,7 +85,7 @@ async def test_job_detail_has_its_outbox_rows_and_no_secret(
     resp = await api.get(f"/v1/admin/jobs/{job.id}")
     assert resp.status == 200
     body = await resp.json()
-    assert body["jobId"] == job.id and body["status"] == "QUEUED"
+    assert body["jobId"] == job.id and body["status"] == "QUEUED" and body["user"] == "alice"
     rows = body["outbox"]
     assert len(rows) == 2
     # The spent row is history now, not a dead letter: the redrive superseded it.
@@ -145,6 +147,13 @@ async def test_runtime_without_console_state(api: Client) -> None:
     assert body["schedules"] == []
     assert body["throughput"] == []
     assert body["taskTypes"] == ["outbox.prune", "noop"]
+    # The console's status names come from here, in the order the API defines them.
+    assert body["statuses"] == {
+        "jobs": ["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD", "CANCELLED"],
+        "relay_outbox": ["PENDING", "SENT", "RETRYABLE_FAILED", "DEAD", "SUPERSEDED"],
+        "work_outbox": ["PENDING", "PROCESSING", "COMPLETED", "FAILED"],
+        "task_runs": ["PENDING", "SENT", "SUCCEEDED", "FAILED", "DEAD"],
+    }
 
 
 def test_throughput_counts_accepted_and_finished_per_minute() -> None:

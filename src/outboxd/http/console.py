@@ -2,8 +2,10 @@
 
 The pages are plain HTML, CSS and hand-written JavaScript shipped in the package
 (`http/ui/`); no build step, nothing from another origin. They read and act
-through the admin API only, with the operator's bearer token, so the console adds
-no second back end and no cookie (hence no CSRF). Every response under /ui/ carries
+through the API only (the admin routes, and a job's own routes, which an admin may
+call on any job), with the operator's bearer token, so the console adds no second
+back end and no cookie (hence no CSRF). They wait on held requests (`Prefer: wait`)
+rather than poll. Every response under /ui/ carries
 a Content-Security-Policy that allows scripts, styles and requests from the
 daemon's own origin only, and no inline script or style. The routes are entries of
 the route table (http/routes.py).

@@ -593,11 +593,17 @@ _CONSOLE: Final[tuple[Route, ...]] = (
     _console_page(
         "/ui/", "consoleOverview", "Overview: counts, queues, readiness, pace, schedules, chart."
     ),
-    _console_page("/ui/jobs", "consoleJobs", "Jobs: lookup by id and list by status."),
+    _console_page(
+        "/ui/jobs",
+        "consoleJobs",
+        "Jobs: lookup by id; search by status, user, error code and creation time (kept in "
+        "the page's query).",
+    ),
     _console_page(
         "/ui/jobs/{job_id}",
         "consoleJob",
-        "One job: status, progress, error, result, outbox rows.",
+        "One job: status, progress, error, its timeline by attempt, result, outbox rows; "
+        "cancel and redrive.",
         NOT_FOUND,
     ),
     _console_page(
