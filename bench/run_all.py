@@ -35,7 +35,17 @@ from bench.common import (
 )
 from bench.intake import BARE, BARE_STORE, BASELINE, OURS
 
-ORDER = ("intake", "sustained", "relay", "peers", "claimer", "e2e", "waiters", "footprint")
+ORDER = (
+    "intake",
+    "sustained",
+    "relay",
+    "peers",
+    "claimer",
+    "e2e",
+    "waiters",
+    "pgcost",
+    "footprint",
+)
 STUB, OFF = "dispatch stub", "dispatch off"
 BARE_JSON = "stub: bare JSON-client loop"
 
@@ -133,6 +143,11 @@ def key_figures(r: dict[str, Results]) -> list[list[str]]:
             f"all answered {'never' if done is None else f'{done:.2f} s'} after the change"
         ]
         rows[-1].append("")
+    for label, res in r.get("pgcost", {}).items():
+        pj = res["per_job"]
+        text = f"{pj['wal_bytes']:,.0f} WAL bytes, {pj['xact_commit']:.1f} commits"
+        rows.append([f"one job's life on Postgres, {label}", text])
+        rows[-1] += [f"{pj['tup_inserted']:.0f} rows in, {pj['tup_updated']:.0f} updated", ""]
     if "footprint" in r:
         i, ld = r["footprint"]["idle"], r["footprint"]["load"]
         idle = f"CPU {i['cpu']:.2%}, RSS {f_mib(i['rss_max'])} MiB"
