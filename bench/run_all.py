@@ -35,7 +35,17 @@ from bench.common import (
 )
 from bench.intake import BARE, BARE_STORE, BASELINE, OURS
 
-ORDER = ("intake", "sustained", "relay", "peers", "claimer", "e2e", "footprint")
+ORDER = (
+    "intake",
+    "sustained",
+    "relay",
+    "peers",
+    "claimer",
+    "e2e",
+    "waiters",
+    "pgcost",
+    "footprint",
+)
 STUB, OFF = "dispatch stub", "dispatch off"
 BARE_JSON = "stub: bare JSON-client loop"
 
@@ -55,7 +65,7 @@ def run_one(name: str, outdir: Path, args: argparse.Namespace) -> int:
     argv = [PY, "-m", f"bench.{name}", "--json-out", str(outdir / f"{name}.json")]
     if args.quick:
         argv.append("--quick")
-    if args.backends and name in ("intake", "sustained", "relay", "claimer", "e2e"):
+    if args.backends and name in ("intake", "sustained", "relay", "claimer", "e2e", "waiters"):
         argv += ["--backends", args.backends]
     if args.sizes and name == "claimer":
         argv += ["--sizes", args.sizes]
@@ -124,6 +134,20 @@ def key_figures(r: dict[str, Results]) -> list[list[str]]:
         xs = res["accepted_to_started"]
         lat = f"p50 {f_ms(percentile(xs, 50))} ms, p99 {f_ms(percentile(xs, 99))} ms"
         rows.append([f"accepted → started, {backend}", lat, f"{len(xs)} jobs", ""])
+    for backend, res in r.get("waiters", {}).items():
+        grew = res["rss_held"] - res["rss_before"]
+        done = res["all_answered_s"]
+        text = f"RSS +{f_mib(grew)} MiB, /healthz p99 {f_ms(res['healthz_p99_ms'])} ms"
+        rows.append([f"{res['held']:,} held waiters, {backend}", text])
+        rows[-1] += [
+            f"all answered {'never' if done is None else f'{done:.2f} s'} after the change"
+        ]
+        rows[-1].append("")
+    for label, res in r.get("pgcost", {}).items():
+        pj = res["per_job"]
+        text = f"{pj['wal_bytes']:,.0f} WAL bytes, {pj['xact_commit']:.1f} commits"
+        rows.append([f"one job's life on Postgres, {label}", text])
+        rows[-1] += [f"{pj['tup_inserted']:.0f} rows in, {pj['tup_updated']:.0f} updated", ""]
     if "footprint" in r:
         i, ld = r["footprint"]["idle"], r["footprint"]["load"]
         idle = f"CPU {i['cpu']:.2%}, RSS {f_mib(i['rss_max'])} MiB"
