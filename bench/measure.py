@@ -78,11 +78,11 @@ def job_rows(prefix: str) -> Rows:
         job: dict[str, Any] = {"id": job_id, "kind": "portal_link", "portal": "suwon"}
         job["user_id"] = "bench"
         job.update(idempotency_key=f"{prefix}-{n}", fingerprint=FINGERPRINT, key_id="k1")
-        job.update(sealed=SEALED, now=now)
+        job.update(sealed=SEALED, now=now, traceparent=None)
         relay: dict[str, Any] = {"id": new_id(), "kind": "job", "job_id": job_id}
         relay["task_id"] = None
         # Unclaimed, as an intake with dispatch off inserts it.
-        relay.update(dedup_id=job_id, now=now, claimed_until=None, attempt_count=0)
+        relay.update(dedup_id=job_id, now=now, claimed_until=None, attempt_count=0, traceparent=None)
         yield job, relay
 
 
