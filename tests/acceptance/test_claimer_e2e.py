@@ -24,9 +24,9 @@ from tests.acceptance.claimer_rig import (
     register,
 )
 from tests.acceptance.conftest import DaemonFactory
-from tests.reliability.harness import wait_until
 from tests.support.moto import MotoServer
 from tests.support.ops import ROOT
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ def test_two_daemons_share_the_work_and_never_call_for_one_website_twice(
             work = rig.work()
             return all(work.get(d, {}).get("status") == "COMPLETED" for d in domains)
 
-        wait_until(f"{n} websites classified ({prefix})", done, 60, 0.05)
+        eventually_sync(done, 60, what=f"{n} websites classified ({prefix})")
         return time.monotonic() - started
 
     url_one = one.start()
@@ -99,11 +99,11 @@ def test_a_row_left_processing_by_a_killed_daemon_is_finished_after_the_timeout(
     url = first.start()
     register(url, "crash.example")
 
-    wait_until(
-        "the row to be claimed",
+    eventually_sync(
         lambda: rig.work().get("crash.example", {}).get("status") == "PROCESSING",
         15,
-        0.01,
+        what="the row to be claimed",
+        interval=0.01,
     )
     time.sleep(0.3)  # into the 1 s provider call, most likely
     first.kill()  # SIGKILL with the row PROCESSING
@@ -120,11 +120,10 @@ def test_a_row_left_processing_by_a_killed_daemon_is_finished_after_the_timeout(
         finisher = first
         url = finisher.start()
 
-    wait_until(
-        "the stale row to be finished",
+    eventually_sync(
         lambda: rig.work()["crash.example"]["status"] == "COMPLETED",
         30,
-        0.05,
+        what="the stale row to be finished",
     )
     body = get_website(url, "crash.example")
     assert body["category"] == "finance"
@@ -175,7 +174,7 @@ def test_the_shipped_rules_classify_with_no_outside_service(
     def all_done() -> bool:
         return all(get_website(url, d)["classification"]["status"] == "COMPLETED" for d in expected)
 
-    wait_until("every website classified", all_done, 30, 0.2)
+    eventually_sync(all_done, 30, what="every website classified", interval=0.2)
     for domain, category in expected.items():
         body = get_website(url, domain)
         assert body["category"] == category, domain

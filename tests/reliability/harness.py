@@ -1,5 +1,5 @@
 """Shared pieces of the reliability suite (its fixtures are in conftest.py); the acceptance
-tests use `Db`, `http`, `merge` and `wait_until` too.
+tests use `Db` and `http` too.
 
 - `Fakes`: the strict fake portal (with as many students as needed, each job its own
   student) and the fake AI, both on one background event loop, recording every effect
@@ -7,7 +7,6 @@ tests use `Db`, `http`, `merge` and `wait_until` too.
 - `daemon_config`: a daemon configuration with small timings, so recovery is quick;
 - `http`: a plain synchronous HTTP client for loopback daemons; `raw_post` and
   `raw_request_settings` for properties over raw requests;
-- `wait_until`: polling with a deadline;
 - `Db`: reads of the daemons' database with a driver of our own (never the store under
   test), from synchronous code;
 - `log_events`: the JSON log lines of daemon processes.
@@ -42,6 +41,7 @@ from tests.support.db import COUNTED, RawDb, raw_rows
 from tests.support.loop_thread import LoopThread
 from tests.support.responses import Response
 from tests.support.students import it_student
+from tests.support.waits import eventually_sync
 
 AI_KEY_ENV = "RELIABILITY_AI_KEY"
 AI_KEY = "sk-reliability-5150"
@@ -313,17 +313,6 @@ def raw_request_settings(examples: int) -> settings:
     )
 
 
-def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
-
-
 # ------------------------------------------------------------------ the database, read directly
 
 
@@ -352,24 +341,30 @@ class Db:
                 if "no such table" in str(exc):
                     return []
                 raise
-        for attempt in range(5):
+
+        lost: list[BaseException] = []
+
+        def attempt() -> list[list[dict[str, Any]]] | None:
             try:
                 if self._raw is None:
                     self._raw = self._run(RawDb(self.url).open())
-                return self._run(self._raw.rows(query, *args))
+                return [self._run(self._raw.rows(query, *args))]
             except asyncpg.UndefinedTableError:
-                return []
+                return [[]]
             except (
                 OSError,
                 asyncpg.PostgresConnectionError,
                 asyncpg.InterfaceError,
                 asyncpg.AdminShutdownError,
-            ):
+            ) as exc:
                 self._raw = None  # terminated under us: a new one next time
-                if attempt == 4:
-                    raise
-                time.sleep(0.2)
-        raise AssertionError("unreachable")
+                lost.append(exc)
+                return None
+
+        try:
+            return eventually_sync(attempt, 1.0, what="a connection", interval=0.2)[0]
+        except AssertionError:
+            raise lost[-1] from None
 
     def scalar(self, query: str, *args: Any) -> Any:
         rows = self.rows(query, *args)

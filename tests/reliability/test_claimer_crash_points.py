@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from tests.reliability.conftest import MakeDaemon
-from tests.reliability.harness import Db, Fakes, http, wait_until
+from tests.reliability.harness import Db, Fakes, http
 from tests.support.daemon import DaemonProcess
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -77,11 +78,10 @@ def crash_at(point: str, daemon: DaemonProcess, db: Db, fakes: Fakes) -> dict[st
 
 def finish_after_restart(daemon: DaemonProcess, db: Db) -> tuple[str, dict[str, Any]]:
     base = daemon.start()  # unarmed, same database
-    row = wait_until(
-        "the website classified",
+    row = eventually_sync(
         lambda: (r := work_row(db))["status"] == "COMPLETED" and r,
-        timeout_s=PROCESSING_TIMEOUT_S + 15,
-        poll_s=0.1,
+        PROCESSING_TIMEOUT_S + 15,
+        what="the website classified",
     )
     return base, row
 

@@ -46,12 +46,12 @@ from tests.reliability.harness import (
     http,
     log_events,
     student_number,
-    wait_until,
 )
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
 from tests.support.moto import MotoServer
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -296,7 +296,7 @@ def test_sqs_stopped_and_started(rig: Rig, tmp_path: Path) -> None:
             # Stopped with nothing on the queue: what a restart does to messages waiting
             # there is test_messages_on_the_queue_survive_an_sqs_restart.
             loader.pause()
-            wait_until("the queue drained", lambda: _all_terminal(db, loader), 30)
+            eventually_sync(lambda: _all_terminal(db, loader), 30, what="the queue drained")
             start = time.time()
             sqs.stop()
             loader.resume()
@@ -446,18 +446,18 @@ def _whole_and_finished(rig: Rig, base: str, keys: list[str], answers: list[Resp
             print(f"503 for a job that had committed: {committed_503}")
         job_ids = {}
         for key in keys:  # the client retries its 503s with the same key
-            resp = wait_until(f"{key} accepted", lambda k=key: _accepted(base, k), 20)
+            resp = eventually_sync(lambda k=key: _accepted(base, k), 20, what=f"{key} accepted")
             job_ids[key] = resp.json()["jobId"]
             if key in rows:
                 assert job_ids[key] == rows[key]["id"], "a retry made a second job"
         assert db.scalar("SELECT COUNT(*) AS n FROM jobs") == len(keys)
-        wait_until(
-            "every job to succeed",
+        eventually_sync(
             lambda: (
                 db.scalar("SELECT COUNT(*) AS n FROM jobs WHERE status = 'SUCCEEDED'") == len(keys)
             ),
             60,
-            0.5,
+            what="every job to succeed",
+            interval=0.5,
         )
         logins = rig.fakes.logins()
         assert all(len(v) == 1 for v in logins.values()), "a job ran twice"
@@ -495,25 +495,24 @@ def test_messages_on_the_queue_survive_an_sqs_restart(rig: Rig, tmp_path: Path) 
         keys = [f"writer-{i}" for i in range(4)]
         answers = [_post_job(base, k) for k in keys]
         assert all(a.status == 202 and a.json()["dispatch"]["status"] == "SENT" for a in answers)
-        wait_until(
-            "the first job running",
+        eventually_sync(
             lambda: any(e["event"] == "job_started" for e in log_events([daemon])),
             15,
-            0.05,
+            what="the first job running",
         )
         sqs.stop()
         sqs.restart()
         rig.fakes.set_portal(delay_s=0.0)
         db = Db(rig.db_url)
         try:
-            wait_until(
-                "all four jobs to finish after SQS came back",
+            eventually_sync(
                 lambda: (
                     db.scalar("SELECT COUNT(*) AS n FROM jobs WHERE status = 'SUCCEEDED'")
                     == len(keys)
                 ),
                 15,
-                0.5,
+                what="all four jobs to finish after SQS came back",
+                interval=0.5,
             )
         finally:
             print(

@@ -32,13 +32,14 @@ import pytest
 
 from outboxd.storage.db import sqlite_path
 from tests.reliability.conftest import MakeDaemon
-from tests.reliability.harness import Db, http, log_events, student_number, wait_until
+from tests.reliability.harness import Db, http, log_events, student_number
 from tests.reliability.test_faults import via_proxy
 from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
 from tests.support.moto import free_port
 from tests.support.sdnotify import NotifyListener, short_tmp_dir
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +158,7 @@ def test_a_database_outage_is_quiet_cheap_and_recovered_from(
             resp = http("POST", base, "/v1/websites", {"domain": f"busy-{i}.example"})
             assert resp.status in (200, 201, 202), resp.text
         before = [post_job(base, i, f"before-{i}") for i in range(3)]
-        wait_until("scheduled tasks to run", lambda: succeeded_tasks(db) >= 2, 60)
+        eventually_sync(lambda: succeeded_tasks(db) >= 2, 60, what="scheduled tasks to run")
 
         cpu_before = cpu_seconds(daemon.pid)
         cut_at = time.time()
@@ -184,13 +185,13 @@ def test_a_database_outage_is_quiet_cheap_and_recovered_from(
 
         # Afterwards, without a restart: a new job succeeds, the schedule fires again.
         after = post_job(base, 3, "during")  # the request refused during the outage
-        wait_until(
-            "the jobs to succeed",
+        eventually_sync(
             lambda: all(job_status(base, j) == "SUCCEEDED" for j in [*before, after]),
             90,
+            what="the jobs to succeed",
         )
-        wait_until(
-            "a task run enqueued after the outage", lambda: tasks_since(db, restore_at) > 0, 30
+        eventually_sync(
+            lambda: tasks_since(db, restore_at) > 0, 30, what="a task run enqueued after the outage"
         )
 
         def ended() -> bool:
@@ -198,7 +199,7 @@ def test_a_database_outage_is_quiet_cheap_and_recovered_from(
             return said["storage_recovered"] >= said["storage_unavailable"]
 
         # Each loop notices at its next try (within its capped backoff) and says so.
-        wait_until("every outage line to have its recovery", ended, 30)
+        eventually_sync(ended, 30, what="every outage line to have its recovery")
         events = list(log_events([daemon]))
         assert daemon.terminate() == 0, daemon.all_output()[-3000:]
     finally:
@@ -253,7 +254,7 @@ def test_serve_waits_for_a_database_that_is_not_up_yet(
         ready = listener.wait_for("READY=1", timeout_s=60)
         base = daemon.wait_listening(10)
         job = post_job(base, 1, "after-start")
-        wait_until("the job to succeed", lambda: job_status(base, job) == "SUCCEEDED", 60)
+        eventually_sync(lambda: job_status(base, job) == "SUCCEEDED", 60, what="the job to succeed")
         assert daemon.terminate() == 0, daemon.all_output()[-3000:]
     finally:
         daemon.kill()
@@ -281,10 +282,10 @@ def test_sigterm_while_waiting_for_the_database_exits_0(
     daemon = make_daemon(db_url=f"postgresql://outboxd@127.0.0.1:{free_port()}/none")
     try:
         daemon.spawn()
-        wait_until(
-            "storage_waiting",
+        eventually_sync(
             lambda: any(e["event"] == "storage_waiting" for e in daemon.events()),
             30,
+            what="storage_waiting",
         )
         started = time.monotonic()
         assert daemon.proc is not None

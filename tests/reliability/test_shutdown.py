@@ -25,9 +25,10 @@ from outboxd.queue.sqs import QueueDepth, SqsQueues
 from outboxd.storage.db import Op, Query, fetch
 from outboxd.storage.postgres import PostgresDatabase
 from tests.reliability.conftest import MakeDaemon
-from tests.reliability.harness import Db, Fakes, http, log_events, student_number, wait_until
+from tests.reliability.harness import Db, Fakes, http, log_events, student_number
 from tests.support.daemon import DaemonProcess
 from tests.support.moto import MotoServer
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -61,12 +62,11 @@ def work_in_flight(daemon: DaemonProcess, db: Db, jobs: range, domain: str) -> l
     base = daemon.start()
     job_ids = [submit(base, i) for i in jobs]
     register(base, domain)
-    wait_until("the jobs running", lambda: all(started(daemon, j) for j in job_ids), 15, 0.05)
-    wait_until(
-        "the website claimed",
+    eventually_sync(lambda: all(started(daemon, j) for j in job_ids), 15, what="the jobs running")
+    eventually_sync(
         lambda: db.scalar("SELECT status FROM work_outbox") == "PROCESSING",
         15,
-        0.05,
+        what="the website claimed",
     )
     return job_ids
 
@@ -161,23 +161,22 @@ def test_sigterm_releases_what_cannot_finish_and_a_restart_picks_it_up(
     fakes.set_ai(delay_s=0.0)
     restart = time.monotonic()
     base = daemon.start()
-    t_start = wait_until(
-        "the job picked up again",
+    t_start = eventually_sync(
         lambda: len(started(daemon, job_id)) >= 2 and time.monotonic(),
         visibility_s,
-        0.05,
+        what="the job picked up again",
     )
     print(f"picked up {t_start - restart:.2f}s after the restart (visibility {visibility_s}s)")
-    wait_until(
-        "the job to succeed",
+    eventually_sync(
         lambda: db.scalar("SELECT status FROM jobs WHERE id = ?", job_id) == "SUCCEEDED",
         20,
+        what="the job to succeed",
     )
     # The classification cut short is finished too (after its processing timeout at most).
-    wait_until(
-        "the website classified",
+    eventually_sync(
         lambda: db.scalar("SELECT status FROM work_outbox") == "COMPLETED",
         processing_timeout_s + 10,
+        what="the website classified",
     )
     assert db.scalar("SELECT version FROM websites") == 1
     assert http("GET", base, f"/v1/jobs/{job_id}").json()["error"] is None
@@ -198,7 +197,7 @@ def test_a_second_sigterm_exits_at_once_and_nothing_is_lost(
     )
     base = daemon.start()
     job_id = submit(base, 2)
-    wait_until("the job running", lambda: started(daemon, job_id), 15, 0.05)
+    eventually_sync(lambda: started(daemon, job_id), 15, what="the job running")
     assert daemon.proc is not None
     daemon.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
@@ -213,10 +212,10 @@ def test_a_second_sigterm_exits_at_once_and_nothing_is_lost(
 
     fakes.set_portal(delay_s=0.0)
     daemon.start()
-    wait_until(
-        "the job to succeed after a restart",
+    eventually_sync(
         lambda: db.scalar("SELECT status FROM jobs WHERE id = ?", job_id) == "SUCCEEDED",
         30,
+        what="the job to succeed after a restart",
     )
     assert daemon.terminate() == 0
 

@@ -1,0 +1,70 @@
+"""The one way tests wait for something to happen: a deadline-bounded poll.
+
+`eventually` (async) and `eventually_sync` (blocking code: daemons as subprocesses,
+threads) call `check` until it returns something truthy, and return that. Past `timeout`
+they fail the test with what `check` last returned, so a wait that never ends is an
+assertion, not a hang. Where the test can wait on a real signal (an asyncio.Event, a
+future, a task), it waits on that instead; where the code under test takes a clock, the
+test passes tests/support/clock.py's.
+
+Real time passing on purpose (a client that must be slow, an outage that must last, "it
+did not happen in the meantime") is not a wait: such a test says so with
+`@pytest.mark.real_clock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# Short: every poll after the condition is met is time lost. A blocking check mostly
+# asks a daemon subprocess or a database, so it is asked a little less often.
+INTERVAL_S = 0.02
+SYNC_INTERVAL_S = 0.05
+
+
+def _timed_out(what: str | None, check: object, timeout: float, last: object) -> AssertionError:
+    name = what or getattr(check, "__name__", repr(check))
+    return AssertionError(f"timed out after {timeout}s waiting for {name} (last: {last!r})")
+
+
+async def eventually(
+    check: Callable[[], T | Awaitable[T | None] | None],
+    timeout: float = 10.0,
+    *,
+    what: str | None = None,
+    interval: float = INTERVAL_S,
+) -> T:
+    """`check()` (a plain or a coroutine function) until it is truthy: that value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        value = await got if inspect.isawaitable(got) else got
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise _timed_out(what, check, timeout, value)
+        await asyncio.sleep(interval)
+
+
+def eventually_sync(
+    check: Callable[[], T | None],
+    timeout: float = 10.0,
+    *,
+    what: str | None = None,
+    interval: float = SYNC_INTERVAL_S,
+) -> T:
+    """`check()` until it is truthy: that value (blocking)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise _timed_out(what, check, timeout, value)
+        time.sleep(interval)
