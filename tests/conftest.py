@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from testkit.moto import MotoServer
 
 from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
@@ -20,7 +21,6 @@ from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
 from tests.support.config import merge
-from tests.support.moto import MotoServer
 
 # A test run started by systemd (stdout to the journal) must not make every daemon the
 # tests spawn prefix its log lines with `<N>`: only the tests that set it get journald mode.

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testkit.daemon import DaemonProcess, FakeProcess
+from testkit.moto import MotoServer
+
 from tests.reliability.harness import Db, http
-from tests.support.daemon import DaemonProcess, FakeProcess
-from tests.support.moto import MotoServer
 
 KEY_ENV = "FAKE_AI_KEY"
 KEY = "sk-e2e-claimer-77c1"

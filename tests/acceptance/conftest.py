@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
 from testkit.fakes.portal import FakePortal, Student, sample_student
+from testkit.moto import MotoServer, free_port
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
@@ -26,10 +28,8 @@ from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
 from tests.reliability.harness import Db
 from tests.support import postgres as pg
 from tests.support.config import merge
-from tests.support.daemon import DaemonProcess
 from tests.support.db import raw_rows
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer, free_port
 from tests.support.postgres import dump_all
 from tests.support.responses import Response
 

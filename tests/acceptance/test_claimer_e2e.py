@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from testkit.moto import MotoServer
 
 from tests.acceptance.claimer_rig import (
     ClaimerRig,
@@ -24,7 +25,6 @@ from tests.acceptance.claimer_rig import (
     register,
 )
 from tests.acceptance.conftest import DaemonFactory
-from tests.support.moto import MotoServer
 from tests.support.ops import ROOT
 from tests.support.waits import eventually_sync
 

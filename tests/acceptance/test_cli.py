@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.moto import free_port
 
 from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
-from tests.support.moto import free_port
 from tests.support.ops import (
     db_counts,
     kill_at_publish,

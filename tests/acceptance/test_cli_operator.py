@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import dump_toml
 
 from outboxd.cli import _parser
-from tests.support.daemon import dump_toml
 from tests.support.ops import ROOT, run_cli, sql
 
 AWS = {"region": "eu-west-1"}

@@ -1,6 +1,6 @@
 """The operator console in a real browser: Debian's chromium driven by Playwright.
 
-The daemon runs as a subprocess (tests/support/daemon.py) with the fake portal, the fake
+The daemon runs as a subprocess (testkit/daemon.py) with the fake portal, the fake
 AI (a subprocess) and moto behind a TCP proxy the test can cut, on both backends; one
 more test runs the embedded default (no tokens, SQLite, embedded SQS). Every request
 the browser makes is recorded, and any to another origin is refused and reported.
@@ -24,7 +24,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+from testkit.daemon import DaemonProcess, FakeProcess
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+from testkit.moto import MotoServer
 
 from outboxd.security import generate_token, hash_token
 from tests.acceptance.conftest import (
@@ -42,9 +44,7 @@ from tests.support.browser import (
     require_chromium,
     screenshot_path,
 )
-from tests.support.daemon import DaemonProcess, FakeProcess
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer
 from tests.support.ops import ROOT
 from tests.support.sqs_proxy import RefusingGate
 from tests.support.tcp_proxy import TcpProxy

@@ -16,6 +16,7 @@ import signal
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
 from testkit.fakes.portal import SAMPLE_SNO
 
 from tests.acceptance.conftest import (
@@ -26,7 +27,6 @@ from tests.acceptance.conftest import (
     http_request,
 )
 from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, queue_depth, wait_terminal
-from tests.support.daemon import DaemonProcess
 from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess, dump_toml
+from testkit.moto import free_port
 
 from outboxd.security import generate_key
 from tests.support import postgres as pg
-from tests.support.daemon import DaemonProcess, dump_toml
-from tests.support.moto import free_port
 from tests.support.ops import run_cli
 
 LINE = re.compile(r"^<([0-7])>(\{.*\})$")

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess, FakeProcess
 from testkit.fakes.portal import SAMPLE_PASSWORD, sample_student
 
 from tests.acceptance.claimer_rig import ClaimerRig, openai_classifier, register
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, http_request
-from tests.support.daemon import DaemonProcess, FakeProcess
 from tests.support.ops import run_cli
 from tests.support.waits import eventually_sync
 

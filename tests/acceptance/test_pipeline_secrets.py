@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from testkit.fakes.portal import SAMPLE_SNO, Course, Semester, Student
+from testkit.moto import MotoServer
 
 from outboxd.config import SqsSettings
 from outboxd.queue.sqs import SqsQueues
@@ -28,7 +29,6 @@ from tests.acceptance.conftest import (
     http_request,
 )
 from tests.acceptance.jobs import get_job, wait_terminal
-from tests.support.moto import MotoServer
 from tests.support.sqs import read_all
 from tests.support.students import it_student
 

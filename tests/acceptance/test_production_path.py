@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import listening_url
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+from testkit.moto import MotoServer
 
 from outboxd.security import generate_key, generate_token, hash_token
 from tests.acceptance.conftest import PortalThread, http_request
 from tests.support import postgres as pg
-from tests.support.daemon import listening_url
-from tests.support.moto import MotoServer
 from tests.support.waits import eventually_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]

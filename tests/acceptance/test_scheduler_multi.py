@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer, free_port
 
 from outboxd.security import generate_key
 from tests.support import postgres as pg
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer, free_port
-from tests.support.ops import sql_sync
+from tests.support.db import sql_sync
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
 from tests.acceptance.conftest import offline_config
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
 from tests.support.sdnotify import NotifyListener, short_tmp_dir
 
 

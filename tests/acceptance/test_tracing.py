@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from testkit.moto import MotoServer
 
 from outboxd.config import SqsSettings
 from outboxd.queue.sqs import SqsQueues
@@ -32,7 +33,6 @@ from tests.acceptance.conftest import (
 )
 from tests.acceptance.jobs import wait_terminal
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer
 
 pytestmark = pytest.mark.slow
 

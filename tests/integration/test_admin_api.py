@@ -16,13 +16,13 @@ from structlog.testing import capture_logs
 
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
+from tests.support.db import sql
 from tests.support.ops import (
     db_counts,
     fail,
     kill_at_publish,
     kill_in_processing,
     kill_task_at_publish,
-    sql,
     submit_job,
     succeed,
 )

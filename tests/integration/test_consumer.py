@@ -33,6 +33,7 @@ from testkit.fakes.portal import (
     Student,
     sample_student,
 )
+from testkit.moto import MotoServer
 
 from outboxd.config import Settings
 from outboxd.errors import StorageError
@@ -57,7 +58,6 @@ from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
 from tests.support.config import merge
 from tests.support.db import sql
-from tests.support.moto import MotoServer
 from tests.support.ops import fail, kill_in_processing, kill_task_at_publish, submit_job, succeed
 from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 from tests.support.sqs import read_all, send_to_dlq

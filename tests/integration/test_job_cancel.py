@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+from testkit.moto import MotoServer
 
 from outboxd.errors import InvalidState
 from outboxd.observability import Metrics
@@ -33,7 +34,6 @@ from tests.integration.conftest import Client
 # The consumer's rig and fake portal, as fixtures of this module too.
 from tests.integration.test_consumer import RigFactory, make_rig, portal  # noqa: F401
 from tests.support.db import raw_rows
-from tests.support.moto import MotoServer
 
 LINK = {"portal": "suwon", "username": SAMPLE_SNO, "password": SAMPLE_PASSWORD}
 

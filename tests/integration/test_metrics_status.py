@@ -23,6 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
+from testkit.moto import MotoServer, free_port
 
 from outboxd.config import ROLES, Settings
 from outboxd.daemon.app import build_api_deps
@@ -38,7 +39,6 @@ from outboxd.storage.store import SqlStore, open_database, open_store
 from tests.conftest import SettingsFactory
 from tests.integration.test_db_down import via_proxy
 from tests.support.clock import Clock
-from tests.support.moto import MotoServer, free_port
 from tests.support.ops import (
     db_counts,
     fail,

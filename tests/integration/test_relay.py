@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from testkit.moto import MotoServer
 
 from outboxd.config import RelaySettings, Settings
 from outboxd.observability import Metrics
@@ -32,7 +33,6 @@ from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.relay import Relay, RelayShape, relay_shape
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
 
 FAIL_REASON = "InternalError: simulated per-entry failure"

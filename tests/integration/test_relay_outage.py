@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest_asyncio
 from structlog.testing import capture_logs
+from testkit.moto import MotoServer
 
 from outboxd.config import RelaySettings, Settings
 from outboxd.observability import Metrics
@@ -30,7 +31,6 @@ from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
 from tests.support.tcp_proxy import TcpProxy
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import pytest_asyncio
 from aiohttp import web
+from testkit.moto import MotoServer
 
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import SqsQueues
@@ -27,7 +28,6 @@ from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay, relay_shape
 from tests.integration.test_relay import all_rows, drain, relay_settings
-from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
 from tests.support.sqs_proxy import forward, queues_at, serve
 

@@ -21,6 +21,7 @@ import pytest_asyncio
 from aiobotocore.session import AioSession
 from aiohttp import web
 from structlog.testing import capture_logs
+from testkit.moto import MotoServer
 
 from outboxd.config import RelaySettings
 from outboxd.daemon.readiness import Readiness
@@ -29,7 +30,6 @@ from outboxd.queue.sqs import OutgoingMessage, QueueError, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
-from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
 from tests.support.sqs_proxy import forward, queue_settings, serve
 from tests.support.tcp_proxy import TcpProxy

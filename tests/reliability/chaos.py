@@ -49,6 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
+
 from tests.reliability.harness import (
     CONNECTION_ERRORS,
     JOB_TERMINAL,
@@ -63,8 +66,6 @@ from tests.reliability.harness import (
     student_number,
     write_keys_file,
 )
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
 
 Kind = Literal["job", "site"]
 

@@ -30,13 +30,13 @@ from typing import Any, TypeVar
 import asyncpg
 from aiohttp import web
 from hypothesis import HealthCheck, settings
+from testkit.daemon import DaemonProcess
 from testkit.fakes.ai import FakeAI
 from testkit.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.support.config import merge
-from tests.support.daemon import DaemonProcess
 from tests.support.db import COUNTED, RawDb, raw_rows
 from tests.support.loop_thread import LoopThread
 from tests.support.responses import Response

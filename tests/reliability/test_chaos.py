@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.moto import MotoServer
 
 from tests.reliability.chaos import ChaosParams, ChaosReport, run_chaos
 from tests.reliability.harness import Fakes
-from tests.support.moto import MotoServer
 
 pytestmark = pytest.mark.slow
 

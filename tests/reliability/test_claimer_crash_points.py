@@ -21,10 +21,10 @@ import time
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
 
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import Db, Fakes, http
-from tests.support.daemon import DaemonProcess
 from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow

@@ -33,6 +33,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
 from outboxd.storage.db import sqlite_path
 from tests.reliability.chaos import ChaosParams, ChaosReport, Cluster, Loader, settle_and_count
@@ -47,9 +49,7 @@ from tests.reliability.harness import (
     log_events,
     student_number,
 )
-from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waits import eventually_sync
 

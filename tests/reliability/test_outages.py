@@ -29,14 +29,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import free_port
 
 from outboxd.storage.db import sqlite_path
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import Db, http, log_events, student_number
 from tests.reliability.test_faults import via_proxy
-from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import free_port
 from tests.support.sdnotify import NotifyListener, short_tmp_dir
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.waits import eventually_sync

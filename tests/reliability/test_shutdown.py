@@ -19,6 +19,8 @@ from collections.abc import Generator
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
 from outboxd.config import SqsSettings
 from outboxd.queue.sqs import QueueDepth, SqsQueues
@@ -26,8 +28,6 @@ from outboxd.storage.db import Op, Query, fetch
 from outboxd.storage.postgres import PostgresDatabase
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import Db, Fakes, http, log_events, student_number
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
 from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow

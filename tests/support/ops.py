@@ -21,8 +21,7 @@ from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
 from outboxd.services.retries import publish_failure
 from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore
-from tests.support.db import sql as sql
-from tests.support.db import sql_sync as sql_sync
+from tests.support.db import sql
 
 TABLES = ("jobs", "relay_outbox", "work_outbox", "task_runs")
 
@@ -152,7 +151,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
-    from tests.support.daemon import dump_toml
+    from testkit.daemon import dump_toml
 
     path = tmp_path / f"cli-{uuid.uuid4().hex[:6]}.toml"
     path.write_text(dump_toml(config))

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.daemon import listening_url
+from testkit.daemon import listening_url
+
 from tests.support.waits import eventually_sync
 
 
