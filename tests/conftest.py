@@ -27,6 +27,12 @@ from tests.support.config import merge
 os.environ.pop("JOURNAL_STREAM", None)
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+# For a behaviour only one backend has (LISTEN/NOTIFY, a pool, one file's write lock): the
+# test runs on that one, never on both with a skip.
+postgres_only = pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+sqlite_only = pytest.mark.parametrize("backend", ["sqlite"])
 
 
 @pytest.fixture(scope="session")

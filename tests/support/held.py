@@ -1,0 +1,96 @@
+"""Requests held with `Prefer: wait` against the API in-process (tests/integration's
+`make_api` fixture builds it): the client, a job to wait on, a held GET, and the signals
+a test waits on instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp.test_utils import TestClient
+
+from outboxd.services.job_waits import JobWaits
+from tests.support.db import raw_rows
+from tests.support.waits import eventually
+
+LINK = {"portal": "suwon", "username": "20201234", "password": "pw-waits"}
+
+
+@dataclass
+class Client:
+    """The in-process API, its held requests and the stop Event its daemon would set."""
+
+    http: TestClient[Any, Any]
+    waits: JobWaits
+    stop: asyncio.Event
+
+    async def get(self, path: str, **kw: Any) -> Any:
+        return await self.http.get(path, **kw)
+
+    async def post(self, path: str, **kw: Any) -> Any:
+        return await self.http.post(path, **kw)
+
+
+Api = Callable[..., Awaitable[Client]]
+
+
+async def new_job(client: Client) -> tuple[str, str]:
+    """A job through the API: its id and its ETag."""
+    resp = await client.post(
+        "/v1/portal-link-jobs", json=LINK, headers={"Idempotency-Key": uuid.uuid4().hex}
+    )
+    assert resp.status == 202
+    job_id = (await resp.json())["jobId"]
+    got = await client.get(f"/v1/jobs/{job_id}")
+    return job_id, got.headers["ETag"]
+
+
+async def held(client: Client, job_id: str, wait: int, etag: str | None = None) -> Any:
+    headers = {"Prefer": f"wait={wait}"}
+    if etag is not None:
+        headers["If-None-Match"] = etag
+    return await client.get(f"/v1/jobs/{job_id}", headers=headers)
+
+
+async def until_held(client: Client, n: int) -> None:
+    """`n` requests hold (registered: each may still be reading what it waits on)."""
+    await eventually(lambda: client.waits.held >= n, what=f"{n} held requests")
+
+
+class Calls:
+    """Calls of one of `target`'s coroutine methods, each counted once it has returned:
+    a hold's read (the store's get_job, list_jobs) is the signal that it looked."""
+
+    def __init__(self, target: Any, name: str) -> None:
+        self.name = name
+        self.count = 0
+        inner = getattr(target, name)
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            try:
+                return await inner(*args, **kw)
+            finally:
+                self.count += 1
+
+        setattr(target, name, counted)
+
+    async def reach(self, n: int) -> None:
+        await eventually(lambda: self.count >= n, what=f"{n} calls of {self.name}")
+
+
+async def listening(db_url: str) -> None:
+    """A LISTEN connection is up on the test's Postgres database (the change feed's)."""
+
+    async def up() -> bool:
+        rows = await raw_rows(
+            db_url,
+            "SELECT COUNT(*) AS n FROM pg_stat_activity"
+            " WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+        )
+        return bool(rows[0]["n"] >= 1)
+
+    await eventually(up, 20, what="the listener to connect", interval=0.1)
