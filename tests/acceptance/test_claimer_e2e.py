@@ -25,6 +25,7 @@ from tests.acceptance.claimer_rig import (
     register,
 )
 from tests.acceptance.conftest import DaemonFactory
+from tests.conftest import postgres_only
 from tests.support.ops import ROOT
 from tests.support.waits import eventually_sync
 
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 # --- two daemons on one Postgres ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 def test_two_daemons_share_the_work_and_never_call_for_one_website_twice(
     backend: str, rig: ClaimerRig
 ) -> None:

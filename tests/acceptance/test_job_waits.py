@@ -26,6 +26,7 @@ from tests.acceptance.conftest import (
     http_request,
 )
 from tests.acceptance.jobs import get_job, post_job, wait_terminal
+from tests.conftest import sqlite_only
 
 pytestmark = pytest.mark.slow
 
@@ -172,16 +173,14 @@ def test_sigterm_answers_every_held_request_at_once(
     assert daemon.wait_exit(30) == 0
 
 
+@sqlite_only  # the poll is what SQLite has instead of notifications
 def test_the_sqlite_file_is_polled_for_another_daemons_changes(
     pipeline_config: ConfigFactory,
     spawn_daemon: DaemonFactory,
     portal_thread: PortalThread,
-    backend: str,
 ) -> None:
     """Several holds on several jobs, all changed by another daemon on the file: the one
     poll per second serves them all, each answered within 2 s."""
-    if backend != "sqlite":
-        pytest.skip("the poll is what SQLite has instead of notifications")
     waiter = spawn_daemon(pipeline_config(daemon=API_ONLY), name="w")
     changer = spawn_daemon(pipeline_config(daemon=API_ONLY), name="c")
     base_w, base_c = waiter.start(), changer.start()

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -27,6 +26,7 @@ from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store
+from tests.conftest import postgres_only
 from tests.support.db import raw_count
 from tests.support.tcp_proxy import TcpProxy
 
@@ -198,7 +198,7 @@ async def test_readyz_reports_the_database_while_down(outage: Outage) -> None:
 PARTITION_BOUND_S = 10.0 + 2 * ACQUIRE_TIMEOUT_S + 3.0
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_network_partition_is_bounded_and_heals(outage: Outage) -> None:
     """A database that goes silent (no RST) still answers 503 C09 in bounded time, then heals."""
     assert outage.proxy is not None

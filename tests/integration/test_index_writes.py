@@ -15,12 +15,11 @@ import uuid
 from collections.abc import Generator, Sequence
 from typing import Any
 
-import pytest
-
 from outboxd.ids import new_id
 from outboxd.storage.db import Op, Query, Row, execute, fetch
 from outboxd.storage.postgres import PostgresDatabase
 from outboxd.storage.store import SqlStore
+from tests.conftest import postgres_only
 from tests.support.db import raw_db
 from tests.support.group_crash import portal_job
 
@@ -108,7 +107,7 @@ async def test_no_index_on_jobs_reads_the_status(store: SqlStore, db_url: str) -
     assert not [t for t in texts if "status" in t], texts
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_a_jobs_way_to_running_and_its_outbox_claim_write_no_index(
     store: SqlStore, db_url: str
 ) -> None:
@@ -159,7 +158,7 @@ async def _young(store: SqlStore, first: Sequence[str] = ()) -> set[str]:
     return analyzed
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_a_young_database_has_its_grown_tables_analyzed(store: SqlStore, db_url: str) -> None:
     """Tables that changed by more than their size since their last ANALYZE (a new
     database, before autovacuum's first pass or with autovacuum off) are analyzed; once
@@ -177,7 +176,7 @@ async def test_a_young_database_has_its_grown_tables_analyzed(store: SqlStore, d
     assert not OURS & set(again)
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_the_store_analyzes_young_tables_by_itself_after_its_first_writes(
     store: SqlStore, db_url: str
 ) -> None:
@@ -193,7 +192,7 @@ async def test_the_store_analyzes_young_tables_by_itself_after_its_first_writes(
     assert await _young(store, task.result()) >= OURS
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_young_tables_this_role_may_not_analyze_are_left_out(
     store: SqlStore, db_url: str
 ) -> None:
@@ -227,7 +226,7 @@ async def test_young_tables_this_role_may_not_analyze_are_left_out(
             await db.execute(f'DROP ROLE "{role}"')
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_a_relay_round_claims_a_whole_page_of_outbox_rows_in_place(
     store: SqlStore, db_url: str
 ) -> None:

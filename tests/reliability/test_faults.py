@@ -37,6 +37,7 @@ from testkit.daemon import DaemonProcess
 from testkit.moto import MotoServer
 
 from outboxd.storage.db import sqlite_path
+from tests.conftest import postgres_only, sqlite_only
 from tests.reliability.chaos import ChaosParams, ChaosReport, Cluster, Loader, settle_and_count
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import (
@@ -169,7 +170,7 @@ def via_proxy(dsn: str, port: int) -> str:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 def test_postgres_backends_killed_mid_transaction(rig: Rig) -> None:
     daemon = rig.daemon()
     killed = Counter[str]()
@@ -211,7 +212,7 @@ def test_postgres_backends_killed_mid_transaction(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 def test_postgres_stopped_and_started(rig: Rig) -> None:
     with LoopThread() as lt:
         upstream = urlsplit(rig.db_url)
@@ -240,7 +241,7 @@ def test_postgres_stopped_and_started(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 def test_a_pool_of_one_held_by_slow_statements(rig: Rig) -> None:
     """pool_size = 1 and a statement that waits 3 s on a lock: every other request is
     503 C09 after the acquire timeout, none hangs; afterwards everything goes through."""
@@ -484,7 +485,7 @@ def _all_terminal(db: Db, loader: Loader) -> bool:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("backend", ["sqlite"])
+@sqlite_only
 def test_messages_on_the_queue_survive_an_sqs_restart(rig: Rig, tmp_path: Path) -> None:
     sqs = MotoServer(tmp_path / "private-moto.log")
     sqs.start()
@@ -589,7 +590,7 @@ async def test_a_storage_error_after_the_commit_still_answers_202(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_a_connection_killed_in_the_pool_is_storage_unavailable(db_url: str) -> None:
     from outboxd.errors import StorageUnavailable
     from outboxd.storage.db import Op, Query, fetch

@@ -33,6 +33,7 @@ from testkit.daemon import DaemonProcess
 from testkit.moto import free_port
 
 from outboxd.storage.db import sqlite_path
+from tests.conftest import postgres_only, sqlite_only
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import Db, http, log_events, student_number
 from tests.reliability.test_faults import via_proxy
@@ -228,7 +229,7 @@ def test_a_database_outage_is_quiet_cheap_and_recovered_from(
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 def test_serve_waits_for_a_database_that_is_not_up_yet(
     make_daemon: MakeDaemon, db_url: str, tmp_path: Path, short_dir: Path
 ) -> None:
@@ -275,7 +276,7 @@ def test_serve_waits_for_a_database_that_is_not_up_yet(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", ["sqlite"])  # the database is never reached
+@sqlite_only  # the database is never reached
 def test_sigterm_while_waiting_for_the_database_exits_0(
     make_daemon: MakeDaemon, tmp_path: Path
 ) -> None:

@@ -26,6 +26,7 @@ from outboxd.config import SqsSettings
 from outboxd.queue.sqs import QueueDepth, SqsQueues
 from outboxd.storage.db import Op, Query, fetch
 from outboxd.storage.postgres import PostgresDatabase
+from tests.conftest import sqlite_only
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import Db, Fakes, http, log_events, student_number
 from tests.support.waits import eventually_sync
@@ -184,7 +185,7 @@ def test_sigterm_releases_what_cannot_finish_and_a_restart_picks_it_up(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("backend", ["sqlite"])
+@sqlite_only
 def test_a_second_sigterm_exits_at_once_and_nothing_is_lost(
     make_daemon: MakeDaemon, fakes: Fakes, db: Db
 ) -> None:

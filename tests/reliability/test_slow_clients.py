@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from outboxd.config import Settings
+from tests.conftest import sqlite_only
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import raw_post
 from tests.support.live_api import LiveApi, parse_response, read_until_closed
@@ -408,7 +409,7 @@ FLOOD_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(
 )
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])
+@sqlite_only
 def test_a_header_flood_leaves_the_daemon_rss_bounded(make_daemon: MakeDaemon) -> None:
     """300 connections each sending ~940 KB of headers (never ending the head) and held
     open: each is refused at the budget, so the daemon does not keep ~2 MB per connection
