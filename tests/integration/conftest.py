@@ -8,15 +8,19 @@ from typing import Any
 
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from testkit.fakes.portal import FakePortal, sample_student
+from testkit.moto import MotoServer
 
 from outboxd.daemon.app import build_api_deps
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics
+from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing, generate_token, hash_token
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory
-from tests.support import held
+from tests.support import consumer_rig, held
+from tests.support.config import merge
 
 Client = TestClient[Any, Any]
 
@@ -77,3 +81,73 @@ async def make_api(
         await c.http.close()
     for t in tasks:
         await t
+
+
+@pytest_asyncio.fixture
+async def make_rig(
+    make_settings: SettingsFactory,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    store: SqlStore,
+    keys: KeyRing,
+) -> AsyncIterator[consumer_rig.RigFactory]:
+    """The consumer's rig (tests/support/consumer_rig.py) on the test's store and queues,
+    with the fake portal knowing the sample student and a broken one; keyword sections
+    override the small test settings."""
+    rigs: list[consumer_rig.Rig] = []
+    opened: list[SqsQueues] = []
+    portal = FakePortal([sample_student(), consumer_rig.broken_student()])
+    await portal.start()
+
+    async def factory(**sections: dict[str, Any]) -> consumer_rig.Rig:
+        base: dict[str, dict[str, Any]] = {
+            "sqs": {
+                "endpoint_url": moto_server.endpoint_url,
+                **queue_names,
+                "wait_time_s": 1,
+                "visibility_timeout_s": 3,
+                "max_receive_count": 3,
+            },
+            # The DLQ sweep runs once when a consumer starts; the tests call it themselves.
+            "consumer": {
+                "max_concurrency": 4,
+                "heartbeat_s": 1.0,
+                "backoff_base_s": 0,
+                "dlq_sweep_s": 3600,
+            },
+            "relay": {"publish_timeout_s": 3.0},
+            "scrapers": {
+                "suwon": {
+                    "portal_base_url": portal.portal_base_url,
+                    "info_base_url": portal.info_base_url,
+                    "timeout_s": 5.0,
+                    "min_interval_s": 0.0,
+                }
+            },
+        }
+        for name, values in sections.items():
+            base[name] = merge(base.get(name, {}), values)
+        settings = make_settings(**base)
+        queues = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
+        await queues.start()
+        opened.append(queues)
+        rig = consumer_rig.Rig(
+            settings=settings,
+            store=store,
+            keys=keys,
+            queues=queues,
+            portal=portal,
+            receiver=consumer_rig.RecordingReceiver(queues),
+            publisher=consumer_rig.BodyRecordingPublisher(queues),
+        )
+        rigs.append(rig)
+        return rig
+
+    try:
+        yield factory
+        for rig in rigs:
+            await rig.close()
+        for q in opened:
+            await q.close()
+    finally:
+        await portal.stop()
