@@ -26,6 +26,7 @@ from outboxd.storage.store import SqlStore
 from outboxd.workers.claimer import Claimer
 from tests.support.clock import Clock
 from tests.support.db import raw_execute, raw_rows
+from tests.support.waits import eventually
 
 KEY_ENV = "CLAIMER_TEST_AI_KEY"
 KEY = "sk-claimer-test-5e1d"
@@ -95,12 +96,13 @@ async def run_until(claimer: Claimer, done: Callable[[], Any], deadline_s: float
     """Run the claimer's own loop until `await done()` is true (bounded), then stop it."""
     stop = asyncio.Event()
     task = asyncio.create_task(claimer.run(stop))
+
+    async def finished() -> bool:
+        assert not task.done(), "the claimer loop ended by itself"
+        return bool(await done())
+
     try:
-        deadline = time.monotonic() + deadline_s
-        while not await done():
-            assert time.monotonic() < deadline, "the claimer did not finish in time"
-            assert not task.done(), "the claimer loop ended by itself"
-            await asyncio.sleep(0.05)
+        await eventually(finished, deadline_s, what="the claimer to finish")
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -394,10 +396,8 @@ async def test_a_claimer_whose_row_was_taken_over_reports_lost_and_changes_nothi
     ai.categories_by_domain["race.example"] = "news"
     ai.delay_s = 0.5
     tick = asyncio.create_task(claimer.tick())
-    deadline = time.monotonic() + 5
-    while not ai.requests:  # the call is in flight; the row is PROCESSING since t=100
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    # The call is in flight; the row is PROCESSING since t=100.
+    await eventually(lambda: ai.requests, 5, what="the call in flight")
     other = await store.claim_work(200.0, 10.0, 1.0)
     assert other is not None
     assert await tick == "lost"

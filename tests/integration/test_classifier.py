@@ -26,6 +26,7 @@ from outboxd.scrapers.classifier import (
     build_classifier,
     parse_retry_after,
 )
+from tests.support.waits import eventually
 
 KEY_ENV = "OUTBOXD_TEST_AI_KEY"
 # Distinctive so a leak is unmistakable in any message.
@@ -372,11 +373,11 @@ async def test_fake_records_calls(ai: FakeAI, client: OpenAIClassifier) -> None:
 
 
 async def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not path.exists():
+    def written() -> bool:
         assert proc.poll() is None, "fake AI exited early"
-        assert time.monotonic() < deadline, f"{path} not written in time"
-        await asyncio.sleep(0.05)
+        return path.exists()
+
+    await eventually(written, deadline_s, what=f"{path} to be written")
 
 
 async def test_fake_standalone_serves_and_records(

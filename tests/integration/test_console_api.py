@@ -30,6 +30,7 @@ from outboxd.workers.claimer import Claimer
 from tests.conftest import SettingsFactory
 from tests.integration.test_admin_api import problem_of, walk
 from tests.support.ops import kill_at_publish, kill_in_processing, submit_job, succeed
+from tests.support.waits import eventually
 
 Client = TestClient[Any, Any]
 AI_KEY = "sk-console-test-" + "3f9a"
@@ -210,10 +211,7 @@ async def _pace_through_a_pause(
     stop = asyncio.Event()
     task = asyncio.create_task(claimer.run(stop))
     try:
-        deadline = time.monotonic() + 30
-        while runtime.claimer_pace()[1] is None:
-            assert time.monotonic() < deadline, "the claimer never ticked"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: runtime.claimer_pace()[1] is not None, 30, what="a tick")
         body = await (await client.get("/v1/admin/runtime")).json()
     finally:
         stop.set()

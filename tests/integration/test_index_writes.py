@@ -8,7 +8,7 @@ rows by an unsent status (DEAD, the operator's usual question) reads that index.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
 import os
 import uuid
@@ -22,6 +22,7 @@ from outboxd.storage.store import SqlStore
 from tests.conftest import postgres_only
 from tests.support.db import raw_db
 from tests.support.group_crash import portal_job
+from tests.support.waits import eventually
 
 
 async def _plan(store: SqlStore, name: str, params: dict[str, Any]) -> str:
@@ -150,11 +151,14 @@ async def _young(store: SqlStore, first: Sequence[str] = ()) -> set[str]:
     among them: each pooled connection reports its writes' counts to the server within
     about ten seconds of going idle. (Other tables may qualify too: the worker's database
     is emptied between tests, and what earlier tests wrote counts as change.)"""
-    deadline = asyncio.get_running_loop().time() + 30
     analyzed = set(first)
-    while not analyzed >= OURS and asyncio.get_running_loop().time() < deadline:
-        analyzed |= set(await store.db.analyze_young_tables())  # type: ignore[attr-defined]
-        await asyncio.sleep(0.2)
+
+    async def ours_analyzed() -> bool:
+        analyzed.update(await store.db.analyze_young_tables())  # type: ignore[attr-defined]
+        return analyzed >= OURS
+
+    with contextlib.suppress(AssertionError):  # the callers say what was missing
+        await eventually(ours_analyzed, 30, interval=0.2)
     return analyzed
 
 
@@ -203,14 +207,15 @@ async def test_young_tables_this_role_may_not_analyze_are_left_out(
         await store.create_portal_job(portal_job("guest", i), 1000.0)
     role = f"outboxd_guest_{uuid.uuid4().hex[:8]}"
     async with raw_db(db_url) as db:
-        deadline = asyncio.get_running_loop().time() + 30
-        while asyncio.get_running_loop().time() < deadline:  # stats reach the server late
+
+        async def counted() -> bool:  # stats reach the server late
             young = await db.scalar(
                 "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'jobs'"
             )
-            if young >= 120:
-                break
-            await asyncio.sleep(0.2)
+            return bool(young >= 120)
+
+        with contextlib.suppress(AssertionError):  # as before: the test goes on regardless
+            await eventually(counted, 30, interval=0.2)
         await db.execute(f'CREATE ROLE "{role}" LOGIN')
     try:
         user, _, host = db_url.partition("://")[2].partition("@")

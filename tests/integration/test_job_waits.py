@@ -19,8 +19,8 @@ from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.job_changes import JobChangeFeed
 from tests.conftest import postgres_only
 from tests.support.db import raw_rows
-from tests.support.held import Api, Calls, held, listening, new_job, until_held
-from tests.support.waits import eventually
+from tests.support.held import Api, held, listening, new_job, until_held
+from tests.support.waits import Calls, eventually
 
 
 async def test_every_answer_has_an_etag_and_if_none_match_answers_304(make_api: Api) -> None:

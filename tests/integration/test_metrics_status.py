@@ -51,6 +51,7 @@ from tests.support.ops import (
     write_config,
 )
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waits import eventually
 
 Client = TestClient[Any, Any]
 
@@ -555,11 +556,13 @@ async def test_metrics_answer_while_the_database_is_down_and_recover(
                 )
 
             await breakable.up()
-            deadline = time.monotonic() + 20
-            while sample(text, "outboxd_stats_refresh_success", source="database") != 1:
-                assert time.monotonic() < deadline, "the gauges never recovered"
-                await asyncio.sleep(0.1)
+
+            async def recovered() -> str | None:
                 text = await (await client.get("/metrics")).text()
+                ok = sample(text, "outboxd_stats_refresh_success", source="database") == 1
+                return text if ok else None
+
+            text = await eventually(recovered, 20, what="the gauges to recover", interval=0.1)
             assert sample(text, "outboxd_rows", table="jobs", status="QUEUED") == 2
             assert sample(text, "outboxd_ready", check="database") == 1
             later = sample(text, "outboxd_stats_last_success_timestamp_seconds", source="database")

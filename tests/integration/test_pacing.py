@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from testkit.fakes.ai import FakeAI
 
@@ -28,6 +29,7 @@ from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.claimer import AI_PACE, Claimer
 from outboxd.workers.pacing import PORTAL_PACE, ClusterPortalPacing, DbClock
 from tests.support.db import raw_rows
+from tests.support.waits import eventually
 
 KEY_ENV = "PACING_TEST_AI_KEY"
 KEY = "sk-pacing-test-90aa"
@@ -82,6 +84,7 @@ async def categories(store: SqlStore, domains: list[str]) -> dict[str, str | Non
 # --- the pace table ---------------------------------------------------------------------------
 
 
+@pytest.mark.real_clock  # another writer holds SQLite's write lock for a while
 async def test_a_slot_is_decided_once_the_write_lock_is_held(
     store: SqlStore, backend: str, db_url: str
 ) -> None:
@@ -154,12 +157,12 @@ async def test_session_leases_hold_the_limit_expire_and_come_back(
     states = {s.name: s for s in await store.pace_states(time.time())}
     assert states["p"].sessions == 2
     # b's holder dies: its lease ends by itself.
-    deadline = time.monotonic() + 10
-    c = None
-    while c is None:
-        assert time.monotonic() < deadline, "the expired lease never came back"
-        await asyncio.sleep(0.1)
-        c = await store.lease_take("p", "c", 2, 30.0, time.time)
+    c = await eventually(
+        lambda: store.lease_take("p", "c", 2, 30.0, time.time),
+        10,
+        what="the expired lease to come back",
+        interval=0.1,
+    )
     assert c.slot == b.slot
     assert not await other.lease_release(b)  # no longer b's to give back
     assert not await other.lease_renew(b, 30.0, time.time)
@@ -176,15 +179,13 @@ async def run_claimers(claimers: list[Claimer], done: Any, deadline_s: float = 4
     stop = asyncio.Event()
     tasks = [asyncio.create_task(c.run(stop)) for c in claimers]
     try:
-        deadline = time.monotonic() + deadline_s
-        while not await done():
-            assert time.monotonic() < deadline, "the claimers did not finish in time"
-            await asyncio.sleep(0.05)
+        await eventually(done, deadline_s, what="the claimers to finish")
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 15)
 
 
+@pytest.mark.real_clock  # idle for a while: no slot may be taken meanwhile
 async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
     store: SqlStore, other: SqlStore, ai: FakeAI
 ) -> None:
@@ -289,10 +290,12 @@ async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
     claimer = cluster_claimer(store, ai, fixed_delay_s=0.5)
     stop = asyncio.Event()
     task = asyncio.create_task(claimer.run(stop))
-    deadline = time.monotonic() + 10
-    while (await store.get_website("waiting.example")).work_status != "PROCESSING":  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, "the row was never claimed"
-        await asyncio.sleep(0.05)
+
+    async def claimed() -> bool:
+        website = await store.get_website("waiting.example")
+        return website is not None and website.work_status == "PROCESSING"
+
+    await eventually(claimed, 10, what="the row to be claimed")
     stopped_at = time.monotonic()
     stop.set()
     await asyncio.wait_for(task, 10)
@@ -337,6 +340,7 @@ async def test_portal_pacing_spaces_requests_and_limits_sessions_across_instance
     assert states["suwon"].sessions == 0  # every session given back
 
 
+@pytest.mark.real_clock  # a scrape that really outlives its session lease
 async def test_a_portal_session_longer_than_its_lease_is_renewed_early_and_never_shared(
     store: SqlStore, other: SqlStore, db_url: str
 ) -> None:

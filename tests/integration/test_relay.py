@@ -34,6 +34,7 @@ from outboxd.workers.relay import Relay, RelayShape, relay_shape
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
 from tests.support.ops import insert_portal_job
+from tests.support.waits import Calls, eventually
 
 FAIL_REASON = "InternalError: simulated per-entry failure"
 
@@ -316,14 +317,14 @@ async def test_sqs_outage_backs_off_and_queues_are_recreated_when_sqs_returns(
         assert job is not None and job.status == "QUEUED"
 
         moto.start()  # same port, no queues any more
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        async def retried() -> RelayRow | None:
             await relay.relay_once()
             row = await store.get_relay_row(outbox_id)
             assert row is not None
-            if row.status != "RETRYABLE_FAILED":
-                break
-            await asyncio.sleep(0.2)
+            return row if row.status != "RETRYABLE_FAILED" else None
+
+        row = await eventually(retried, 20, interval=0.2)
         assert row.status == "SENT", row
         assert row.queue_message_id
         received = await drain(queues)
@@ -489,17 +490,17 @@ def test_the_daemon_runs_two_lanes_on_postgres_and_larger_rounds_on_sqlite() -> 
     assert relay_shape("sqlite") == RelayShape(lanes=1, batches_per_round=20)
 
 
-class SlowPublisher(PartialFailurePublisher):
-    """Signals when a batch arrives, then takes `delay_s` to send it."""
+class HeldPublisher(PartialFailurePublisher):
+    """Signals when a batch arrives, then sends it once the test releases it."""
 
-    def __init__(self, inner: SqsQueues, delay_s: float) -> None:
+    def __init__(self, inner: SqsQueues) -> None:
         super().__init__(inner)
-        self.delay_s = delay_s
         self.entered = asyncio.Event()
+        self.release = asyncio.Event()
 
     async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
         self.entered.set()
-        await asyncio.sleep(self.delay_s)
+        await self.release.wait()
         return await super().send_batch(kind, messages)
 
 
@@ -510,14 +511,18 @@ async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     publish. SQS is fine and the row goes out: the request must say so (SENT), not
     answer QUEUED, nor 503 C08 with `api.require_dispatch`."""
     job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-race")
-    loop_publisher = SlowPublisher(queues, delay_s=0.5)
+    loop_publisher = HeldPublisher(queues)
     loop = Relay(store, loop_publisher, relay_settings(), Metrics())
     request = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
 
     loop_pass = asyncio.create_task(loop.relay_once())
     await asyncio.wait_for(loop_publisher.entered.wait(), 10)  # the loop holds the row
+    looks = Calls(store, "get_relay_row")
+    published = asyncio.create_task(request.publish_now(outbox_id))
+    await looks.reach(1)  # the request found the row in the loop's hands, mid-publish
+    loop_publisher.release.set()
 
-    assert await request.publish_now(outbox_id) is True
+    assert await asyncio.wait_for(published, 10) is True
     row = await store.get_relay_row(outbox_id)
     assert row is not None and row.status == "SENT" and row.queue_message_id
     assert await loop_pass == 1

@@ -32,6 +32,7 @@ from tests.integration.test_relay import (
 )
 from tests.support.clock import Clock
 from tests.support.ops import insert_portal_job
+from tests.support.waits import eventually
 
 __all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
 
@@ -333,11 +334,14 @@ async def test_a_shutdown_answers_the_waiting_requests_not_dispatched(
     held = [r for r in await all_rows(store) if r.status == "SENT"]
     assert len(held) == 10 and all(r.queue_message_id for r in held)
     loop = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
-    deadline = asyncio.get_running_loop().time() + 10
-    while any(r.status != "SENT" for r in await all_rows(store)):
-        assert asyncio.get_running_loop().time() < deadline, "rows were left unsent"
+
+    async def all_sent() -> bool:
+        if all(r.status == "SENT" for r in await all_rows(store)):
+            return True
         await loop.relay_once()
-        await asyncio.sleep(0.05)
+        return False
+
+    await eventually(all_sent, 10, what="every row SENT")
     rows = await all_rows(store)
     assert_no_sent_without_message_id(rows)
     received = await drain(queues)

@@ -26,6 +26,7 @@ from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
 from tests.integration.test_relay import PartialFailurePublisher, queues, relay_settings, settings
 from tests.support.clock import Clock
+from tests.support.waits import Calls
 
 __all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
 
@@ -161,10 +162,11 @@ async def test_a_replay_while_the_relay_loop_fails_its_publish_is_503_c08(
         held = await store.get_relay_row(row.id)
         assert held is not None and (held.claimed_until or 0) > clock.now
 
+        looks = Calls(store, "get_relay_row")
         replay = asyncio.create_task(post(client, "k-held"))
         # Ordering only (the replay meets the row while it is held); the answer below
         # must be the same if the loop's outcome lands first.
-        await asyncio.sleep(0.3)
+        await looks.reach(1)
         pub.gate.set()
         status, body, headers = await asyncio.wait_for(replay, 10)
         await loop_round

@@ -329,6 +329,7 @@ async def test_cron_and_every_instances_agree_on_fire_times(
         await other.close()
 
 
+@pytest.mark.real_clock  # how many fire in a second of the loop's own clock
 async def test_run_loop_enqueues_on_the_real_clock_and_stops(store: SqlStore) -> None:
     s = Scheduler(SchedulerSettings(jobs=(every("live", 0.2),), tick_s=0.05), TaskService(store))
     stop = asyncio.Event()

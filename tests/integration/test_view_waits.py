@@ -15,8 +15,8 @@ from typing import Any
 
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.job_changes import JobChangeFeed
-from tests.support.held import Api, Calls, Client, held, listening, new_job, until_held
-from tests.support.waits import eventually
+from tests.support.held import Api, Client, held, listening, new_job, until_held
+from tests.support.waits import Calls, eventually
 
 JOBS = "/v1/admin/jobs"
 

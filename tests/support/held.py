@@ -61,27 +61,6 @@ async def until_held(client: Client, n: int) -> None:
     await eventually(lambda: client.waits.held >= n, what=f"{n} held requests")
 
 
-class Calls:
-    """Calls of one of `target`'s coroutine methods, each counted once it has returned:
-    a hold's read (the store's get_job, list_jobs) is the signal that it looked."""
-
-    def __init__(self, target: Any, name: str) -> None:
-        self.name = name
-        self.count = 0
-        inner = getattr(target, name)
-
-        async def counted(*args: Any, **kw: Any) -> Any:
-            try:
-                return await inner(*args, **kw)
-            finally:
-                self.count += 1
-
-        setattr(target, name, counted)
-
-    async def reach(self, n: int) -> None:
-        await eventually(lambda: self.count >= n, what=f"{n} calls of {self.name}")
-
-
 async def listening(db_url: str) -> None:
     """A LISTEN connection is up on the test's Postgres database (the change feed's)."""
 

@@ -18,7 +18,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -68,3 +68,25 @@ def eventually_sync(
         if time.monotonic() >= deadline:
             raise _timed_out(what, check, timeout, value)
         time.sleep(interval)
+
+
+class Calls:
+    """Calls of one of `target`'s coroutine methods, each counted once it has returned: a
+    signal that the code under test got that far (a held request read its job, a
+    publish looked at its row), to wait for with `reach`."""
+
+    def __init__(self, target: Any, name: str) -> None:
+        self.name = name
+        self.count = 0
+        inner = getattr(target, name)
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            try:
+                return await inner(*args, **kw)
+            finally:
+                self.count += 1
+
+        setattr(target, name, counted)
+
+    async def reach(self, n: int) -> None:
+        await eventually(lambda: self.count >= n, what=f"{n} calls of {self.name}")
