@@ -20,6 +20,7 @@ from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
+from tests.support import waits
 from tests.support.config import merge
 
 # A test run started by systemd (stdout to the journal) must not make every daemon the
@@ -33,6 +34,14 @@ postgres_only = pytest.mark.parametrize(
     "backend", [pytest.param("postgres", marks=pytest.mark.postgres)]
 )
 sqlite_only = pytest.mark.parametrize("backend", ["sqlite"])
+
+
+@pytest.fixture(autouse=True)
+def _real_clock_marker(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Lets support/waits.consistently run only in tests marked real_clock."""
+    waits.real_clock_allowed = request.node.get_closest_marker("real_clock") is not None
+    yield
+    waits.real_clock_allowed = False
 
 
 @pytest.fixture(scope="session")

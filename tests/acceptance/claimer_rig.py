@@ -81,6 +81,17 @@ def daemon_config(
     }
 
 
+def connected_to(port: int) -> bool:
+    """Some process of this machine holds an established TCP connection to loopback `port`
+    (read from /proc/net/tcp): a client's request to that server is under way."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            _sl, _local, remote, state, *_ = line.split()
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
 def openai_classifier(ai: FakeProcess) -> dict[str, Any]:
     return {
         "provider": "openai",

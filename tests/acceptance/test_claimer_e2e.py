@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import tomllib
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from testkit.moto import MotoServer
 from tests.acceptance.claimer_rig import (
     ClaimerRig,
     assert_no_overlap_per_domain,
+    connected_to,
     daemon_config,
     get_website,
     openai_classifier,
@@ -106,7 +108,9 @@ def test_a_row_left_processing_by_a_killed_daemon_is_finished_after_the_timeout(
         what="the row to be claimed",
         interval=0.01,
     )
-    time.sleep(0.3)  # into the 1 s provider call, most likely
+    # Into the 1 s provider call: the daemon's connection to the fake AI is open.
+    ai_port = urllib.parse.urlsplit(ai.info["base_url"]).port
+    eventually_sync(lambda: connected_to(ai_port), 15, what="the call to the AI", interval=0.01)
     first.kill()  # SIGKILL with the row PROCESSING
     held = rig.work()["crash.example"]
     assert held["status"] == "PROCESSING"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from pathlib import Path
 from typing import Any
 
@@ -211,15 +210,14 @@ def test_the_portal_sees_one_client_across_three_daemons(
         jobs.append(resp.json()["jobId"])
 
     def finished() -> list[dict[str, Any]] | None:
-        # Seldom: the fake portal shares this process, and busy polling here would
-        # delay when it notes a request's arrival.
-        time.sleep(1.0)
         bodies = [http_request("GET", f"{urls[0]}/v1/jobs/{j}").json() for j in jobs]
         return (
             bodies if all(b["status"] in ("SUCCEEDED", "FAILED", "DEAD") for b in bodies) else None
         )
 
-    bodies = eventually_sync(finished, 120, what="all four jobs to finish")
+    # Seldom: the fake portal shares this process, and busy polling here would delay when
+    # it notes a request's arrival.
+    bodies = eventually_sync(finished, 120, what="all four jobs to finish", interval=1.0)
     assert [b["status"] for b in bodies] == ["SUCCEEDED"] * 4, bodies
     requests = sorted(portal_thread.run(lambda: list(portal_thread.portal.requests)))
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(requests)]

@@ -18,7 +18,8 @@ from testkit.daemon import DaemonProcess
 from testkit.moto import MotoServer
 
 from tests.acceptance.conftest import offline_config
-from tests.support.sdnotify import NotifyListener, short_tmp_dir
+from tests.support.sdnotify import Datagram, NotifyListener, short_tmp_dir
+from tests.support.waits import eventually_sync
 
 
 def daemon_config(moto: MotoServer) -> dict[str, Any]:
@@ -52,8 +53,11 @@ def test_ready_watchdog_and_stopping(
         for role in ("api", "relay", "consumer", "claimer", "scheduler"):
             assert role in status[0]
 
-        time.sleep(1.5)
-        pings = listener.with_line("WATCHDOG=1")
+        def pings_for_a_while() -> list[Datagram] | None:  # seven: about 1.5 s of them
+            pings = listener.with_line("WATCHDOG=1")
+            return pings if len(pings) >= 7 else None
+
+        pings = eventually_sync(pings_for_a_while, 10)
         assert len(pings) >= 4, [d.lines for d in listener.received]
         gaps = [b.at - a.at for a, b in itertools.pairwise(pings)]
         assert max(gaps) < 0.2 * 4, gaps  # about every 0.2 s, never stalled

@@ -24,6 +24,7 @@ from outboxd.queue.sqs import (
 )
 from tests.support.sqs import read_all
 from tests.support.sqs_proxy import queue_settings as make_settings
+from tests.support.waits import consistently
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -227,8 +228,8 @@ async def test_read_all_leaves_messages_or_drains(queues: SqsQueues) -> None:
 async def test_long_poll_returns_when_a_message_arrives(queues: SqsQueues) -> None:
     """A long poll waits for a message rather than returning empty at once."""
     poll = asyncio.create_task(queues.receive("jobs", 1, wait_time_s=5))
-    done, _ = await asyncio.wait({poll}, timeout=0.3)  # the poll reaches moto meanwhile
-    assert not done, "an empty queue answered a long poll at once"
+    # Meanwhile the poll reaches moto, and an empty queue does not answer it.
+    await consistently(lambda: not poll.done(), 0.3)
     await queues.send_batch("jobs", msgs(1))
     got = await asyncio.wait_for(poll, 5)
     assert [m.body for m in got] == ["body-m0"]
@@ -238,8 +239,7 @@ async def test_long_poll_returns_when_a_message_arrives(queues: SqsQueues) -> No
 async def test_cancelled_long_poll_stays_cancelled(queues: SqsQueues) -> None:
     """Cancelling a receive (shutdown) raises CancelledError, not QueueError."""
     poll = asyncio.create_task(queues.receive("jobs", 1, wait_time_s=10))
-    done, _ = await asyncio.wait({poll}, timeout=0.2)  # in flight at moto, most likely
-    assert not done
+    await consistently(lambda: not poll.done(), 0.2)  # in flight at moto, most likely
     poll.cancel()
     with pytest.raises(asyncio.CancelledError):
         await poll

@@ -61,15 +61,17 @@ async def until_held(client: Client, n: int) -> None:
     await eventually(lambda: client.waits.held >= n, what=f"{n} held requests")
 
 
-async def listening(db_url: str) -> None:
-    """A LISTEN connection is up on the test's Postgres database (the change feed's)."""
+async def listening(db_url: str, n: int = 1, since: float = 0.0) -> None:
+    """`n` LISTEN connections (change feeds) are up on the test's Postgres database, each
+    opened at epoch `since` or later (so none left over from an earlier test counts)."""
 
     async def up() -> bool:
         rows = await raw_rows(
             db_url,
-            "SELECT COUNT(*) AS n FROM pg_stat_activity"
-            " WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+            "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE query LIKE 'LISTEN%'"
+            " AND datname = current_database() AND backend_start >= to_timestamp(?)",
+            since,
         )
-        return bool(rows[0]["n"] >= 1)
+        return bool(rows[0]["n"] >= n)
 
-    await eventually(up, 20, what="the listener to connect", interval=0.1)
+    await eventually(up, 20, what=f"{n} listeners to connect", interval=0.1)

@@ -7,9 +7,9 @@ assertion, not a hang. Where the test can wait on a real signal (an asyncio.Even
 future, a task), it waits on that instead; where the code under test takes a clock, the
 test passes tests/support/clock.py's.
 
-Real time passing on purpose (a client that must be slow, an outage that must last, "it
-did not happen in the meantime") is not a wait: such a test says so with
-`@pytest.mark.real_clock`.
+Real time passing on purpose (a client that must be slow, an outage that must last) is not
+a wait: such a test says so with `@pytest.mark.real_clock`. So does one that asserts that
+something does not happen for a while (`consistently`): only those may call it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ T = TypeVar("T")
 # asks a daemon subprocess or a database, so it is asked a little less often.
 INTERVAL_S = 0.02
 SYNC_INTERVAL_S = 0.05
+
+
+# Set per test (tests/conftest.py): whether it carries @pytest.mark.real_clock.
+real_clock_allowed = False
 
 
 def _timed_out(what: str | None, check: object, timeout: float, last: object) -> AssertionError:
@@ -68,6 +72,38 @@ def eventually_sync(
         if time.monotonic() >= deadline:
             raise _timed_out(what, check, timeout, value)
         time.sleep(interval)
+
+
+def _real_clock(what: str) -> None:
+    if not real_clock_allowed:
+        raise AssertionError(f"{what} lets real time pass: mark the test @pytest.mark.real_clock")
+
+
+async def consistently(
+    check: Callable[[], object], for_s: float, *, interval: float = INTERVAL_S
+) -> None:
+    """`check()` stays truthy for `for_s` seconds of real time (fails the moment it is not):
+    that something does not happen meanwhile. Only in real_clock tests."""
+    _real_clock("consistently")
+    deadline = time.monotonic() + for_s
+    while True:
+        assert check(), f"no longer so after {for_s - (deadline - time.monotonic()):.2f}s"
+        if time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def consistently_sync(
+    check: Callable[[], object], for_s: float, *, interval: float = SYNC_INTERVAL_S
+) -> None:
+    """`consistently`, blocking."""
+    _real_clock("consistently_sync")
+    deadline = time.monotonic() + for_s
+    while True:
+        assert check(), f"no longer so after {for_s - (deadline - time.monotonic()):.2f}s"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
 class Calls:
