@@ -19,7 +19,7 @@ from testkit.moto import MotoServer, free_port
 from outboxd.security import generate_key
 from tests.support import postgres as pg
 from tests.support.db import sql_sync
-from tests.support.waits import eventually_sync
+from tests.support.waits import consistently_sync, eventually_sync
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -71,7 +71,7 @@ def test_three_daemons_enqueue_each_fire_time_once(
         with ThreadPoolExecutor(3) as pool:
             list(pool.map(lambda d: d.start(), daemons))
         all_up = time.time()
-        time.sleep(RUN_S)
+        consistently_sync(lambda: all(d.running() for d in daemons), RUN_S)  # all three run
         all_down_from = time.time()
         with ThreadPoolExecutor(3) as pool:
             codes = list(pool.map(lambda d: d.terminate(), daemons))

@@ -8,6 +8,7 @@ claimers and the portal's `ClusterPortalPacing` against the fakes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import sqlite3
@@ -29,7 +30,7 @@ from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.claimer import AI_PACE, Claimer
 from outboxd.workers.pacing import PORTAL_PACE, ClusterPortalPacing, DbClock
 from tests.support.db import raw_rows
-from tests.support.waits import eventually
+from tests.support.waits import consistently, eventually
 
 KEY_ENV = "PACING_TEST_AI_KEY"
 KEY = "sk-pacing-test-90aa"
@@ -194,11 +195,16 @@ async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
     # Idle: nothing to classify for a while. No slot may be taken.
     stop = asyncio.Event()
     idle = [asyncio.create_task(c.run(stop)) for c in claimers]
-    await asyncio.sleep(4 * delay)
+
+    async def no_slot_taken() -> bool:
+        state = await store.pace_state(AI_PACE, time.time())
+        assert state is None or state.last_at is None, state
+        return True
+
+    await consistently(no_slot_taken, 4 * delay, interval=0.1)
     stop.set()
     await asyncio.wait_for(asyncio.gather(*idle), 10)
-    state = await store.pace_state(AI_PACE, time.time())
-    assert state is None or state.last_at is None, state
+    await no_slot_taken()
 
     domains = [f"site{i}.example" for i in range(8)]
     for d in domains:
@@ -354,21 +360,20 @@ async def test_a_portal_session_longer_than_its_lease_is_renewed_early_and_never
     margins: list[float] = []
     taken_by_other: list[int] = []
 
-    async def watch(until: float) -> None:
-        while time.monotonic() < until:
-            rows = await raw_rows(
-                db_url, "SELECT expires_at FROM pace_leases WHERE holder = 'slow'"
-            )
-            if rows:
-                margins.append(float(rows[0]["expires_at"]) - time.time())
-            lease = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time)
-            if lease is not None:
-                taken_by_other.append(lease.slot)
-                await other.lease_release(lease)
-            await asyncio.sleep(0.03)
+    async def never_taken_by_another() -> bool:
+        """One look at the slow holder's lease, and another instance trying for one."""
+        rows = await raw_rows(db_url, "SELECT expires_at FROM pace_leases WHERE holder = 'slow'")
+        if rows:
+            margins.append(float(rows[0]["expires_at"]) - time.time())
+        lease = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time)
+        if lease is not None:
+            taken_by_other.append(lease.slot)
+            await other.lease_release(lease)
+        return not taken_by_other
 
     async with slow.session():
-        await watch(time.monotonic() + 3 * slow.lease_s)
+        with contextlib.suppress(AssertionError):  # said below, with what was taken
+            await consistently(never_taken_by_another, 3 * slow.lease_s, interval=0.03)
     assert taken_by_other == [], "another instance took the session of a running scrape"
     assert len(margins) > 20
     # Renewed every third of the lease: at least about two thirds of it always remain.

@@ -35,7 +35,7 @@ from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
 from tests.support.ops import insert_portal_job
 from tests.support.tcp_proxy import TcpProxy
-from tests.support.waits import eventually
+from tests.support.waits import consistently, eventually
 
 REFUSAL = "InvalidMessageContents: refused by the test"
 MAX_ATTEMPTS = 3
@@ -194,7 +194,8 @@ async def test_the_loop_backs_off_through_an_outage_and_delivers_when_sqs_return
     with capture_logs() as logs:
         loop = asyncio.create_task(relay.run(stop))
         try:
-            await asyncio.sleep(4.0)  # the outage: 80 intervals of 0.05 s
+            # The outage: 80 intervals of 0.05 s, through which the loop keeps running.
+            await consistently(lambda: not loop.done(), 4.0)
             calls_during = publisher.calls
             await rig.proxy.start()
 

@@ -201,7 +201,11 @@ def test_a_second_sigterm_exits_at_once_and_nothing_is_lost(
     eventually_sync(lambda: started(daemon, job_id), 15, what="the job running")
     assert daemon.proc is not None
     daemon.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    eventually_sync(
+        lambda: any(e["event"] == "shutdown_requested" for e in daemon.events()),
+        10,
+        what="the first SIGTERM handled",
+    )
     t0 = time.monotonic()
     daemon.proc.send_signal(signal.SIGTERM)
     code = daemon.wait_exit(timeout_s=10)
@@ -226,8 +230,10 @@ async def test_closing_the_postgres_pool_waits_for_nothing(pg_database: str) -> 
     db = PostgresDatabase(pg_database, 5, 2.0)
     await db.open()
     done = asyncio.Event()
+    begun = asyncio.Event()
 
     def body() -> Generator[Op, Any, Any]:
+        begun.set()  # in the transaction, on its connection
         return (yield fetch(Query("slow", "SELECT pg_sleep(0.05)", ()), {}))
 
     async def short_transaction() -> None:
@@ -235,7 +241,7 @@ async def test_closing_the_postgres_pool_waits_for_nothing(pg_database: str) -> 
         done.set()
 
     task = asyncio.create_task(short_transaction())
-    await asyncio.sleep(0.01)  # the transaction holds its connection now
+    await asyncio.wait_for(begun.wait(), 5)  # the transaction holds its connection now
     started = time.monotonic()
     await db.close()
     took = time.monotonic() - started

@@ -82,12 +82,15 @@ def _real_clock(what: str) -> None:
 async def consistently(
     check: Callable[[], object], for_s: float, *, interval: float = INTERVAL_S
 ) -> None:
-    """`check()` stays truthy for `for_s` seconds of real time (fails the moment it is not):
-    that something does not happen meanwhile. Only in real_clock tests."""
+    """`check()` (a plain or a coroutine function) stays truthy for `for_s` seconds of real
+    time, failing the moment it is not: that something does not happen meanwhile. Only in
+    real_clock tests."""
     _real_clock("consistently")
     deadline = time.monotonic() + for_s
     while True:
-        assert check(), f"no longer so after {for_s - (deadline - time.monotonic()):.2f}s"
+        got = check()
+        ok = await got if inspect.isawaitable(got) else got
+        assert ok, f"no longer so after {for_s - (deadline - time.monotonic()):.2f}s"
         if time.monotonic() >= deadline:
             return
         await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
