@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 from testkit.fakes.portal import FakePortal, sample_student
 from testkit.moto import MotoServer
 
+from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.http.app import create_app
@@ -151,3 +153,24 @@ async def make_rig(
             await q.close()
     finally:
         await portal.stop()
+
+
+@pytest.fixture
+def settings(
+    make_settings: SettingsFactory, moto_server: MotoServer, queue_names: dict[str, str]
+) -> Settings:
+    """Settings on the session's moto with this test's own queues (short polls)."""
+    return make_settings(
+        sqs={"endpoint_url": moto_server.endpoint_url, **queue_names, "wait_time_s": 0}
+    )
+
+
+@pytest_asyncio.fixture
+async def queues(settings: Settings) -> AsyncIterator[SqsQueues]:
+    """This test's queues, created and started (a module may bring its own)."""
+    q = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
+    await q.start()
+    try:
+        yield q
+    finally:
+        await q.close()

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
 from testkit.moto import MotoServer, free_port
 
-from outboxd.config import ROLES, Settings
+from outboxd.config import ROLES
 from outboxd.daemon.app import build_api_deps
 from outboxd.daemon.readiness import Readiness
 from outboxd.http.app import create_app
@@ -54,17 +54,6 @@ from tests.support.tcp_proxy import TcpProxy
 from tests.support.waits import eventually
 
 Client = TestClient[Any, Any]
-
-
-@pytest_asyncio.fixture
-async def queues(moto_server: MotoServer, queue_names: dict[str, str]) -> AsyncIterator[SqsQueues]:
-    settings = Settings.from_mapping(
-        {"sqs": {"endpoint_url": moto_server.endpoint_url, **queue_names}}, env={}
-    )
-    q = SqsQueues(settings.sqs, moto_server.endpoint_url)
-    await q.start()
-    yield q
-    await q.close()
 
 
 async def serve(

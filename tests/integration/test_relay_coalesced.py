@@ -20,21 +20,17 @@ from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, PortalLinkRequest
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
-from tests.integration.test_relay import (
+from tests.support.clock import Clock
+from tests.support.ops import insert_portal_job
+from tests.support.relay import (
     FAIL_REASON,
     PartialFailurePublisher,
     all_rows,
     assert_no_sent_without_message_id,
     drain,
-    queues,
     relay_settings,
-    settings,
 )
-from tests.support.clock import Clock
-from tests.support.ops import insert_portal_job
 from tests.support.waits import eventually
-
-__all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
 
 
 class GatedPublisher(PartialFailurePublisher):

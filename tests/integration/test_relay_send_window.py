@@ -29,8 +29,8 @@ from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay, relay_shape
-from tests.integration.test_relay import all_rows, drain, relay_settings
 from tests.support.ops import insert_portal_job
+from tests.support.relay import all_rows, drain, relay_settings
 from tests.support.sqs_proxy import forward, queues_at, serve
 from tests.support.waits import eventually
 

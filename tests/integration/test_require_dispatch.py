@@ -24,11 +24,9 @@ from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
-from tests.integration.test_relay import PartialFailurePublisher, queues, relay_settings, settings
 from tests.support.clock import Clock
+from tests.support.relay import PartialFailurePublisher, relay_settings
 from tests.support.waits import Calls
-
-__all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-dispatch"}
