@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
@@ -28,7 +28,7 @@ from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store
 from tests.conftest import postgres_only
 from tests.support.db import raw_count
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, via_proxy
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-down"}
@@ -45,13 +45,6 @@ class Outage:
     up: Callable[[], Awaitable[None]]
     count_direct: Callable[[str], Awaitable[int]]
     proxy: TcpProxy | None
-
-
-def via_proxy(dsn: str, port: int) -> str:
-    parts = urlsplit(dsn)
-    netloc = parts.netloc.rsplit("@", 1)
-    creds = netloc[0] + "@" if len(netloc) == 2 else ""
-    return urlunsplit(parts._replace(netloc=f"{creds}127.0.0.1:{port}"))
 
 
 @pytest_asyncio.fixture

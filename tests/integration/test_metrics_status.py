@@ -37,7 +37,6 @@ from outboxd.services.gauges import StatsGauges
 from outboxd.storage.ports import TABLE_STATUSES, PaceState, StatusCount
 from outboxd.storage.store import SqlStore, open_database, open_store
 from tests.conftest import SettingsFactory
-from tests.integration.test_db_down import via_proxy
 from tests.support.clock import Clock
 from tests.support.ops import (
     db_counts,
@@ -50,7 +49,7 @@ from tests.support.ops import (
     succeed,
     write_config,
 )
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, via_proxy
 from tests.support.waits import eventually
 
 Client = TestClient[Any, Any]

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
@@ -51,7 +51,7 @@ from tests.reliability.harness import (
     student_number,
 )
 from tests.support.loop_thread import LoopThread
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, via_proxy
 from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
@@ -161,13 +161,6 @@ def client_window(
     if window.last is not None:
         assert window.last <= span[1] + RECOVERY_S, window.describe()
     return window
-
-
-def via_proxy(dsn: str, port: int) -> str:
-    parts = urlsplit(dsn)
-    netloc = parts.netloc.rsplit("@", 1)
-    creds = netloc[0] + "@" if len(netloc) == 2 else ""
-    return urlunsplit(parts._replace(netloc=f"{creds}127.0.0.1:{port}"))
 
 
 # ------------------------------------------------------------------ Postgres

@@ -36,10 +36,9 @@ from outboxd.storage.db import sqlite_path
 from tests.conftest import postgres_only, sqlite_only
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import Db, http, log_events, student_number
-from tests.reliability.test_faults import via_proxy
 from tests.support.loop_thread import LoopThread
 from tests.support.sdnotify import Datagram, NotifyListener, short_tmp_dir
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, via_proxy
 from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
