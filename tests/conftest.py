@@ -22,6 +22,8 @@ from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
 from tests.support import waits
 from tests.support.config import merge
+from tests.support.live_api import LiveApi
+from tests.support.sdnotify import short_tmp_dir
 
 # A test run started by systemd (stdout to the journal) must not make every daemon the
 # tests spawn prefix its log lines with `<N>`: only the tests that set it get journald mode.
@@ -130,3 +132,27 @@ async def api(
     await client.start_server()
     yield client
     await client.close()
+
+
+@pytest.fixture
+def make_live_api(
+    db_url: str, make_settings: SettingsFactory, tmp_path: Path
+) -> Iterator[Callable[..., LiveApi]]:
+    """The daemon's real listener in-process (support/live_api.py) on the test's database;
+    keyword sections override the settings. Each is closed at the end."""
+    made: list[LiveApi] = []
+
+    def factory(**sections: dict[str, Any]) -> LiveApi:
+        made.append(LiveApi(db_url, make_settings(**sections), tmp_path))
+        return made[-1]
+
+    yield factory
+    for live in made:
+        live.close()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A fresh folder under /tmp, for AF_UNIX socket paths (tmp_path can be too long)."""
+    with short_tmp_dir() as path:
+        yield path

@@ -20,12 +20,6 @@ KEY_ENV = "FAKE_AI_KEY"
 KEY = "sk-e2e-claimer-77c1"
 
 
-def register(base_url: str, domain: str) -> dict[str, Any]:
-    resp = http("POST", base_url, "/v1/websites", {"domain": domain})
-    assert resp.status == 201, resp.text
-    return dict(resp.json())
-
-
 def get_website(base_url: str, domain: str) -> dict[str, Any]:
     resp = http("GET", base_url, f"/v1/websites/{urllib.parse.quote(domain)}")
     assert resp.status == 200, resp.text

@@ -24,10 +24,10 @@ from tests.acceptance.claimer_rig import (
     daemon_config,
     get_website,
     openai_classifier,
-    register,
 )
 from tests.acceptance.conftest import DaemonFactory
 from tests.conftest import postgres_only
+from tests.reliability.harness import register_website
 from tests.support.ops import ROOT
 from tests.support.waits import eventually_sync
 
@@ -51,7 +51,7 @@ def test_two_daemons_share_the_work_and_never_call_for_one_website_twice(
         domains = [f"{prefix}-{i}.example" for i in range(n)]
         started = time.monotonic()
         for i, domain in enumerate(domains):
-            register(apis[i % len(apis)], domain)
+            register_website(apis[i % len(apis)], domain)
 
         def done() -> bool:
             work = rig.work()
@@ -100,7 +100,7 @@ def test_a_row_left_processing_by_a_killed_daemon_is_finished_after_the_timeout(
     config = rig.config(openai_classifier(ai), processing_timeout_s=timeout_s)
     first = rig.daemon("first", config)
     url = first.start()
-    register(url, "crash.example")
+    register_website(url, "crash.example")
 
     eventually_sync(
         lambda: rig.work().get("crash.example", {}).get("status") == "PROCESSING",
@@ -174,7 +174,7 @@ def test_the_shipped_rules_classify_with_no_outside_service(
         "example.org": "other",
     }
     for domain in expected:
-        register(url, domain)
+        register_website(url, domain)
 
     def all_done() -> bool:
         return all(get_website(url, d)["classification"]["status"] == "COMPLETED" for d in expected)

@@ -17,13 +17,11 @@ import http.server
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from outboxd.config import Settings
 from outboxd.storage.ports import NewPortalJob
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.support.live_api import LiveApi
@@ -35,12 +33,8 @@ REBIND_NAME = "rebind.test"
 
 
 @pytest.fixture
-def live(db_url: str, make_settings: Callable[..., Settings], tmp_path: Path) -> Iterator[LiveApi]:
-    api = LiveApi(db_url, make_settings(), tmp_path)  # no tokens: auth-off mode
-    try:
-        yield api
-    finally:
-        api.close()
+def live(make_live_api: Callable[..., LiveApi]) -> LiveApi:
+    return make_live_api()  # no tokens: auth-off mode
 
 
 @pytest.fixture

@@ -24,8 +24,9 @@ import pytest
 from testkit.daemon import DaemonProcess, FakeProcess
 from testkit.fakes.portal import SAMPLE_PASSWORD, sample_student
 
-from tests.acceptance.claimer_rig import ClaimerRig, openai_classifier, register
+from tests.acceptance.claimer_rig import ClaimerRig, openai_classifier
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, http_request
+from tests.reliability.harness import register_website
 from tests.support.ops import run_cli
 from tests.support.waits import eventually_sync
 
@@ -66,7 +67,7 @@ def registered_before_start(rig: ClaimerRig, config: dict[str, Any], domains: li
     try:
         url = api.start()
         for d in domains:
-            register(url, d)
+            register_website(url, d)
     finally:
         assert api.terminate() == 0
 

@@ -9,16 +9,14 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from testkit.daemon import DaemonProcess
 from testkit.moto import MotoServer
 
 from tests.acceptance.conftest import offline_config
-from tests.support.sdnotify import Datagram, NotifyListener, short_tmp_dir
+from tests.support.sdnotify import Datagram, NotifyListener
 from tests.support.waits import eventually_sync
 
 
@@ -29,12 +27,6 @@ def daemon_config(moto: MotoServer) -> dict[str, Any]:
         "outboxd.db",
         scheduler={"jobs": [{"name": "tick", "every_s": 3600, "task": "noop"}]},
     )
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    with short_tmp_dir() as path:
-        yield path
 
 
 def test_ready_watchdog_and_stopping(

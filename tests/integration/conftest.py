@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from testkit.fakes.ai import FakeAI
 from testkit.fakes.portal import FakePortal, sample_student
 from testkit.moto import MotoServer
 
@@ -22,6 +23,7 @@ from outboxd.security import KeyRing, generate_token, hash_token
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory
 from tests.support import consumer_rig, held
+from tests.support.ai import AI_KEY
 from tests.support.config import merge
 
 Client = TestClient[Any, Any]
@@ -174,3 +176,10 @@ async def queues(settings: Settings) -> AsyncIterator[SqsQueues]:
         yield q
     finally:
         await q.close()
+
+
+@pytest_asyncio.fixture
+async def ai() -> AsyncIterator[FakeAI]:
+    """The fake AI in-process, on support/ai.py's key."""
+    async with FakeAI(api_key=AI_KEY) as server:
+        yield server

@@ -21,19 +21,16 @@ import pytest
 import pytest_asyncio
 from testkit.fakes.ai import FakeAI
 
-from outboxd.config import ClaimerSettings, ClassifierSettings, SuwonScraperSettings
+from outboxd.config import ClaimerSettings, SuwonScraperSettings
 from outboxd.observability import Metrics
-from outboxd.scrapers.classifier import OpenAIClassifier
-from outboxd.services.websites import WebsiteService
 from outboxd.storage.ports import PaceSlot, PaceStore
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.claimer import AI_PACE, Claimer
 from outboxd.workers.pacing import PORTAL_PACE, ClusterPortalPacing, DbClock
+from tests.support.ai import classifier_for
 from tests.support.db import raw_rows
+from tests.support.ops import register_website
 from tests.support.waits import consistently, eventually
-
-KEY_ENV = "PACING_TEST_AI_KEY"
-KEY = "sk-pacing-test-90aa"
 
 
 @pytest_asyncio.fixture
@@ -42,19 +39,6 @@ async def other(db_url: str, tmp_path: Path, store: SqlStore) -> AsyncIterator[S
     s = await open_store(db_url, tmp_path, 5, 5.0)
     yield s
     await s.close()
-
-
-@pytest_asyncio.fixture
-async def ai() -> AsyncIterator[FakeAI]:
-    async with FakeAI(api_key=KEY) as server:
-        yield server
-
-
-def classifier_for(ai: FakeAI) -> OpenAIClassifier:
-    settings = ClassifierSettings(
-        provider="openai", base_url=ai.base_url, model="m", api_key_env=KEY_ENV, timeout_s=5.0
-    )
-    return OpenAIClassifier(settings, {KEY_ENV: KEY})
 
 
 def cluster_claimer(store: SqlStore, ai: FakeAI, **settings: Any) -> Claimer:
@@ -67,11 +51,6 @@ def cluster_claimer(store: SqlStore, ai: FakeAI, **settings: Any) -> Claimer:
     }
     base.update(settings)
     return Claimer(store, classifier_for(ai), ClaimerSettings(**base), Metrics(), pace=store)
-
-
-async def register(store: SqlStore, domain: str) -> None:
-    _website, created = await WebsiteService(store).register(domain, None)
-    assert created
 
 
 async def categories(store: SqlStore, domains: list[str]) -> dict[str, str | None]:
@@ -208,7 +187,7 @@ async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
 
     domains = [f"site{i}.example" for i in range(8)]
     for d in domains:
-        await register(store, d)
+        await register_website(store, d)
 
     async def done() -> bool:
         return all(v is not None for v in (await categories(store, domains)).values())
@@ -245,7 +224,7 @@ async def test_a_cluster_claimer_woken_late_skips_its_slot(store: SqlStore, ai: 
     fixed_delay_s), a cluster claimer does not call the provider then, which would crowd the
     next slot's holder: it takes the next slot and calls at that one."""
     delay = 1.0
-    await register(store, "late.example")
+    await register_website(store, "late.example")
     await store.pace_take(AI_PACE, delay, time.time)  # the claimer's slot is a delay ahead
     claimer = cluster_claimer(store, ai, fixed_delay_s=delay)
     late = LateOnce(0.3)
@@ -268,7 +247,7 @@ async def test_a_429_pauses_both_cluster_claimers(
     claimers = [cluster_claimer(db, ai, fixed_delay_s=delay) for db in (store, other)]
     domains = [f"r{i}.example" for i in range(4)]
     for d in domains:
-        await register(store, d)
+        await register_website(store, d)
     ai.rate_limit_next_n(1, 2.0)
 
     async def done() -> bool:
@@ -292,7 +271,7 @@ async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
     # Another instance holds the next ten slots of 0.5 s: this one's slot is 5 s away.
     for _ in range(10):
         await other.pace_take(AI_PACE, 0.5, time.time)
-    await register(store, "waiting.example")
+    await register_website(store, "waiting.example")
     claimer = cluster_claimer(store, ai, fixed_delay_s=0.5)
     stop = asyncio.Event()
     task = asyncio.create_task(claimer.run(stop))

@@ -292,6 +292,13 @@ def http(
         conn.close()
 
 
+def register_website(base: str, domain: str) -> dict[str, Any]:
+    """POST /v1/websites for a new domain (201): the website."""
+    resp = http("POST", base, "/v1/websites", {"domain": domain})
+    assert resp.status == 201, resp.text
+    return dict(resp.json())
+
+
 def raw_post(path: str, body: bytes, extra: bytes = b"") -> bytes:
     """A whole POST request as bytes (JSON body, `extra` header lines), closing after."""
     return (

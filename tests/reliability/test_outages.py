@@ -23,7 +23,6 @@ import signal
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,7 +36,7 @@ from tests.conftest import postgres_only, sqlite_only
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import Db, http, log_events, student_number
 from tests.support.loop_thread import LoopThread
-from tests.support.sdnotify import Datagram, NotifyListener, short_tmp_dir
+from tests.support.sdnotify import Datagram, NotifyListener
 from tests.support.tcp_proxy import TcpProxy, via_proxy
 from tests.support.waits import eventually_sync
 
@@ -48,12 +47,6 @@ OUTAGE_S = 10.0
 # of it, and room for what a job in flight says when its outcome cannot be written.
 LINES_PER_COMPONENT = 4
 CPU_SHARE_MAX = 1 / 3  # of one core, over the outage
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    with short_tmp_dir() as path:
-        yield path
 
 
 def cpu_seconds(pid: int) -> float:

@@ -28,7 +28,14 @@ from outboxd.storage.db import Op, Query, fetch
 from outboxd.storage.postgres import PostgresDatabase
 from tests.conftest import sqlite_only
 from tests.reliability.conftest import MakeDaemon
-from tests.reliability.harness import Db, Fakes, http, log_events, student_number
+from tests.reliability.harness import (
+    Db,
+    Fakes,
+    http,
+    log_events,
+    register_website,
+    student_number,
+)
 from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
@@ -46,11 +53,6 @@ def submit(base: str, n: int) -> str:
     return str(resp.json()["jobId"])
 
 
-def register(base: str, domain: str) -> None:
-    resp = http("POST", base, "/v1/websites", {"domain": domain})
-    assert resp.status == 201, resp.text
-
-
 def started(daemon: DaemonProcess, job_id: str) -> list[dict[str, Any]]:
     return [
         e for e in log_events([daemon]) if e["event"] == "job_started" and e["job_id"] == job_id
@@ -62,7 +64,7 @@ def work_in_flight(daemon: DaemonProcess, db: Db, jobs: range, domain: str) -> l
     the job ids once every job runs and the website is claimed."""
     base = daemon.start()
     job_ids = [submit(base, i) for i in jobs]
-    register(base, domain)
+    register_website(base, domain)
     eventually_sync(lambda: all(started(daemon, j) for j in job_ids), 15, what="the jobs running")
     eventually_sync(
         lambda: db.scalar("SELECT status FROM work_outbox") == "PROCESSING",

@@ -20,13 +20,12 @@ import contextlib
 import socket
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from outboxd.config import Settings
 from tests.conftest import sqlite_only
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import http, raw_post
@@ -39,13 +38,11 @@ CLOSE_WITHIN_S = READ_TIMEOUT_S + 6.0
 
 
 @pytest.fixture
-def make_live(
-    db_url: str, make_settings: Callable[..., Settings], tmp_path: Path
-) -> Iterator[Callable[..., LiveApi]]:
-    made: list[LiveApi] = []
+def make_live(make_live_api: Callable[..., LiveApi]) -> Callable[..., LiveApi]:
+    """The live API with small server limits; keyword settings override them."""
 
     def factory(**server: float) -> LiveApi:
-        settings = make_settings(
+        return make_live_api(
             server={
                 "read_timeout_s": READ_TIMEOUT_S,
                 # Far longer than the read deadline, so it is the read deadline
@@ -56,12 +53,8 @@ def make_live(
                 **server,
             }
         )
-        made.append(LiveApi(db_url, settings, tmp_path))
-        return made[-1]
 
-    yield factory
-    for api in made:
-        api.close()
+    return factory
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from typing import Any
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
 from outboxd.services.retries import publish_failure
+from outboxd.services.websites import WebsiteService
 from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore
 from tests.support.db import sql
@@ -175,3 +176,12 @@ def run_cli(
         cwd=cwd,
         check=False,
     )
+
+
+async def register_website(store: SqlStore, domain: str, at: float | None = None) -> str:
+    """A new website (PENDING classification) straight through the service, registered
+    at epoch `at` (now by default): its id."""
+    service = WebsiteService(store, clock=(lambda: at) if at is not None else time.time)
+    website, created = await service.register(domain, None)
+    assert created
+    return website.id
