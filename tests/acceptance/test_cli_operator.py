@@ -17,7 +17,8 @@ import pytest
 from testkit.daemon import dump_toml
 
 from outboxd.cli import _parser
-from tests.support.ops import ROOT, run_cli, sql
+from tests.support.db import sql
+from tests.support.ops import ROOT, run_cli
 
 AWS = {"region": "eu-west-1"}
 

@@ -20,6 +20,7 @@ from tests.support.api import assert_problem, walk
 from tests.support.db import sql
 from tests.support.ops import (
     db_counts,
+    dead_jobs_of_every_kind,
     fail,
     kill_at_publish,
     kill_in_processing,
@@ -284,15 +285,8 @@ async def test_a_superseded_row_is_history_not_a_dead_letter(
 async def test_bulk_redrive_of_every_dead_job(
     api: Client, store: SqlStore, keys: KeyRing, db_url: str
 ) -> None:
-    erased = await submit_job(store, keys, key="e")
-    await kill_in_processing(store, erased.id)
-    # outbox.prune erases a DEAD job's credentials after security.dead_retention_s.
-    assert (await store.prune(0, time.time() + 60, 100))["dead_credentials"] == 1
-    at_publish = [await submit_job(store, keys, key=f"p{i}") for i in range(3)]
-    for job in at_publish:
-        await kill_at_publish(store, job.id)
-    in_processing = await submit_job(store, keys, key="w")
-    await kill_in_processing(store, in_processing.id)
+    dead = await dead_jobs_of_every_kind(store, keys, at_publish=3)
+    erased, at_publish, in_processing = dead.erased, dead.at_publish, dead.in_processing
     queued = await submit_job(store, keys, key="q")
     await kill_in_processing(store, (await submit_job(store, keys, key="late")).id)
 

@@ -15,11 +15,10 @@ from pathlib import Path
 
 from outboxd.services.job_waits import JobWaits
 from outboxd.storage.ports import NewPortalJob
-from outboxd.storage.store import SqlStore, open_store
-from outboxd.workers.job_changes import JobChangeFeed
+from outboxd.storage.store import SqlStore
 from tests.conftest import postgres_only
 from tests.support.db import raw_rows
-from tests.support.held import Api, held, listening, new_job, until_held
+from tests.support.held import Api, another_store, held, listening, new_job, until_held
 from tests.support.waits import Calls, eventually
 
 
@@ -131,11 +130,7 @@ async def test_another_store_on_the_database_wakes_a_held_request(
     """A second store is another daemon's view of the database: its commits do not reach
     this process's JobChanges, so only the feed (NOTIFY, or the poll) can wake the hold."""
     client = await make_api()
-    feed = JobChangeFeed(store, store.changes)
-    stop = asyncio.Event()
-    running = asyncio.create_task(feed.run(stop))
-    other = await open_store(db_url, tmp_path, 2, 2.0)
-    try:
+    async with another_store(store, db_url, tmp_path) as other:
         job_id, etag = await new_job(client)
         if store.backend == "postgres":
             await listening(db_url)
@@ -150,10 +145,6 @@ async def test_another_store_on_the_database_wakes_a_held_request(
         assert resp.status == 200 and (await resp.json())["status"] == "CANCELLED"
         # The contract's bounds: a notification on Postgres, two polls at most on SQLite.
         assert elapsed < (0.5 if store.backend == "postgres" else 2.0), elapsed
-    finally:
-        stop.set()
-        await running
-        await other.close()
 
 
 @postgres_only  # LISTEN/NOTIFY; SQLite always polls (the test above)
@@ -161,11 +152,7 @@ async def test_the_listener_survives_losing_its_connection(
     make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
 ) -> None:
     client = await make_api()
-    feed = JobChangeFeed(store, store.changes)
-    stop = asyncio.Event()
-    running = asyncio.create_task(feed.run(stop))
-    other = await open_store(db_url, tmp_path, 2, 2.0)
-    try:
+    async with another_store(store, db_url, tmp_path) as other:
         await listening(db_url)
         killed = await raw_rows(
             db_url,
@@ -190,10 +177,6 @@ async def test_the_listener_survives_losing_its_connection(
         await other.cancel_job(job_id, time.time(), "admin")
         resp = await asyncio.wait_for(request, 10)
         assert resp.status == 200 and time.monotonic() - started < 0.5
-    finally:
-        stop.set()
-        await running
-        await other.close()
 
 
 async def test_a_held_request_holds_no_database_connection(

@@ -32,6 +32,7 @@ from tests.support.clock import Clock
 from tests.support.ops import insert_portal_job
 from tests.support.relay import (
     FAIL_REASON,
+    GatedPublisher,
     PartialFailurePublisher,
     all_rows,
     assert_no_sent_without_message_id,
@@ -399,20 +400,6 @@ def test_the_daemon_runs_two_lanes_on_postgres_and_larger_rounds_on_sqlite() -> 
     assert relay_shape("sqlite") == RelayShape(lanes=1, batches_per_round=20)
 
 
-class HeldPublisher(PartialFailurePublisher):
-    """Signals when a batch arrives, then sends it once the test releases it."""
-
-    def __init__(self, inner: SqsQueues) -> None:
-        super().__init__(inner)
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        self.entered.set()
-        await self.release.wait()
-        return await super().send_batch(kind, messages)
-
-
 async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
@@ -420,7 +407,7 @@ async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     publish. SQS is fine and the row goes out: the request must say so (SENT), not
     answer QUEUED, nor 503 C08 with `api.require_dispatch`."""
     job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-race")
-    loop_publisher = HeldPublisher(queues)
+    loop_publisher = GatedPublisher(queues)
     loop = Relay(store, loop_publisher, relay_settings(), Metrics())
     request = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
 
@@ -429,7 +416,7 @@ async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     looks = Calls(store, "get_relay_row")
     published = asyncio.create_task(request.publish_now(outbox_id))
     await looks.reach(1)  # the request found the row in the loop's hands, mid-publish
-    loop_publisher.release.set()
+    loop_publisher.gate.set()
 
     assert await asyncio.wait_for(published, 10) is True
     row = await store.get_relay_row(outbox_id)

@@ -24,6 +24,7 @@ from tests.support.clock import Clock
 from tests.support.ops import insert_portal_job
 from tests.support.relay import (
     FAIL_REASON,
+    GatedPublisher,
     PartialFailurePublisher,
     all_rows,
     assert_no_sent_without_message_id,
@@ -31,20 +32,6 @@ from tests.support.relay import (
     relay_settings,
 )
 from tests.support.waits import eventually
-
-
-class GatedPublisher(PartialFailurePublisher):
-    """Holds every batch until `gate` is set; `entered` is set when the first one arrives."""
-
-    def __init__(self, inner: SqsQueues) -> None:
-        super().__init__(inner)
-        self.gate = asyncio.Event()
-        self.entered = asyncio.Event()
-
-    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        self.entered.set()
-        await self.gate.wait()
-        return await super().send_batch(kind, messages)
 
 
 def _fails_odd(m: OutgoingMessage) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -19,13 +18,13 @@ from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.queue.embedded import EmbeddedSqs
-from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
+from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.relay import PartialFailurePublisher, relay_settings
+from tests.support.relay import GatedPublisher, relay_settings
 from tests.support.waits import Calls
 
 URL = "/v1/portal-link-jobs"
@@ -120,23 +119,6 @@ async def test_with_sqs_down_require_dispatch_answers_503_c08_and_202_once_it_is
                 await client.close()
 
 
-class LoopHeldPublisher(PartialFailurePublisher):
-    """Fails every entry. While `hold` is set, a batch waits for `gate` first (`entered`
-    says one is waiting): the relay loop's publish in flight."""
-
-    def __init__(self, inner: SqsQueues) -> None:
-        super().__init__(inner, fail=lambda _m: "ServiceUnavailable")
-        self.hold = False
-        self.gate = asyncio.Event()
-        self.entered = asyncio.Event()
-
-    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        if self.hold:
-            self.entered.set()
-            await self.gate.wait()
-        return await super().send_batch(kind, messages)
-
-
 async def test_a_replay_while_the_relay_loop_fails_its_publish_is_503_c08(
     make_settings: SettingsFactory, store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
@@ -145,7 +127,8 @@ async def test_a_replay_while_the_relay_loop_fails_its_publish_is_503_c08(
     RETRYABLE_FAILED), not "dispatched"."""
     settings = make_settings(api={"require_dispatch": True})
     clock = Clock()
-    pub = LoopHeldPublisher(queues)
+    # Fails every entry; once `hold` is set, the relay loop's publish waits in flight.
+    pub = GatedPublisher(queues, fail=lambda _m: "ServiceUnavailable", hold=False)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
     client = await client_for(build_api_deps(settings, store, keys, Metrics(), queues, relay))
     try:

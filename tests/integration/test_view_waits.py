@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from outboxd.storage.store import SqlStore, open_store
-from outboxd.workers.job_changes import JobChangeFeed
-from tests.support.held import Api, Client, held, listening, new_job, until_held
+from outboxd.storage.store import SqlStore
+from tests.support.held import Api, Client, another_store, held, listening, new_job, until_held
 from tests.support.waits import Calls, eventually
 
 JOBS = "/v1/admin/jobs"
@@ -117,11 +116,7 @@ async def test_another_store_on_the_database_ends_a_held_listing(
     """Another daemon's change reaches this one only through the feed: a notification on
     Postgres, the poll of the newest event on SQLite."""
     client = await make_api()
-    feed = JobChangeFeed(store, store.changes, poll_s=0.2)
-    stop = asyncio.Event()
-    running = asyncio.create_task(feed.run(stop))
-    other = await open_store(db_url, tmp_path, 2, 2.0)
-    try:
+    async with another_store(store, db_url, tmp_path, poll_s=0.2) as other:
         job_id, _ = await new_job(client)
         if store.backend == "postgres":
             await listening(db_url)
@@ -137,10 +132,6 @@ async def test_another_store_on_the_database_ends_a_held_listing(
         resp = await asyncio.wait_for(request, 15)
         assert resp.status == 200
         assert (await resp.json())["items"][0]["status"] == "CANCELLED"
-    finally:
-        stop.set()
-        await running
-        await other.close()
 
 
 async def test_job_and_view_holds_share_max_waiters_and_the_stop_answers_them(

@@ -22,8 +22,7 @@ import pytest
 from testkit.daemon import DaemonProcess
 from testkit.moto import MotoServer
 
-from outboxd.config import SqsSettings
-from outboxd.queue.sqs import QueueDepth, SqsQueues
+from outboxd.queue.sqs import QueueDepth
 from outboxd.storage.db import Op, Query, fetch
 from outboxd.storage.postgres import PostgresDatabase
 from tests.conftest import sqlite_only
@@ -36,6 +35,7 @@ from tests.reliability.harness import (
     register_website,
     student_number,
 )
+from tests.support.sqs import queues_named
 from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
@@ -76,12 +76,9 @@ def work_in_flight(daemon: DaemonProcess, db: Db, jobs: range, domain: str) -> l
 
 def queue_depth(moto_server: MotoServer, queue_names: dict[str, str]) -> QueueDepth:
     """The jobs queue's depth, read with a client of the test's own."""
-    settings = SqsSettings(
-        endpoint_url=moto_server.endpoint_url, create_queues=False, **queue_names
-    )
 
     async def read() -> QueueDepth:
-        async with SqsQueues(settings, moto_server.endpoint_url) as q:
+        async with queues_named(moto_server.endpoint_url, queue_names) as q:
             return await q.depth("jobs")
 
     return asyncio.run(read())

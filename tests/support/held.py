@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient
 
 from outboxd.services.job_waits import JobWaits
+from outboxd.storage.store import SqlStore, open_store
+from outboxd.workers.job_changes import POLL_S, JobChangeFeed
 from tests.support.db import raw_rows
 from tests.support.waits import eventually
 
@@ -75,3 +79,21 @@ async def listening(db_url: str, n: int = 1, since: float = 0.0) -> None:
         return bool(rows[0]["n"] >= n)
 
     await eventually(up, 20, what=f"{n} listeners to connect", interval=0.1)
+
+
+@asynccontextmanager
+async def another_store(
+    store: SqlStore, db_url: str, tmp_path: Path, poll_s: float = POLL_S
+) -> AsyncIterator[SqlStore]:
+    """`store`'s change feed running, as its daemon runs it, and a second store on the same
+    database: another daemon, whose commits reach `store`'s holds only through the feed
+    (a notification on Postgres, the poll on SQLite)."""
+    stop = asyncio.Event()
+    running = asyncio.create_task(JobChangeFeed(store, store.changes, poll_s).run(stop))
+    other = await open_store(db_url, tmp_path, 2, 2.0)
+    try:
+        yield other
+    finally:
+        stop.set()
+        await running
+        await other.close()

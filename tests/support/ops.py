@@ -13,6 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +186,25 @@ async def register_website(store: SqlStore, domain: str, at: float | None = None
     website, created = await service.register(domain, None)
     assert created
     return website.id
+
+
+@dataclass
+class DeadJobs:
+    """DEAD jobs as a bulk redrive meets them (`dead_jobs_of_every_kind`)."""
+
+    erased: JobRecord  # died in processing, its credentials since erased: not redrivable
+    at_publish: list[JobRecord]  # died at publish: their relay rows DEAD
+    in_processing: JobRecord  # died in processing: its relay row SENT
+
+
+async def dead_jobs_of_every_kind(store: SqlStore, keys: KeyRing, at_publish: int) -> DeadJobs:
+    erased = await submit_job(store, keys, key="e")
+    await kill_in_processing(store, erased.id)
+    # outbox.prune erases a DEAD job's credentials after security.dead_retention_s.
+    assert (await store.prune(0, time.time() + 60, 100))["dead_credentials"] == 1
+    published = [await submit_job(store, keys, key=f"p{i}") for i in range(at_publish)]
+    for job in published:
+        await kill_at_publish(store, job.id)
+    in_processing = await submit_job(store, keys, key="w")
+    await kill_in_processing(store, in_processing.id)
+    return DeadJobs(erased, published, in_processing)

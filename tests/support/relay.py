@@ -4,6 +4,7 @@ rows, and RelaySettings small enough for tests."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +45,29 @@ class PartialFailurePublisher:
     @property
     def bodies(self) -> list[str]:
         return [m.body for batch in self.batches for m in batch]
+
+
+class GatedPublisher(PartialFailurePublisher):
+    """While `hold` is true (from the start, unless told), each batch waits for `gate`;
+    `entered` is set when the first such batch arrives: a publish in flight, for as long
+    as the test wants."""
+
+    def __init__(
+        self,
+        inner: SqsQueues,
+        fail: Callable[[OutgoingMessage], str | None] | None = None,
+        hold: bool = True,
+    ) -> None:
+        super().__init__(inner, fail)
+        self.hold = hold
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+
+    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
+        if self.hold:
+            self.entered.set()
+            await self.gate.wait()
+        return await super().send_batch(kind, messages)
 
 
 async def drain(queues: SqsQueues, kind: QueueKind = "jobs") -> list[tuple[str, str]]:
