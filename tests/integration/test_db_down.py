@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -191,6 +192,7 @@ async def test_readyz_reports_the_database_while_down(outage: Outage) -> None:
 PARTITION_BOUND_S = 10.0 + 2 * ACQUIRE_TIMEOUT_S + 3.0
 
 
+@pytest.mark.slow
 @postgres_only
 async def test_network_partition_is_bounded_and_heals(outage: Outage) -> None:
     """A database that goes silent (no RST) still answers 503 C09 in bounded time, then heals."""

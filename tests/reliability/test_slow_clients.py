@@ -330,6 +330,7 @@ def test_a_non_reader_beside_the_cap_does_not_stop_others(
     _healthy(live)
 
 
+@pytest.mark.slow
 @pytest.mark.real_clock  # a client that reads slowly
 def test_a_slow_reader_that_keeps_reading_is_not_cut_off(
     make_live: Callable[..., LiveApi],
