@@ -32,9 +32,31 @@ SYNC_INTERVAL_S = 0.05
 real_clock_allowed = False
 
 
-def _timed_out(what: str | None, check: object, timeout: float, last: object) -> AssertionError:
-    name = what or getattr(check, "__name__", repr(check))
-    return AssertionError(f"timed out after {timeout}s waiting for {name} (last: {last!r})")
+class _Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def pause(self, interval: float) -> float:
+        """`interval`, or less if the deadline comes sooner."""
+        return min(interval, max(0.0, self.at - time.monotonic()))
+
+    def timed_out(self, what: str | None, check: object, last: object) -> AssertionError:
+        name = what or getattr(check, "__name__", repr(check))
+        return AssertionError(
+            f"timed out after {self.seconds}s waiting for {name} (last: {last!r})"
+        )
+
+    def no_longer(self) -> str:
+        return f"no longer so after {self.seconds - (self.at - time.monotonic()):.2f}s"
+
+
+async def _value(check: Callable[[], Any]) -> Any:
+    got = check()
+    return await got if inspect.isawaitable(got) else got
 
 
 async def eventually(
@@ -45,15 +67,12 @@ async def eventually(
     interval: float = INTERVAL_S,
 ) -> T:
     """`check()` (a plain or a coroutine function) until it is truthy: that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        value = await got if inspect.isawaitable(got) else got
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise _timed_out(what, check, timeout, value)
+    deadline = _Deadline(timeout)
+    while not (value := await _value(check)):
+        if deadline.passed():
+            raise deadline.timed_out(what, check, value)
         await asyncio.sleep(interval)
+    return value  # type: ignore[no-any-return]
 
 
 def eventually_sync(
@@ -64,14 +83,12 @@ def eventually_sync(
     interval: float = SYNC_INTERVAL_S,
 ) -> T:
     """`check()` until it is truthy: that value (blocking)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise _timed_out(what, check, timeout, value)
+    deadline = _Deadline(timeout)
+    while not (value := check()):
+        if deadline.passed():
+            raise deadline.timed_out(what, check, value)
         time.sleep(interval)
+    return value
 
 
 def _real_clock(what: str) -> None:
@@ -86,14 +103,12 @@ async def consistently(
     time, failing the moment it is not: that something does not happen meanwhile. Only in
     real_clock tests."""
     _real_clock("consistently")
-    deadline = time.monotonic() + for_s
+    deadline = _Deadline(for_s)
     while True:
-        got = check()
-        ok = await got if inspect.isawaitable(got) else got
-        assert ok, f"no longer so after {for_s - (deadline - time.monotonic()):.2f}s"
-        if time.monotonic() >= deadline:
+        assert await _value(check), deadline.no_longer()
+        if deadline.passed():
             return
-        await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+        await asyncio.sleep(deadline.pause(interval))
 
 
 def consistently_sync(
@@ -101,12 +116,12 @@ def consistently_sync(
 ) -> None:
     """`consistently`, blocking."""
     _real_clock("consistently_sync")
-    deadline = time.monotonic() + for_s
+    deadline = _Deadline(for_s)
     while True:
-        assert check(), f"no longer so after {for_s - (deadline - time.monotonic()):.2f}s"
-        if time.monotonic() >= deadline:
+        assert check(), deadline.no_longer()
+        if deadline.passed():
             return
-        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+        time.sleep(deadline.pause(interval))
 
 
 class Calls:
