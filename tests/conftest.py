@@ -29,13 +29,6 @@ from tests.support.sdnotify import short_tmp_dir
 # tests spawn prefix its log lines with `<N>`: only the tests that set it get journald mode.
 os.environ.pop("JOURNAL_STREAM", None)
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first (otherwise in collection order): xdist's workers each take the
-    next test, and a multi-second one left for the end keeps one busy while the other
-    idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 # For a behaviour only one backend has (LISTEN/NOTIFY, a pool, one file's write lock): the
 # test runs on that one, never on both with a skip.

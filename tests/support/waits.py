@@ -25,7 +25,7 @@ T = TypeVar("T")
 # Short: every poll after the condition is met is time lost. A blocking check mostly
 # asks a daemon subprocess or a database, so it is asked a little less often.
 INTERVAL_S = 0.02
-SYNC_INTERVAL_S = 0.05
+SYNC_INTERVAL_S = 0.1
 
 
 # Set per test (tests/conftest.py): whether it carries @pytest.mark.real_clock.
