@@ -10,6 +10,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -347,6 +348,7 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
+@dataclass(eq=False)
 class OutageLog:
     """The log lines of one component while a dependency it needs is down: one when the
     outage starts, at most one every `every_s` while it lasts, one when it ends; never
@@ -361,26 +363,21 @@ class OutageLog:
     a success are; the clocks are injected so tests need no sleeps.
     """
 
-    def __init__(
-        self,
-        dependency: str,
-        component: str,
-        *,
-        every_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-        logger: Any = None,
-    ) -> None:
-        self.dependency = dependency
-        self.component = component
-        self._every_s = every_s
-        self._clock = clock
-        self._wall = wall
-        self._log = logger if logger is not None else structlog.get_logger("outboxd.outage")
-        self._started: float | None = None  # on `clock`, while down
-        self._since = ""  # the start on the wall clock, ISO 8601
-        self._last_line = 0.0
-        self._count = 0
+    dependency: str
+    component: str
+    _: KW_ONLY
+    every_s: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    logger: Any = None
+    _started: float | None = field(default=None, init=False)  # on `clock`, while down
+    _since: str = field(default="", init=False)  # the start on the wall clock, ISO 8601
+    _last_line: float = field(default=0.0, init=False)
+    _count: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.logger is None:
+            self.logger = structlog.get_logger("outboxd.outage")
 
     @property
     def down(self) -> bool:
@@ -393,21 +390,21 @@ class OutageLog:
 
     def failed(self, error: BaseException | str, **fields: Any) -> int:
         """Record one failure; the failures of this outage so far."""
-        now = self._clock()
+        now = self.clock()
         self._count += 1
         if self._started is None:
             self._started = self._last_line = now
-            self._since = _iso(self._wall())
-            self._log.warning(
+            self._since = _iso(self.wall())
+            self.logger.warning(
                 f"{self.dependency}_unavailable",
                 component=self.component,
                 since=self._since,
                 error=error,
                 **fields,
             )
-        elif now - self._last_line >= self._every_s:
+        elif now - self._last_line >= self.every_s:
             self._last_line = now
-            self._log.warning(
+            self.logger.warning(
                 f"{self.dependency}_still_unavailable",
                 component=self.component,
                 since=self._since,
@@ -422,11 +419,11 @@ class OutageLog:
         """Record a success: the outage, if there was one, is over."""
         if self._started is None:
             return
-        self._log.info(
+        self.logger.info(
             f"{self.dependency}_recovered",
             component=self.component,
             since=self._since,
-            outage_s=round(self._clock() - self._started, 1),
+            outage_s=round(self.clock() - self._started, 1),
             count=self._count,
             **fields,
         )
