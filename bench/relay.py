@@ -97,18 +97,10 @@ async def run_relay(
     """relay_pass until the outbox is empty, as the daemon's relay loop runs it (its lanes too)."""
     from outboxd.config import RelaySettings
     from outboxd.observability import Metrics
-    from outboxd.workers.relay import Relay, relay_shape
+    from outboxd.workers.relay import Relay
 
     settings = RelaySettings(batch_size=BATCH)
-    shape = relay_shape(backend)
-    relay = Relay(
-        store,
-        publisher,
-        settings,
-        Metrics(),
-        lanes=shape.lanes,
-        batches_per_round=shape.batches_per_round,
-    )
+    relay = Relay.shaped(backend, store, publisher, settings, Metrics())
     # Warm, as the bare loops are, and as the daemon's relay is after its first seconds:
     # connections open, and the send window past its slow start (it starts at two calls).
     await prefill(backend, url, min(WARM_ROWS, n // 4))

@@ -53,7 +53,7 @@ from outboxd.workers.consumer import Consumer
 from outboxd.workers.job_changes import JobChangeFeed
 from outboxd.workers.loops import DB_RETRY_BASE_S, DB_RETRY_CAP_S, backoff, sleep_or_stop
 from outboxd.workers.pacing import portal_pacing
-from outboxd.workers.relay import Relay, relay_shape
+from outboxd.workers.relay import Relay
 from outboxd.workers.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
@@ -507,17 +507,7 @@ async def _serve(
         queues=[settings.sqs.jobs_queue, settings.sqs.tasks_queue],
     )
 
-    shape = relay_shape(store.backend)
-    relay = Relay(
-        store,
-        queues,
-        settings.relay,
-        metrics,
-        stop=stop,
-        lanes=shape.lanes,
-        batches_per_round=shape.batches_per_round,
-        tracing=tracing,
-    )
+    relay = Relay.shaped(store.backend, store, queues, settings.relay, metrics, stop, tracing)
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
     api_server: ApiServer | None = None
