@@ -46,7 +46,7 @@ from outboxd.services.tasks import TASK_TYPES, TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.changes import default_instance
 from outboxd.storage.db import sqlite_path
-from outboxd.storage.store import SqlStore, open_store
+from outboxd.storage.store import SqlStore, first_step, open_configured
 from outboxd.tracing import NO_TRACING, Tracing, configure_tracing
 from outboxd.workers.claimer import Claimer
 from outboxd.workers.consumer import Consumer
@@ -64,16 +64,9 @@ class Component(Protocol):
 
 
 async def open_configured_store(settings: Settings) -> SqlStore:
-    s = settings.storage
-    store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
-    if settings.daemon.instance_id:
-        store.instance = settings.daemon.instance_id
-    if s.auto_migrate:
-        try:
-            applied = await store.db.migrate()
-        except BaseException:
-            await store.close()
-            raise
+    store = await open_configured(settings)
+    if settings.storage.auto_migrate:
+        applied = await first_step(store, store.db.migrate())
         if applied:
             log.info("migrations_applied", migrations=applied)
     return store
