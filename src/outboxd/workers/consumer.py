@@ -123,8 +123,9 @@ class Consumer:
         # The login lock: scrapers.suwon.max_auth_failures within auth_failure_window_s.
         self._max_auth_failures = lock.max_auth_failures
         self._auth_window_s = lock.auth_failure_window_s
+        self._queues = queues
         # Every answered receive sets outboxd_consumer_last_receive_timestamp_seconds.
-        self._queues: Receiver = _ReceiveClock(queues, metrics)
+        self._last_receive = metrics.consumer_last_receive
         self._portal = portal
         self._keys = keys
         self._cs = consumer_settings
@@ -185,6 +186,7 @@ class Consumer:
             if messages is None:  # stopping: nothing was taken
                 await slots.release(free)
                 break
+            self._last_receive.labels(kind).set_to_current_time()  # empty answers too
             await slots.release(free - len(messages))
             for msg in messages:
                 tg.create_task(self._handle(kind, msg))
@@ -657,39 +659,6 @@ def _ids(msg: ReceivedMessage) -> dict[str, str | None]:
         "task_id": _message_id_field(msg.body, "taskId"),
         "outbox_id": _message_id_field(msg.body, "outboxId"),
     }
-
-
-class _ReceiveClock:
-    """The consumer's queues, noting the time of every receive that was answered (empty
-    ones too) in outboxd_consumer_last_receive_timestamp_seconds{queue}."""
-
-    def __init__(self, inner: Receiver, metrics: Metrics) -> None:
-        self._inner = inner
-        self._gauge = metrics.consumer_last_receive
-
-    async def receive(
-        self,
-        kind: QueueKind,
-        max_messages: int,
-        wait_time_s: int | None = None,
-        visibility_timeout_s: int | None = None,
-    ) -> list[ReceivedMessage]:
-        got = await self._inner.receive(kind, max_messages, wait_time_s, visibility_timeout_s)
-        self._gauge.labels(kind).set_to_current_time()
-        return got
-
-    async def delete(self, kind: QueueKind, receipt_handle: str, dlq: bool = False) -> None:
-        await self._inner.delete(kind, receipt_handle, dlq)
-
-    async def change_visibility(
-        self, kind: QueueKind, receipt_handle: str, timeout_s: int, dlq: bool = False
-    ) -> None:
-        await self._inner.change_visibility(kind, receipt_handle, timeout_s, dlq)
-
-    async def receive_dlq(
-        self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
-    ) -> list[ReceivedMessage]:
-        return await self._inner.receive_dlq(kind, max_messages, visibility_timeout_s)
 
 
 class _Slots:
