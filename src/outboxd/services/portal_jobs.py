@@ -16,6 +16,7 @@ from outboxd.security import KeyRing
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
     CancelOutcome,
+    JobIntake,
     JobRecord,
     JobStore,
     NewPortalJob,
@@ -87,13 +88,6 @@ class PortalLinkRequest:
         return {"portal": self.portal, "username": self.username, "password": self.password}
 
 
-@dataclass(frozen=True)
-class Submission:
-    job: JobRecord
-    outbox: RelayRow | None
-    replayed: bool
-
-
 @dataclass(eq=False)
 class PortalJobService:
     store: JobsStore
@@ -109,7 +103,7 @@ class PortalJobService:
         idempotency_key: str,
         req: PortalLinkRequest,
         traceparent: str | None = None,
-    ) -> Submission:
+    ) -> JobIntake:
         """Store the job and its outbox row in one transaction, then publish the row.
 
         `traceparent` is the trace the job carries to the worker (a replay keeps the one
@@ -163,7 +157,7 @@ class PortalJobService:
         if outbox is not None and outbox.status in RELAY_UNSENT_STATUSES:
             own = outbox if intake.created and outbox.claimed_until is not None else None
             job, outbox = await self._dispatch(job, outbox, own)
-        return Submission(job=job, outbox=outbox, replayed=not intake.created)
+        return replace(intake, job=job, outbox=outbox)
 
     async def _dispatch(
         self, job: JobRecord, outbox: RelayRow, claimed: RelayRow | None
