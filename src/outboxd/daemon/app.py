@@ -24,14 +24,14 @@ from urllib.parse import urlsplit
 import structlog
 from aiohttp import web
 
-from outboxd.config import ConfigError, Settings, is_loopback_host
+from outboxd.config import ConfigError, ServerSettings, Settings, is_loopback_host
 from outboxd.daemon.readiness import QueueReadiness, Readiness
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.daemon.sdnotify import SystemdNotifier
 from outboxd.errors import OutboxdError, SecurityError, StorageUnavailable
 from outboxd.http.app import create_app
 from outboxd.http.deps import ApiDeps
-from outboxd.http.server import ConnectionLimits, GuardedSite, guard_app
+from outboxd.http.server import GuardedSite, guard_app
 from outboxd.observability import Metrics, configure_logging, unfiltered_logger
 from outboxd.queue.embedded import EmbeddedSqs
 from outboxd.queue.sqs import KINDS, SqsQueues, resolve_region
@@ -318,9 +318,9 @@ class ApiServer:
         host: str,
         port: int,
         shutdown_timeout_s: float,
-        limits: ConnectionLimits | None = None,
+        limits: ServerSettings | None = None,
     ):
-        self._limits = limits or ConnectionLimits()
+        self._limits = limits or ServerSettings()
         guard_app(app)
         self._handler_kwargs: dict[str, Any] = {
             "access_log": None,
@@ -523,13 +523,7 @@ async def _serve(
             settings.server.host,
             settings.server.port,
             settings.daemon.shutdown_timeout_s,
-            ConnectionLimits(
-                read_timeout_s=settings.server.read_timeout_s,
-                keepalive_timeout_s=settings.server.keepalive_timeout_s,
-                max_connections=settings.server.max_connections,
-                write_timeout_s=settings.server.write_timeout_s,
-                max_header_bytes=settings.server.max_header_bytes,
-            ),
+            settings.server,
         )
         components.append(("api", api_server))
         components.append(("console_throughput", console.throughput))
