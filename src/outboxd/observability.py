@@ -348,7 +348,7 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class OutageLog:
     """The log lines of one component while a dependency it needs is down: one when the
     outage starts, at most one every `every_s` while it lasts, one when it ends; never

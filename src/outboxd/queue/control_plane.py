@@ -93,7 +93,7 @@ def resolve_ca_bundle(session: Any) -> str:
     return str(get_cert_path(configured or True))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class SqsControlPlane:
     """aiobotocore's SQS client, opened by `open()` (which returns the view the message
     plane must use) and closed by `close()`. Works on queue names and URLs; which queue

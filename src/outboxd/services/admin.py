@@ -64,7 +64,7 @@ class BulkRedrive:
     more: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class AdminService:
     store: AdminStore
     queues: QueueStats | None = None

@@ -34,7 +34,7 @@ class ReadinessCheck(Protocol):
     async def check(self) -> dict[str, str]: ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class StatsGauges:
     """Single-flight, cached refresh of the database and SQS gauges of one process."""
 

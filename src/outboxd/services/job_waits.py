@@ -91,7 +91,7 @@ class Hold(Generic[T]):
         return ending, cast(T, await self._waits.read(self._key))
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class JobWaits:
     store: JobReader
     changes: JobChanges

@@ -88,7 +88,7 @@ class PortalLinkRequest:
         return {"portal": self.portal, "username": self.username, "password": self.password}
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class PortalJobService:
     store: JobsStore
     keys: KeyRing

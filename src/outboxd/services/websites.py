@@ -108,7 +108,7 @@ class WebsitesStore(WebsiteStore, QuotaStore, Protocol):
     pass
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class WebsiteService:
     store: WebsitesStore
     clock: Callable[[], float] = time.time

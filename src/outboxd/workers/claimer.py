@@ -39,7 +39,7 @@ TickOutcome = Literal[
 AI_PACE = "ai"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Claimer:
     store: WebsiteStore
     classifier: Classifier

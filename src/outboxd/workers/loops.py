@@ -53,7 +53,7 @@ def outage_of(exc: BaseException) -> str | None:
     return None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class LoopFailures:
     """How a loop fails: the one helper every loop uses.
 

@@ -50,7 +50,7 @@ def message_body(row: RelayRow) -> str:
     return messages.encode_task(row.task_id or "", row.id)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Publishing:
     """Sends rows and records their outcome; both the requests' batches and the loop's rounds
     go through one instance, so they share one send window."""
