@@ -6,8 +6,13 @@ its event; group commit on, or off), the dispatch's SENT mark, the worker's star
 five progress steps of a portal scrape, and SUCCEEDED with a result the size of a real
 academic record. Around the run, the cluster's `pg_stat_wal` and the database's
 `pg_stat_database` counters (read after the store's connections closed, so every backend
-flushed its statistics). Run it on an otherwise idle Postgres: pg_stat_wal counts every
-database of the cluster.
+flushed its statistics), and the CPU of every `postgres` process on this machine (the
+postmaster's reaped children included). Run it on an otherwise idle, local Postgres:
+pg_stat_wal and the CPU count the whole cluster.
+
+Three runs: group commit on and off, and on again right after a CHECKPOINT, so that the
+first change to each page after it writes the whole page to the WAL (full-page images):
+the WAL a job costs lies between the first and the third.
 
     python -m bench.pgcost [--quick] [--json-out F]
 """
@@ -17,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.common import (
@@ -70,6 +77,26 @@ DB_SQL = (
 )
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_s() -> float:
+    """CPU seconds of every `postgres` process here: its own and its reaped children's
+    (utime, stime, cutime, cstime), so backends that exited during the run still count."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        total += sum(int(f) for f in fields[11:15])
+    return total / CLK_TCK
+
+
 async def counters(url: str) -> dict[str, float]:
     import asyncpg
 
@@ -79,7 +106,7 @@ async def counters(url: str) -> dict[str, float]:
         db = await conn.fetchrow(DB_SQL)
     finally:
         await conn.close()
-    return {**dict(wal), **dict(db)}
+    return {**dict(wal), **dict(db), "cpu_s": postgres_cpu_s()}
 
 
 async def settled(url: str) -> dict[str, float]:
@@ -114,8 +141,8 @@ async def lifecycle(store: Any, n: int, seq: Any) -> None:
     assert done is not None
 
 
-async def run(url: str, jobs: int, group_commit: bool) -> Results:
-    from pathlib import Path
+async def run(url: str, jobs: int, group_commit: bool, checkpoint: bool = False) -> Results:
+    import asyncpg
 
     from outboxd.storage.store import SqlStore, open_database
 
@@ -123,6 +150,12 @@ async def run(url: str, jobs: int, group_commit: bool) -> Results:
     db = await open_database(url, Path("."), CONCURRENCY, 10.0)
     store = SqlStore(db, group_commit=group_commit)
     await db.migrate()
+    if checkpoint:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("CHECKPOINT")
+        finally:
+            await conn.close()
     migrated = await settled(url)
     seq = itertools.count()
     queue = iter(range(jobs))
@@ -157,25 +190,32 @@ async def main_async() -> int:
     bench.heading("What one job costs Postgres")
     results: Results = {}
     with workdir("pgcost") as wd:
-        for group_commit in (True, False):
-            label = "group commit on" if group_commit else "group commit off"
-            async with database("postgres", f"cost_{int(group_commit)}", wd) as url:
-                results[label] = await run(url, jobs, group_commit)
+        runs = (
+            ("group commit on", True, False),
+            ("group commit off", False, False),
+            ("group commit on, after a CHECKPOINT", True, True),
+        )
+        for n, (label, group_commit, checkpoint) in enumerate(runs):
+            async with database("postgres", f"cost_{n}", wd) as url:
+                results[label] = await run(url, jobs, group_commit, checkpoint)
     rows = []
     for label, r in results.items():
         pj = r["per_job"]
         rows.append([label, f_rate(r["jobs_per_s"]), f"{pj['xact_commit']:.2f}"])
         rows[-1] += [f"{pj['wal_bytes']:,.0f}", f"{pj['wal_records']:.1f}", f"{pj['wal_fpi']:.2f}"]
         rows[-1] += [f"{pj['tup_inserted']:.1f}", f"{pj['tup_updated']:.1f}"]
-    head = ["intake", "jobs/s (whole life)", "commits/job", "WAL bytes/job", "WAL records/job"]
+        rows[-1] += [f"{pj['cpu_s'] * 1e6:,.0f}"]
+    head = ["run", "jobs/s (whole life)", "commits/job", "WAL bytes/job", "WAL records/job"]
     head += ["full-page images/job", "rows inserted/job", "rows updated/job"]
+    head += ["Postgres CPU µs/job"]
     emit(
         table(
             f"Per job over its whole life ({jobs} jobs, {CONCURRENCY} at a time)",
             head,
             rows,
-            "pg_stat_wal (the whole cluster: run on an idle Postgres) and pg_stat_database, "
-            "after the migrations. A job: intake, SENT mark, start, 5 progress steps, SUCCEEDED "
+            "pg_stat_wal and the CPU (the whole cluster: run on an idle, local Postgres) and "
+            "pg_stat_database, after the migrations. A job: intake, SENT mark, start, "
+            "5 progress steps, SUCCEEDED "
             f"with a {results[next(iter(results))]['result_bytes']:,}-byte result.",
         )
     )

@@ -4,7 +4,7 @@ Called by `bench/run`; each benchmark runs as its own process (`python -m bench.
 prints its tables as it goes, and leaves JSON in bench/results/<timestamp>/. The summary
 reads those back: key figures, then one line per goal of docs/performance.md.
 
-    bench/run [--quick] [--only intake,relay,...] [--sizes N,N,N] [--backends ...]
+    bench/run [--quick] [--only intake,relay,...] [--sizes N,N,N] [--backends ...] [--baseline REV]
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ def run_one(name: str, outdir: Path, args: argparse.Namespace) -> int:
         argv += ["--backends", args.backends]
     if args.sizes and name == "claimer":
         argv += ["--sizes", args.sizes]
+    if args.baseline and name == "intake":
+        argv += ["--baseline", args.baseline]
     t0 = time.perf_counter()
     with (outdir / f"{name}.txt").open("w", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -289,6 +291,7 @@ def main() -> int:
     p.add_argument("--only", help="comma-separated subset of: " + ",".join(ORDER))
     p.add_argument("--sizes", help="claimer row counts, e.g. 10000,100000,1000000")
     p.add_argument("--backends", help="sqlite,postgres (default: both)")
+    p.add_argument("--baseline", help="intake: another commit's API beside this one's (REV)")
     args = p.parse_args()
     names = [n.strip() for n in args.only.split(",")] if args.only else list(ORDER)
     if set(names) - set(ORDER):

@@ -28,7 +28,7 @@ from outboxd.security import generate_key, generate_token, hash_token
 from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, JobRecord, RelayRow
 
 if TYPE_CHECKING:
-    from outboxd.http.models import PaceSlot
+    from outboxd.http.console_models import PaceSlot
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 LIMIT_MAX = 500

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator, Mapping
+from contextvars import Token
+from types import TracebackType
 from typing import Any, Final
 
 import structlog
@@ -72,6 +74,30 @@ def trace_id_of(traceparent: str | None) -> str | None:
     return parts[1] if len(parts) >= 4 else None
 
 
+class _TraceContext:
+    """A block in one trace: `trace_id` bound in the log context (restored after it)."""
+
+    __slots__ = ("_tokens", "traceparent")
+
+    def __init__(self, traceparent: str) -> None:
+        self.traceparent = traceparent
+        self._tokens: Mapping[str, Token[Any]] = {}
+
+    def __enter__(self) -> str:
+        self._tokens = structlog.contextvars.bind_contextvars(
+            trace_id=trace_id_of(self.traceparent)
+        )
+        return self.traceparent
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        structlog.contextvars.reset_contextvars(**self._tokens)
+
+
 class Tracing:
     """Spans for the API, the relay and the consumer: OpenTelemetry when configured, else
     trace context only. `span` always yields the traceparent of the span it stands for."""
@@ -84,23 +110,32 @@ class Tracing:
     def enabled(self) -> bool:
         return self._tracer is not None
 
-    @contextlib.contextmanager
     def span(
         self,
         name: str,
         parent: str | None,
         kind: str = "internal",
         attributes: Mapping[str, Any] | None = None,
-    ) -> Iterator[str]:
+    ) -> contextlib.AbstractContextManager[str]:
         """A span named `name`, a child of `parent` (a traceparent; None starts a trace),
-        current while the block runs; yields its own traceparent."""
+        current while the block runs, with its trace id bound as the log lines' `trace_id`;
+        yields its own traceparent."""
         if self._tracer is None:
-            yield new_traceparent(parent)
-            return
-        with self._tracer.start_as_current_span(
-            name, context=_context(parent), kind=_kind(kind), attributes=dict(attributes or {})
-        ) as span:
-            yield _traceparent_of(span)
+            # The request's path: a plain object, not a generator-based context manager.
+            return _TraceContext(new_traceparent(parent))
+        return self._otel_span(name, parent, kind, attributes)
+
+    @contextlib.contextmanager
+    def _otel_span(
+        self, name: str, parent: str | None, kind: str, attributes: Mapping[str, Any] | None
+    ) -> Iterator[str]:
+        with (
+            self._tracer.start_as_current_span(
+                name, context=_context(parent), kind=_kind(kind), attributes=dict(attributes or {})
+            ) as span,
+            _TraceContext(_traceparent_of(span)) as traceparent,
+        ):
+            yield traceparent
 
     def record(
         self,
@@ -189,4 +224,3 @@ def _context(parent: str | None) -> Any:
 def _traceparent_of(span: Any) -> str:
     ctx = span.get_span_context()
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
-

@@ -56,10 +56,7 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     # The caller's trace goes on (an invalid traceparent is ignored): this request is a span
     # of it, and the job carries this span's context to the worker.
     parent = inputs.traceparent(request)
-    with (
-        deps.tracing.span("POST /v1/portal-link-jobs", parent, "server") as tp,
-        structlog.contextvars.bound_contextvars(trace_id=trace_id_of(tp)),
-    ):
+    with deps.tracing.span("POST /v1/portal-link-jobs", parent, "server") as tp:
         return await _submit(request, user, key, link, tp)
 
 

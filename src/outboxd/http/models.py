@@ -3,7 +3,8 @@
 Each Struct is the single definition of one JSON body: its camelCase field names
 (`rename="camel"`), its types, its limits (`Meta`) and its description. From it come
 
-- the OpenAPI components (http/openapi.py renders `MODELS`, nothing by hand);
+- the OpenAPI components (http/openapi.py renders `MODELS`, and the console's
+  `console_models.MODELS`, nothing by hand);
 - the request checks (http/checks.py), which read the same limits and answer with
   the field-by-field VALIDATION_FAILED messages the API has always used;
 - the JSON the handlers send (`encode`; `to_builtins` for the dict renderers).
@@ -76,7 +77,7 @@ Count = Annotated[int, Meta(ge=0)]
 # A timestamp; `DateTime | None` keeps the format inside the nullable alternative, so a
 # generated client reads both as a datetime.
 DateTime = Annotated[str, Meta(extra_json_schema={"format": "date-time"})]
-_RFC3339: Final = " (RFC 3339, UTC, millisecond precision)."
+RFC3339: Final = " (RFC 3339, UTC, millisecond precision)."
 
 
 Cursor = Annotated[str | None, Meta(description="Pass as `cursor` for the next page.")]
@@ -301,11 +302,11 @@ class Job(Struct, rename="camel"):
     portal: PortalName
     status: JobStatus
     attempts: Annotated[int, Meta(ge=0, description="Processing attempts so far.")]
-    created_at: Annotated[DateTime, Meta(description="When the job was accepted" + _RFC3339)]
-    updated_at: Annotated[DateTime, Meta(description="Last change" + _RFC3339)]
+    created_at: Annotated[DateTime, Meta(description="When the job was accepted" + RFC3339)]
+    updated_at: Annotated[DateTime, Meta(description="Last change" + RFC3339)]
     finished_at: Annotated[
         DateTime | None,
-        Meta(description="When it reached SUCCEEDED, FAILED, DEAD or CANCELLED" + _RFC3339),
+        Meta(description="When it reached SUCCEEDED, FAILED, DEAD or CANCELLED" + RFC3339),
     ]
     # The stored JSON documents, rendered as they are (typed here for the document).
     progress: JobProgress | None
@@ -325,7 +326,7 @@ class JobEvent(Struct, rename="camel"):
     """One entry of a job's timeline: what happened, and the job's state right after it."""
 
     seq: Annotated[int, Meta(ge=1, description="Orders the job's events; increasing, with gaps.")]
-    at: Annotated[DateTime, Meta(description="When it happened" + _RFC3339)]
+    at: Annotated[DateTime, Meta(description="When it happened" + RFC3339)]
     type: Annotated[
         JobEventType,
         Meta(
@@ -384,8 +385,8 @@ class TaskRun(Struct, rename="camel"):
     type: str
     dedup_id: str
     status: TaskStatus
-    enqueued_at: Annotated[DateTime, Meta(description="When it was enqueued" + _RFC3339)]
-    finished_at: Annotated[DateTime | None, Meta(description="When it finished" + _RFC3339)]
+    enqueued_at: Annotated[DateTime, Meta(description="When it was enqueued" + RFC3339)]
+    finished_at: Annotated[DateTime | None, Meta(description="When it finished" + RFC3339)]
     error: Annotated[str | None, Meta(description="Why it failed.")]
 
 
@@ -401,13 +402,11 @@ class _OutboxItem(
     attempts: Annotated[int, Meta(ge=0, description="Publish attempts.")]
     next_attempt_at: Annotated[
         DateTime | None,
-        Meta(
-            description="Next publish attempt; null unless PENDING or RETRYABLE_FAILED" + _RFC3339
-        ),
+        Meta(description="Next publish attempt; null unless PENDING or RETRYABLE_FAILED" + RFC3339),
     ]
     last_error: Annotated[str | None, Meta(description="The last publish error.")]
     message_id: Annotated[str | None, Meta(description="The SQS message id once published.")]
-    created_at: Annotated[DateTime, Meta(description="When the row was created" + _RFC3339)]
+    created_at: Annotated[DateTime, Meta(description="When the row was created" + RFC3339)]
 
 
 class JobOutboxItem(_OutboxItem, tag="job"):
@@ -500,152 +499,6 @@ class OpenApiDocument(Struct):
     paths: dict[str, Any]
 
 
-# ------------------------------------------------------------------ the console's admin reads
-
-
-class JobDetail(AdminJob):
-    """A job with its owner and its relay outbox rows (admin view)."""
-
-    outbox: Annotated[
-        list[OutboxItem],
-        Meta(
-            max_length=20,
-            description="The job's relay outbox rows, newest first (SUPERSEDED ones are the "
-            "history of a redriven job).",
-        ),
-    ]
-
-
-_StatusCounts = Annotated[dict[str, Count], Meta(description="Row count per status.")]
-_Age = Annotated[float, Meta(ge=0)]
-
-
-class TableCounts(Struct):
-    """Row counts per table and status."""
-
-    jobs: _StatusCounts
-    relay_outbox: _StatusCounts
-    work_outbox: _StatusCounts
-    task_runs: _StatusCounts
-
-
-class PendingAges(Struct):
-    """Age in seconds of each table's oldest pending row; null when it has none."""
-
-    jobs: _Age | None
-    relay_outbox: _Age | None
-    work_outbox: _Age | None
-    task_runs: _Age | None
-
-
-class PaceSlot(Struct, rename="camel"):
-    """One pace row, on the database's clock (Unix seconds); pausedUntil is set by a 429's
-    Retry-After."""
-
-    last_slot_at: float | None
-    next_slot_at: float | None
-    next_slot_in_seconds: _Age
-    paused_until: float | None
-    paused_for_seconds: _Age
-    sessions: Count
-    database_now: float
-
-
-class QueueDepth(Struct, rename="camel"):
-    """Approximate message counts of one queue."""
-
-    visible: Annotated[Count, Meta(description="Messages waiting to be received.")]
-    in_flight: Annotated[Count, Meta(description="Messages received and not yet deleted.")]
-    dlq: Annotated[Count, Meta(description="Messages in its dead-letter queue.")]
-
-
-class QueueDepths(Struct):
-    """SQS depth per queue, or only `error` when SQS did not answer."""
-
-    jobs: QueueDepth | msgspec.UnsetType = msgspec.UNSET
-    tasks: QueueDepth | msgspec.UnsetType = msgspec.UNSET
-    error: Annotated[str, Meta(description="Why SQS did not answer.")] | msgspec.UnsetType = (
-        msgspec.UNSET
-    )
-
-
-class Stats(Struct, rename="camel"):
-    """Counts and ages (shared with `outboxd status` and /metrics)."""
-
-    tables: TableCounts
-    oldest_pending_age_seconds: PendingAges
-    pace: Annotated[
-        dict[str, PaceSlot],
-        Meta(
-            description="Cluster pace per resource (`ai`, `suwon`): the slots every instance "
-            "shares; empty until a cluster-scope instance takes a slot."
-        ),
-    ]
-    queues: Annotated[QueueDepths | None, Meta(description="Null without a queue.")]
-
-
-class ClaimerPace(Struct, rename="camel"):
-    """This process's claimer pace."""
-
-    last_tick_at: Annotated[DateTime | None, Meta(description="When the last tick started.")]
-    next_tick_at: Annotated[DateTime | None, Meta(description="When the next tick is due.")]
-    paused_until: Annotated[
-        DateTime | None,
-        Meta(description="End of a provider-asked pause (429); null when not paused."),
-    ]
-
-
-class Schedule(Struct, rename="camel"):
-    """One schedule."""
-
-    name: str
-    task: str
-    next_fire_at: Annotated[DateTime, Meta(description="The next fire time" + _RFC3339)]
-
-
-class MinuteCount(Struct):
-    """One minute."""
-
-    minute: Annotated[DateTime, Meta(description="The minute's start" + _RFC3339)]
-    accepted: Annotated[Count, Meta(description="Jobs accepted.")]
-    finished: Annotated[Count, Meta(description="Jobs that reached SUCCEEDED, FAILED or DEAD.")]
-
-
-class StatusNames(Struct):
-    """Every status of each table, in their order of life (the console's status names)."""
-
-    jobs: list[JobStatus]
-    relay_outbox: list[RelayStatus]
-    work_outbox: list[WorkStatus]
-    task_runs: list[TaskStatus]
-
-
-class Runtime(Struct, rename="camel"):
-    """What only the running process knows: readiness, claimer pace, schedules, throughput."""
-
-    now: Annotated[DateTime, Meta(description="The server's clock" + _RFC3339)]
-    readiness: Readiness
-    claimer: Annotated[
-        ClaimerPace | None, Meta(description="Null when this process runs no claimer.")
-    ]
-    schedules: Annotated[list[Schedule], Meta(description="This process's scheduler entries.")]
-    throughput: Annotated[
-        list[MinuteCount],
-        Meta(
-            description="Portal jobs accepted by this process's API and finished by its "
-            "consumer, per minute over the last hour, oldest first (kept in memory; empty "
-            "after a restart)."
-        ),
-    ]
-    task_types: Annotated[
-        list[TaskType],
-        Meta(description="The built-in task types POST /v1/admin/tasks accepts."),
-    ]
-    statuses: Annotated[
-        StatusNames, Meta(description="The status names of each table, as the API uses them.")
-    ]
-
-
 MODELS: Final = (
     Problem,
     FieldError,
@@ -676,9 +529,6 @@ MODELS: Final = (
     Health,
     Readiness,
     OpenApiDocument,
-    JobDetail,
-    Stats,
-    Runtime,
 )
 
 # ------------------------------------------------------------------ JSON out

@@ -20,7 +20,7 @@ from typing import Any, Final, get_args
 import msgspec
 from msgspec import Struct
 
-from outboxd.http import models
+from outboxd.http import console_models, models
 from outboxd.http.problems import (
     FORBIDDEN,
     HEADERS_TOO_LARGE,
@@ -34,6 +34,9 @@ from outboxd.http.problems import (
 )
 from outboxd.http.routes import ROUTES, Ok, Param, Route
 from outboxd.storage.ports import JobEventType, JobStatus, RelayStatus, TaskStatus, WorkStatus
+
+# Every body of the API: http/models.py's and the console's admin reads.
+MODELS: Final = (*models.MODELS, *console_models.MODELS)
 
 Schema = dict[str, Any]
 
@@ -101,13 +104,13 @@ def _schemas() -> dict[str, Schema]:
     """The JSON Schema of every model in http/models.py, named types as components."""
     types = [t for t, _ in NAMED_TYPES.values()]
     inline, schemas = msgspec.json.schema_components(
-        (*models.MODELS, *types), ref_template=_SCHEMAS + "{name}"
+        (*MODELS, *types), ref_template=_SCHEMAS + "{name}"
     )
     for schema in schemas.values():
         schema.pop("title", None)
     _declared_order([inline, schemas])
     for (name, (_, description)), named in zip(
-        NAMED_TYPES.items(), inline[len(models.MODELS) :], strict=True
+        NAMED_TYPES.items(), inline[len(MODELS) :], strict=True
     ):
         _point_to(schemas, name, named)
         if "anyOf" in named:  # a tagged union: exactly one variant, chosen by the tag

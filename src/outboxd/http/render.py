@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import msgspec
 
-from outboxd.http import models
+from outboxd.http import console_models, models
 from outboxd.services.admin import Stats
 from outboxd.services.tasks import BUILTIN_TASKS
 from outboxd.storage.ports import (
@@ -79,9 +79,9 @@ def admin_job_model(job: JobRecord) -> models.AdminJob:
     return models.AdminJob(**msgspec.structs.asdict(job_model(job)), user=job.user_id)
 
 
-def job_detail_model(job: JobRecord, rows: Sequence[RelayRow]) -> models.JobDetail:
+def job_detail_model(job: JobRecord, rows: Sequence[RelayRow]) -> console_models.JobDetail:
     """The job with its owner and relay outbox rows (the admin's view)."""
-    return models.JobDetail(
+    return console_models.JobDetail(
         **msgspec.structs.asdict(admin_job_model(job)), outbox=[relay_model(r) for r in rows]
     )
 
@@ -152,22 +152,24 @@ def readiness_model(checks: dict[str, str]) -> models.Readiness:
     return models.Readiness("ok" if ok else "unavailable", checks)
 
 
-def stats_model(stats: Stats) -> models.Stats:
+def stats_model(stats: Stats) -> console_models.Stats:
     t, age = stats.tables, stats.oldest_pending_age_s
-    queues: models.QueueDepths | None = None
+    queues: console_models.QueueDepths | None = None
     if stats.queues_error is not None:
-        queues = models.QueueDepths(error=stats.queues_error)
+        queues = console_models.QueueDepths(error=stats.queues_error)
     elif stats.queues is not None:
         depth = {
-            k: models.QueueDepth(d.visible, d.in_flight, d.dlq_visible)
+            k: console_models.QueueDepth(d.visible, d.in_flight, d.dlq_visible)
             for k, d in stats.queues.items()
         }
-        queues = models.QueueDepths(
+        queues = console_models.QueueDepths(
             jobs=depth.get("jobs", msgspec.UNSET), tasks=depth.get("tasks", msgspec.UNSET)
         )
-    return models.Stats(
-        tables=models.TableCounts(t["jobs"], t["relay_outbox"], t["work_outbox"], t["task_runs"]),
-        oldest_pending_age_seconds=models.PendingAges(
+    return console_models.Stats(
+        tables=console_models.TableCounts(
+            t["jobs"], t["relay_outbox"], t["work_outbox"], t["task_runs"]
+        ),
+        oldest_pending_age_seconds=console_models.PendingAges(
             age["jobs"], age["relay_outbox"], age["work_outbox"], age["task_runs"]
         ),
         pace={p.name: pace_model(p) for p in stats.pace},
@@ -179,9 +181,9 @@ def stats_body(stats: Stats) -> dict[str, Any]:
     return models.to_builtins(stats_model(stats))
 
 
-def pace_model(p: PaceState) -> models.PaceSlot:
+def pace_model(p: PaceState) -> console_models.PaceSlot:
     """One cluster pace row (docs/pacing.md), times on the database's clock."""
-    return models.PaceSlot(
+    return console_models.PaceSlot(
         last_slot_at=p.last_at,
         next_slot_at=p.next_at if p.last_at is not None else None,
         next_slot_in_seconds=round(max(0.0, p.next_at - p.now), 3),
@@ -198,21 +200,23 @@ def runtime_model(
     claimer: tuple[float | None, float | None, float | None] | None,
     schedules: Iterable[tuple[str, str, float]],
     throughput: Iterable[tuple[float, int, int]],
-) -> models.Runtime:
+) -> console_models.Runtime:
     """What only this process knows, for the console."""
-    return models.Runtime(
+    return console_models.Runtime(
         now=cast(str, iso(now)),
         readiness=readiness_model(checks),
         claimer=None
         if claimer is None
-        else models.ClaimerPace(iso(claimer[0]), iso(claimer[1]), iso(claimer[2])),
-        schedules=[models.Schedule(name, task, cast(str, iso(at))) for name, task, at in schedules],
+        else console_models.ClaimerPace(iso(claimer[0]), iso(claimer[1]), iso(claimer[2])),
+        schedules=[
+            console_models.Schedule(name, task, cast(str, iso(at))) for name, task, at in schedules
+        ],
         throughput=[
-            models.MinuteCount(cast(str, iso(at)), accepted, finished)
+            console_models.MinuteCount(cast(str, iso(at)), accepted, finished)
             for at, accepted, finished in throughput
         ],
         task_types=list(BUILTIN_TASKS),
-        statuses=models.StatusNames(
+        statuses=console_models.StatusNames(
             list(JOB_STATUSES), list(RELAY_STATUSES), list(WORK_STATUSES), list(TASK_STATUSES)
         ),
     )

@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 from aiohttp import web
 from msgspec import Struct
 
-from outboxd.http import admin, console, jobs, models, ops, websites
+from outboxd.http import admin, console, console_models, jobs, models, ops, websites
 from outboxd.http.inputs import ERROR_CODE_PATTERN
 from outboxd.http.problems import (
     ENQUEUE_FAILED,
@@ -359,7 +359,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Counts per table and status, oldest pending ages, SQS depth; wait for a job's "
         "change with Prefer.",
         ok=(
-            Ok(200, "The numbers.", models.Stats, headers=("ETag", "Preference-Applied")),
+            Ok(200, "The numbers.", console_models.Stats, headers=("ETag", "Preference-Applied")),
             _NOT_MODIFIED,
         ),
         errors=(STORAGE_UNAVAILABLE,),
@@ -452,7 +452,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "getJobDetail",
         "admin",
         "Any user's job with its relay outbox rows.",
-        ok=(Ok(200, "The job.", models.JobDetail),),
+        ok=(Ok(200, "The job.", console_models.JobDetail),),
         errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
         access="admin",
         params=(JOB_ID,),
@@ -492,7 +492,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "getRuntime",
         "admin",
         "Readiness, claimer pace, schedules and per-minute throughput of this process.",
-        ok=(Ok(200, "This process's state.", models.Runtime),),
+        ok=(Ok(200, "This process's state.", console_models.Runtime),),
         errors=(STORAGE_UNAVAILABLE,),
         access="admin",
     ),

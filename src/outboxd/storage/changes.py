@@ -1,9 +1,10 @@
 """Which jobs changed: the signal that ends a request held on a job (`Prefer: wait`).
 
 One `JobChanges` per process. It is fed from three places: the store after each commit
-that changed a job (this process), the database's notifications (Postgres LISTEN: every
-process sharing the database), and a poll of the events table while no notification can
-arrive (SQLite, or Postgres while its listening connection is down). Whoever waits on a
+that changed a job (this process: `committed`, which also tells the other processes
+where the database can), the database's notifications (Postgres LISTEN: every process
+sharing the database), and a poll of the events table while no notification can arrive
+(SQLite, or Postgres while its listening connection is down). Whoever waits on a
 job registers one callback for it; a signal for a job nobody watches costs a dict lookup.
 Whoever waits on any job (a held listing) registers a callback under a key of its own
 with `watch_any`; it is called once per signal, whichever jobs it names.
@@ -24,9 +25,11 @@ def default_instance() -> str:
 
 
 class JobChanges:
-    def __init__(self) -> None:
+    def __init__(self, tell_others: Callable[[list[str]], None] | None = None) -> None:
         self._watch: dict[str, Wake] = {}
         self._any: dict[str, Wake] = {}
+        # Where other processes can be told (Postgres: storage/notifier.py), after the commit.
+        self._tell_others = tell_others
 
     def watch(self, job_id: str, wake: Wake) -> None:
         """Call `wake(job_id)` whenever `job_id` may have changed, until `unwatch`."""
@@ -48,8 +51,19 @@ class JobChanges:
     def watching_any(self) -> bool:
         return bool(self._any)
 
+    def committed(self, job_ids: Iterable[str | None]) -> None:
+        """This process committed changes to these jobs: its own held requests wake, and
+        the other processes are told (never from `publish`: what they told us is not
+        echoed back)."""
+        changed = [j for j in job_ids if j is not None]
+        if not changed:
+            return
+        if self._tell_others is not None:
+            self._tell_others(changed)
+        self.publish(changed)
+
     def publish(self, job_ids: Iterable[str | None]) -> None:
-        """These jobs may have changed (a commit, a notification, a poll)."""
+        """These jobs may have changed (a notification, a poll, this process's commit)."""
         if not self._watch and not self._any:
             return
         some = False

@@ -42,7 +42,7 @@ from outboxd.storage.ports import (
     LoginFailure,
     LoginLockStore,
 )
-from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent, trace_id_of
+from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent
 from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
 
 log = structlog.get_logger(__name__)
@@ -246,10 +246,7 @@ class Consumer:
             known = await self._store.get_job(job_id)
             parent = known.traceparent if known is not None else None
         attributes = {"outboxd.job_id": job_id, "messaging.message.id": msg.message_id}
-        with (
-            self._tracing.span("outboxd.consumer.job", parent, "consumer", attributes) as tp,
-            structlog.contextvars.bound_contextvars(trace_id=trace_id_of(tp)),
-        ):
+        with self._tracing.span("outboxd.consumer.job", parent, "consumer", attributes):
             return await self._run_job(job_id, msg)
 
     async def _run_job(self, job_id: str, msg: ReceivedMessage) -> str:

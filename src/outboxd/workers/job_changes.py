@@ -3,10 +3,11 @@
 This process's own commits reach `JobChanges` from the store directly. Other processes'
 arrive here:
 
-- Postgres: one connection per process LISTENs on the channel job_events' trigger
-  notifies (the job id); a notification wakes that job's held requests. Should the
-  connection fail, the loop polls until it is back (reconnecting with backoff), then
-  wakes every watched job once, since notifications sent meanwhile are lost.
+- Postgres: one connection per process LISTENs on the channel every process's store
+  notifies after its commits (the job id: storage/notifier.py); a notification wakes
+  that job's held requests. Should the connection fail, the loop polls until it is back
+  (reconnecting with backoff), then wakes every watched job once, since notifications
+  sent meanwhile are lost.
 - SQLite (and Postgres while not listening): every `POLL_S` one query reads the newest
   event of each job a request waits on, for all of them, and wakes those that moved
   (and those watched since the last poll, so a change between a request's read and its

@@ -293,3 +293,10 @@ SELECT job.*,
        relay.claimed_until AS relay_claimed_until, relay.version AS relay_version,
        relay.traceparent AS relay_traceparent
   FROM job JOIN relay ON relay.job_id = job.id;
+
+-- name: notify_job_changes
+-- Jobs this process committed changes to, told to every process LISTENing (one
+-- notification per job, on the channel of storage/store/__init__.py `JOB_CHANNEL`): a
+-- statement of its own after the commits, never inside a write transaction
+-- (docs/decisions/0023-notify-after-commit.md).
+SELECT pg_notify('outboxd_jobs', job_id) FROM unnest(CAST(:ids AS text[])) AS job_id;

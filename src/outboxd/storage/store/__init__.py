@@ -20,6 +20,7 @@ from outboxd.storage import ports
 from outboxd.storage.changes import JobChanges, default_instance
 from outboxd.storage.db import Database, load_queries, sqlite_path
 from outboxd.storage.group import GroupCommitter
+from outboxd.storage.notifier import ChangeNotifier
 from outboxd.storage.postgres import PostgresDatabase
 from outboxd.storage.sqlite import SqliteDatabase
 from outboxd.storage.store.jobs import SqlJobs
@@ -39,7 +40,7 @@ __all__ = [
 ]
 T = TypeVar("T")
 
-# The channel job_events' trigger notifies (storage/migrations/postgres/0007_job_events.sql).
+# The channel every process's committed job changes are notified on (storage/notifier.py).
 JOB_CHANNEL = "outboxd_jobs"
 
 
@@ -57,7 +58,12 @@ class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
         self.db = db
         self.q = load_queries(db.backend)
         self.instance = instance or default_instance()
-        self.changes = JobChanges()
+        # Where the database has notifications, the other processes hear of this one's
+        # commits (after each commit, outside its transaction).
+        self.notifier = (
+            ChangeNotifier(db, self.q["notify_job_changes"]) if db.features.notifies else None
+        )
+        self.changes = JobChanges(self.notifier)
         # Intake and registration: concurrent calls share one commit (see storage/group.py).
         # Where the driver can, an intake group is first tried as one statement.
         bulk = self._intake_bulk if db.features.intake_in_one_statement else None
@@ -79,6 +85,8 @@ class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
         for group in (self.group, self.website_group):
             if group is not None:
                 await group.drain()
+        if self.notifier is not None:
+            await self.notifier.drain()
         await self.db.close()
 
 

@@ -78,7 +78,7 @@ class StoreBase:
 
         job = await self.db.run(body, one_statement=self.db.features.events_in_statement)
         if job is not None:
-            self.changes.publish((job.id,))
+            self.changes.committed((job.id,))
         return job
 
     def _relay_row(self, job_id: str) -> Generator[Op, Any, RelayRow | None]:

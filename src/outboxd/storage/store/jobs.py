@@ -86,7 +86,7 @@ class SqlJobs(StoreBase):
         else:
             intake = await self.group.run(body, (new, now))
         if intake.created:  # nobody waits on this job yet; a held listing may
-            self.changes.publish((intake.job.id,))
+            self.changes.committed((intake.job.id,))
         return intake
 
     def _intake_bulk(self, items: Sequence[Any], now: float) -> TxBody[list[Any]]:
@@ -213,7 +213,7 @@ class SqlJobs(StoreBase):
 
         done = await self.db.run(body)
         if done is not None:
-            self.changes.publish((done.id,))
+            self.changes.committed((done.id,))
         return done
 
     async def job_quota(self, user_id: str, idempotency_key: str, limit: int) -> int | None:
@@ -300,7 +300,7 @@ class SqlJobs(StoreBase):
             return outcome
 
         job = await self.db.run(body)
-        self.changes.publish((job.id,))
+        self.changes.committed((job.id,))
         return job
 
     async def cancel_job(self, job_id: str, now: float, by: str) -> tuple[JobRecord, CancelOutcome]:
@@ -339,7 +339,7 @@ class SqlJobs(StoreBase):
 
         job, outcome = await self.db.run(body)
         if outcome != "unchanged":
-            self.changes.publish((job.id,))
+            self.changes.committed((job.id,))
         return job, outcome
 
     async def finish_cancelled(self, job: JobRecord, now: float) -> JobRecord | None:
@@ -392,7 +392,7 @@ class SqlJobs(StoreBase):
         if not jobs:
             return []
         outcomes = await self.db.run(body)
-        self.changes.publish(o.id for o in outcomes if isinstance(o, JobRecord))
+        self.changes.committed(o.id for o in outcomes if isinstance(o, JobRecord))
         return outcomes
 
     async def list_jobs(

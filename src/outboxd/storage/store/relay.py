@@ -73,13 +73,13 @@ class SqlRelay(StoreBase):
         if not sent:
             return []
         done = await self.db.run(lambda: self._relay_sent(sent, now))
-        self.changes.publish(_job_ids(done))
+        self.changes.committed(_job_ids(done))
         return done
 
     async def mark_relay_failed(self, failures: Sequence[RelayFailure], now: float) -> None:
         if failures:
             await self.db.run(lambda: self._relay_failed(failures, now))
-            self.changes.publish(_job_ids((), failures))
+            self.changes.committed(_job_ids((), failures))
 
     async def record_relay_outcome(
         self, sent: Sequence[tuple[RelayRow, str]], failures: Sequence[RelayFailure], now: float
@@ -104,7 +104,7 @@ class SqlRelay(StoreBase):
             done = await self.group.run(body)
         else:
             done = await self.db.run(body)
-        self.changes.publish(_job_ids(done, failures))
+        self.changes.committed(_job_ids(done, failures))
         return done
 
     def _relay_outcome(
@@ -135,7 +135,7 @@ class SqlRelay(StoreBase):
         if not sent and not failures and limit <= 0:
             return [], []
         done, claimed = await self.db.run(body, one_statement=one_statement)
-        self.changes.publish(_job_ids(done, failures))
+        self.changes.committed(_job_ids(done, failures))
         return done, claimed
 
     def _relay_sent_and_claim_due(
@@ -323,7 +323,7 @@ class SqlRelay(StoreBase):
             return relay
 
         relay = await self.db.run(body)
-        self.changes.publish((relay.job_id,))
+        self.changes.committed((relay.job_id,))
         return relay
 
     async def list_relay_rows(

@@ -1,0 +1,100 @@
+"""Other processes hear of a job's change from the process that committed it, after the
+commit and outside its transaction (storage/notifier.py); what they hear is not echoed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from outboxd.storage.changes import JobChanges
+from outboxd.storage.store import JOB_CHANNEL, SqlStore, open_store
+from outboxd.workers.job_changes import JobChangeFeed
+from tests.support.db import raw_rows
+from tests.support.group_crash import portal_job
+
+
+def test_only_this_process_commits_are_told_to_others() -> None:
+    told: list[list[str]] = []
+    woken: list[str] = []
+    changes = JobChanges(told.append)
+    changes.watch("a", woken.append)
+    changes.committed(["a", None, "b"])
+    changes.publish(["a"])  # a notification or a poll: heard, never told on
+    assert told == [["a", "b"]]
+    assert woken == ["a", "a"]
+
+
+async def test_a_commit_notifies_each_changed_job_after_it(
+    store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """Postgres: a listener hears the job's intake and its cancel, one notification each,
+    and a second store's feed that hears them tells no one again. SQLite has nothing to
+    notify with: its store has no notifier and its feed polls."""
+    if store.backend == "sqlite":
+        assert store.notifier is None and store.listen_job_changes(lambda _: None) is None
+        return
+    heard: list[str] = []
+    other_heard: list[str] = []
+    listener = await asyncpg.connect(db_url)
+    other = await open_store(db_url, tmp_path, 2, 2.0)
+    other.changes.watch_any("test", other_heard.append)
+    feed = JobChangeFeed(other, other.changes)
+    stop = asyncio.Event()
+    running = asyncio.create_task(feed.run(stop))
+    try:
+        await listener.add_listener(JOB_CHANNEL, lambda *args: heard.append(args[3]))
+        await _until(lambda: _listeners(db_url), 2)
+        intake = await store.create_portal_job(portal_job("notify", 0), time.time())
+        job_id = intake.job.id
+        await store.cancel_job(job_id, time.time(), "admin")
+        assert store.notifier is not None and other.notifier is not None
+        await store.notifier.drain()
+        # The other store's feed heard both; had it told on, its notifier would send now.
+        await _until(lambda: _count(other_heard), 2)
+        await other.notifier.drain()
+        # A marker sent last: every notification sent before it has arrived with it.
+        await listener.execute("SELECT pg_notify($1, 'marker')", JOB_CHANNEL)
+        await _until(lambda: _count(heard), 3)
+        assert heard == [job_id, job_id, "marker"], heard
+    finally:
+        stop.set()
+        await running
+        await other.close()
+        await listener.close()
+
+
+async def _count(seen: list[str]) -> int:
+    return len(seen)
+
+
+async def _listeners(db_url: str) -> int:
+    rows = await raw_rows(
+        db_url,
+        "SELECT count(*) AS n FROM pg_stat_activity"
+        " WHERE query LIKE 'LISTEN%' AND datname = current_database()",
+    )
+    return int(rows[0]["n"])
+
+
+async def _until(read: Callable[[], Awaitable[int]], at_least: int, timeout_s: float = 5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (seen := await read()) < at_least:
+        assert time.monotonic() < deadline, f"{seen} < {at_least} after {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_no_write_transaction_notifies(store: SqlStore, db_url: str) -> None:
+    """No trigger on the events table: a notifying transaction holds a cluster-wide lock
+    until its commit is flushed, which made every job write wait for the others' flushes."""
+    triggers = await raw_rows(
+        db_url,
+        "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
+        " AND tgrelid IN ('job_events'::regclass, 'jobs'::regclass, 'relay_outbox'::regclass)",
+    )
+    assert triggers == []
