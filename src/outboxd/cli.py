@@ -282,7 +282,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         _config_error(exc, daemon=cmd == "serve")
         return EXIT_USAGE
     if cmd in ("check-config", "serve"):
-        from outboxd.daemon.app import preflight
+        from outboxd.daemon.preflight import preflight
 
         try:
             preflight(settings, os.environ)

@@ -125,9 +125,7 @@ async def _thousand(base: str, job_id: str) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def held() -> tuple[int, dict[str, Any], float]:
-            async with session.get(
-                f"{base}/v1/jobs/{job_id}", headers={"Prefer": "wait=60"}
-            ) as r:
+            async with session.get(f"{base}/v1/jobs/{job_id}", headers={"Prefer": "wait=60"}) as r:
                 return r.status, await r.json(), time.monotonic()
 
         tasks = [asyncio.ensure_future(held()) for _ in range(1000)]

@@ -54,9 +54,7 @@ def post(base: str, key: str, traceparent: str | None) -> str:
     return job_id
 
 
-async def receive_one(
-    endpoint_url: str, queue_names: dict[str, str]
-) -> tuple[str, dict[str, str]]:
+async def receive_one(endpoint_url: str, queue_names: dict[str, str]) -> tuple[str, dict[str, str]]:
     settings = SqsSettings(
         endpoint_url=endpoint_url,
         jobs_queue=queue_names["jobs_queue"],
@@ -150,9 +148,9 @@ class OtlpReceiver:
         message.ParseFromString(raw)
         self.requests += 1
         for resource_spans in message.resource_spans:
-            service = {
-                a.key: a.value.string_value for a in resource_spans.resource.attributes
-            }.get("service.name")
+            service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}.get(
+                "service.name"
+            )
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     self.spans.append(

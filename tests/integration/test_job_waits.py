@@ -177,9 +177,7 @@ async def test_the_wait_is_clamped_and_an_unreadable_preference_ignored(make_api
     assert (resp.status, resp.headers["Preference-Applied"]) == (304, "wait=1")
     for prefer in ("wait=soon", "wait=-1", "respond-async", "wait=0", "wait=1.5"):
         got = await asyncio.wait_for(
-            client.get(
-                f"/v1/jobs/{job_id}", headers={"Prefer": prefer, "If-None-Match": etag}
-            ),
+            client.get(f"/v1/jobs/{job_id}", headers={"Prefer": prefer, "If-None-Match": etag}),
             5,
         )
         assert got.status == 304 and "Preference-Applied" not in got.headers, prefer
@@ -316,7 +314,6 @@ async def _listening(db_url: str) -> None:
             return
         assert time.monotonic() < deadline, "the listener did not connect"
         await asyncio.sleep(0.1)
-
 
 
 async def test_a_change_between_the_read_and_the_wait_still_wakes_the_hold(

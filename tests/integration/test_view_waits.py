@@ -24,9 +24,7 @@ __all__ = ["make_api"]  # the fixture, used by name
 JOBS = "/v1/admin/jobs"
 
 
-async def held_view(
-    client: Client, path: str, etag: str, wait: int = 30, **params: str
-) -> Any:
+async def held_view(client: Client, path: str, etag: str, wait: int = 30, **params: str) -> Any:
     return await client.get(
         path, params=params, headers={"Prefer": f"wait={wait}", "If-None-Match": etag}
     )
@@ -171,9 +169,7 @@ async def test_job_and_view_holds_share_max_waiters_and_the_stop_answers_them(
     assert (await list_resp.json())["items"][0]["jobId"] == job_id
 
 
-async def test_a_held_listing_holds_no_database_connection(
-    make_api: Api, store: SqlStore
-) -> None:
+async def test_a_held_listing_holds_no_database_connection(make_api: Api, store: SqlStore) -> None:
     if store.backend != "postgres":
         pytest.skip("a pool to look at is Postgres's")
     client = await make_api()

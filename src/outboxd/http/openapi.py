@@ -21,6 +21,7 @@ import msgspec
 from msgspec import Struct
 
 from outboxd.http import console_models, models
+from outboxd.http.endpoints import Ok, Param, Route
 from outboxd.http.problems import (
     FORBIDDEN,
     HEADERS_TOO_LARGE,
@@ -32,7 +33,7 @@ from outboxd.http.problems import (
     VALIDATION_FAILED,
     ProblemKind,
 )
-from outboxd.http.routes import ROUTES, Ok, Param, Route
+from outboxd.http.routes import ROUTES
 from outboxd.storage.ports import JobEventType, JobStatus, RelayStatus, TaskStatus, WorkStatus
 
 # Every body of the API: http/models.py's and the console's admin reads.
@@ -122,6 +123,7 @@ def _schemas() -> dict[str, Schema]:
 
 
 # ------------------------------------------------------------------ paths, from the route table
+
 
 def _header(description: str, required: bool = True, **schema: Any) -> Schema:
     """A response header: a string, `schema` adding its enum or pattern."""
