@@ -28,18 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    Bench,
     Results,
     Table,
-    backends_arg,
-    base_parser,
     database,
     emit,
     f_ms,
-    machine_line,
     open_migrated_store,
     percentile,
     quiet_logging,
-    save,
     table,
     workdir,
     write_raw,
@@ -255,14 +252,14 @@ def report(backend: str, res: Results) -> None:
 
 
 async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    p.add_argument("--sizes", help="row counts (default: quick 10k,100k; full 10k,100k,1M)")
-    args = p.parse_args()
-    backends = await backends_arg(args.backends)
+    sizes_help = "row counts (default: quick 10k,100k; full 10k,100k,1M)"
+    bench = Bench.parse("claimer", __doc__, {"--sizes": {"help": sizes_help}})
+    args = bench.args
+    backends = await bench.backends()
     default = "10000,100000" if args.quick else "10000,100000,1000000"
     sizes = [int(x) for x in (args.sizes or default).split(",")]
     k = 200 if args.quick else 500
-    emit(f"\n## Claimer at scale  ({machine_line()})")
+    bench.heading("Claimer at scale")
     emit(f"sizes={sizes}; {k} claims per stage; {FRESH_PENDING} fresh PENDING rows per stage")
     sink = quiet_logging()
     results: dict[str, Any] = {}
@@ -272,7 +269,7 @@ async def main_async() -> int:
     sink.close()
     for backend, res in results.items():
         report(backend, res)
-    save(args.json_out, {"bench": "claimer", "quick": args.quick, "results": results})
+    bench.save(results=results)
     return 0
 
 

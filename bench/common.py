@@ -376,3 +376,32 @@ def save(path: Path | None, data: Mapping[str, Any]) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"machine": machine_info(), **data}, indent=1, default=str))
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark's run, as every bench/<name>.py starts and ends it: base_parser's
+    options and its own, the heading of its report, and the JSON run_all reads back."""
+
+    name: str
+    args: argparse.Namespace
+
+    @classmethod
+    def parse(
+        cls, name: str, doc: str | None, options: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> Bench:
+        """`options`: the benchmark's own, flag -> add_argument's keyword arguments."""
+        p = base_parser(doc or "")
+        for flag, kwargs in (options or {}).items():
+            p.add_argument(flag, **kwargs)
+        return cls(name, p.parse_args())
+
+    async def backends(self) -> list[str]:
+        """The backends --backends names, Postgres left out when it cannot be reached."""
+        return await backends_arg(self.args.backends)
+
+    def heading(self, title: str) -> None:
+        emit(f"\n## {title}  ({machine_line()})")
+
+    def save(self, **data: Any) -> None:
+        save(self.args.json_out, {"bench": self.name, "quick": self.args.quick, **data})

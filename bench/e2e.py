@@ -22,16 +22,13 @@ import aiohttp
 from testkit.daemon import PORTAL_MODULE, SAMPLE_PASSWORD, SAMPLE_SNO, DaemonProcess, FakeProcess
 
 from bench.common import (
+    Bench,
     Results,
-    backends_arg,
-    base_parser,
     database,
     emit,
     f_ms,
-    machine_line,
     percentile,
     proc_cpu_s,
-    save,
     table,
     workdir,
 )
@@ -135,11 +132,11 @@ def run_one(backend: str, url: str, wd: Path, n: int, spacing: float) -> Results
 
 
 async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    args = p.parse_args()
-    backends = await backends_arg(args.backends)
+    bench = Bench.parse("e2e", __doc__)
+    args = bench.args
+    backends = await bench.backends()
     n, spacing = (30, 0.2) if args.quick else (200, 0.2)
-    emit(f"\n## End to end  ({machine_line()})")
+    bench.heading("End to end")
     emit(
         f"{n} jobs per backend, one every {spacing:g} s; daemon with all roles, embedded moto, "
         "fake portal answering at once"
@@ -167,7 +164,7 @@ async def main_async() -> int:
             + ", ".join(f"{b} {r['daemon_cpu']:.0%}" for b, r in results.items()),
         )
     )
-    save(args.json_out, {"bench": "e2e", "quick": args.quick, "results": results})
+    bench.save(results=results)
     return 0
 
 

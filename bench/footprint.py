@@ -27,19 +27,17 @@ from testkit.daemon import DaemonProcess
 
 from bench.common import (
     ROOT,
+    Bench,
     CpuWindow,
     Results,
-    base_parser,
     emit,
     f_mib,
     f_ms,
     f_pct,
     f_rate,
-    machine_line,
     proc_rss,
     proc_status,
     run_loadgen,
-    save,
     table,
     workdir,
 )
@@ -111,12 +109,11 @@ def run(wd: Path, idle_s: float, settle_s: float, load_s: float) -> Results:
 
 
 async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    p.add_argument("--idle-s", type=float)
-    args = p.parse_args()
+    bench = Bench.parse("footprint", __doc__, {"--idle-s": {"type": float}})
+    args = bench.args
     idle_s = args.idle_s or (15.0 if args.quick else 60.0)
     settle_s, load_s = (5.0, 5.0) if args.quick else (10.0, 15.0)
-    emit(f"\n## Footprint  ({machine_line()})")
+    bench.heading("Footprint")
     emit(
         f"embedded default (config.toml): idle {idle_s:g} s after {settle_s:g} s settling; "
         f"load {load_s:g} s at concurrency 16"
@@ -145,7 +142,7 @@ async def main_async() -> int:
             f"{r['db_bytes'] / 2**20:.1f} MiB.",
         )
     )
-    save(args.json_out, {"bench": "footprint", "quick": args.quick, "results": r})
+    bench.save(results=r)
     return 0
 
 

@@ -33,22 +33,19 @@ from testkit.daemon import FakeProcess
 
 from bench.common import (
     ROOT,
+    Bench,
     Results,
     SqsEndpoint,
-    backends_arg,
-    base_parser,
     database,
     emit,
     f_ms,
     f_pct,
     f_rate,
-    machine_line,
     med,
     open_migrated_store,
     purge_queue,
     ratio,
     run_loadgen,
-    save,
     sqs_servers,
     table,
     workdir,
@@ -231,14 +228,19 @@ def report(results: Results, concs: list[int]) -> None:
 
 
 async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    p.add_argument("--no-moto", action="store_true", help="skip dispatch to moto")
-    p.add_argument("--baseline", help="a commit whose API is measured beside this one's")
-    args = p.parse_args()
-    backends = await backends_arg(args.backends)
+    bench = Bench.parse(
+        "intake",
+        __doc__,
+        {
+            "--no-moto": {"action": "store_true", "help": "skip dispatch to moto"},
+            "--baseline": {"help": "a commit whose API is measured beside this one's"},
+        },
+    )
+    args = bench.args
+    backends = await bench.backends()
     timing = (1, 2.0, 0.5) if args.quick else (3, 4.0, 1.0)
     concs = [1, 16, 64]
-    emit(f"\n## Intake  ({machine_line()})")
+    bench.heading("Intake")
     emit(f"trials={timing[0]} × {timing[1]:g} s per point after {timing[2]:g} s; pool={POOL}")
     results: Results = {"backends": {}}
     if args.baseline:
@@ -268,7 +270,7 @@ async def main_async() -> int:
             for srv in sqs.values():
                 srv.stop()
     report(results, concs)
-    save(args.json_out, {"bench": "intake", "quick": args.quick, "results": results})
+    bench.save(results=results)
     return 0
 
 

@@ -129,19 +129,16 @@ async def bare_pg(dsn: str, pool_size: int, prefix: str) -> AsyncIterator[Op]:
     import asyncpg
 
     ins_job, ins_relay = _inserts("postgres")
-    pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size)
     rows = job_rows(prefix)
+    async with asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size) as pool:
 
-    async def op() -> None:
-        job, relay = next(rows)
-        async with pool.acquire() as conn, conn.transaction():
-            await conn.fetchrow(ins_job.sql, *ins_job.positional(job))
-            await conn.fetchrow(ins_relay.sql, *ins_relay.positional(relay))
+        async def op() -> None:
+            job, relay = next(rows)
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.fetchrow(ins_job.sql, *ins_job.positional(job))
+                await conn.fetchrow(ins_relay.sql, *ins_relay.positional(relay))
 
-    try:
         yield op
-    finally:
-        await pool.close()
 
 
 @contextlib.asynccontextmanager
@@ -151,23 +148,20 @@ async def bare_sqlite_aiosqlite(path: Path, prefix: str) -> AsyncIterator[Op]:
     import aiosqlite
 
     ins_job, ins_relay = _inserts("sqlite")
-    conn = await aiosqlite.connect(str(path), isolation_level=None)
-    for pragma in SQLITE_PRAGMAS:
-        await conn.execute(f"PRAGMA {pragma}")
     lock, rows = asyncio.Lock(), job_rows(prefix)
+    async with aiosqlite.connect(str(path), isolation_level=None) as conn:
+        for pragma in SQLITE_PRAGMAS:
+            await conn.execute(f"PRAGMA {pragma}")
 
-    async def op() -> None:
-        job, relay = next(rows)
-        async with lock:
-            await conn.execute("BEGIN IMMEDIATE")
-            await conn.execute_fetchall(ins_job.sql, job)
-            await conn.execute_fetchall(ins_relay.sql, relay)
-            await conn.execute("COMMIT")
+        async def op() -> None:
+            job, relay = next(rows)
+            async with lock:
+                await conn.execute("BEGIN IMMEDIATE")
+                await conn.execute_fetchall(ins_job.sql, job)
+                await conn.execute_fetchall(ins_relay.sql, relay)
+                await conn.execute("COMMIT")
 
-    try:
         yield op
-    finally:
-        await conn.close()
 
 
 @contextlib.asynccontextmanager

@@ -36,12 +36,11 @@ from typing import Any
 from bench.common import (
     BENCH,
     ROOT,
-    base_parser,
+    Bench,
     emit,
     f_ms,
     f_pct,
     f_rate,
-    machine_line,
     med,
     open_migrated_store,
     pg_create,
@@ -49,7 +48,6 @@ from bench.common import (
     pg_version,
     ratio,
     run_loadgen,
-    save,
     table,
     workdir,
 )
@@ -191,13 +189,18 @@ async def run(py: Path, trials: int, dur: float, warm: float) -> dict[str, list[
 
 
 async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    p.add_argument("--worker", choices=PEERS, help="enqueue with this peer (in .venv-peers)")
-    p.add_argument("--dsn")
-    p.add_argument("--install", action="store_true", help="with --worker: create its schema")
-    p.add_argument("--duration", type=float, default=5.0)
-    p.add_argument("--warmup", type=float, default=1.0)
-    args = p.parse_args()
+    bench = Bench.parse(
+        "peers",
+        __doc__,
+        {
+            "--worker": {"choices": PEERS, "help": "enqueue with this peer (in .venv-peers)"},
+            "--dsn": {},
+            "--install": {"action": "store_true", "help": "with --worker: create its schema"},
+            "--duration": {"type": float, "default": 5.0},
+            "--warmup": {"type": float, "default": 1.0},
+        },
+    )
+    args = bench.args
     if args.worker:
         import importlib.metadata
 
@@ -207,11 +210,11 @@ async def main_async() -> int:
         return 0
     version = await pg_version()
     if version is None:
-        save(args.json_out, {"bench": "peers", "skipped": "Postgres unreachable"})
+        bench.save(skipped="Postgres unreachable")
         return 0
     py = ensure_venv()
     trials, dur, warm = (2, 2.0, 0.5) if args.quick else (3, 5.0, 1.0)
-    emit(f"\n## Peers on the same Postgres  ({machine_line()})")
+    bench.heading("Peers on the same Postgres")
     emit(f"PostgreSQL {version}; {CONC} concurrent; trials={trials} × {dur:g} s after {warm:g} s")
     res = await run(py, trials, dur, warm)
     versions = {lib: res[label][0]["version"] for lib, label in PEERS.items()}
@@ -243,7 +246,7 @@ async def main_async() -> int:
             "server's own CPU is in the intake table). Peers run in .venv-peers.",
         )
     )
-    save(args.json_out, {"bench": "peers", "results": res, "versions": versions})
+    bench.save(results=res, versions=versions)
     return 0
 
 

@@ -28,14 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    Bench,
     Results,
-    base_parser,
     database,
     emit,
     f_rate,
-    machine_line,
     pg_version,
-    save,
     table,
     workdir,
 )
@@ -183,13 +181,13 @@ async def run(url: str, jobs: int, group_commit: bool, checkpoint: bool = False)
 
 
 async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    args = p.parse_args()
+    bench = Bench.parse("pgcost", __doc__)
+    args = bench.args
     if await pg_version() is None:
         emit("(no Postgres: nothing to measure)")
         return 0
     jobs = 400 if args.quick else 2000
-    emit(f"\n## What one job costs Postgres  ({machine_line()})")
+    bench.heading("What one job costs Postgres")
     results: Results = {}
     with workdir("pgcost") as wd:
         runs = (
@@ -221,7 +219,7 @@ async def main_async() -> int:
             f"with a {results[next(iter(results))]['result_bytes']:,}-byte result.",
         )
     )
-    save(args.json_out, {"bench": "pgcost", "quick": args.quick, "results": results})
+    bench.save(results=results)
     return 0
 
 

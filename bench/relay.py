@@ -27,22 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
+    Bench,
     CpuWindow,
     Results,
     SqsEndpoint,
-    backends_arg,
-    base_parser,
     database,
     emit,
     f_pct,
     f_rate,
-    machine_line,
     med,
     open_migrated_store,
     purge_queue,
     quiet_logging,
     ratio,
-    save,
     sqs_servers,
     table,
     workdir,
@@ -97,18 +94,10 @@ async def run_relay(
     """relay_pass until the outbox is empty, as the daemon's relay loop runs it (its lanes too)."""
     from outboxd.config import RelaySettings
     from outboxd.observability import Metrics
-    from outboxd.workers.relay import Relay, relay_shape
+    from outboxd.workers.relay import Relay
 
     settings = RelaySettings(batch_size=BATCH)
-    shape = relay_shape(backend)
-    relay = Relay(
-        store,
-        publisher,
-        settings,
-        Metrics(),
-        lanes=shape.lanes,
-        batches_per_round=shape.batches_per_round,
-    )
+    relay = Relay.shaped(backend, store, publisher, settings, Metrics())
     # Warm, as the bare loops are, and as the daemon's relay is after its first seconds:
     # connections open, and the send window past its slow start (it starts at two calls).
     await prefill(backend, url, min(WARM_ROWS, n // 4))
@@ -254,13 +243,12 @@ async def run_backend(
 
 
 async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    p.add_argument("--no-moto", action="store_true")
-    args = p.parse_args()
-    backends = await backends_arg(args.backends)
+    bench = Bench.parse("relay", __doc__, {"--no-moto": {"action": "store_true"}})
+    args = bench.args
+    backends = await bench.backends()
     trials = 2 if args.quick else 3
     sizes = {"stub": 8000, "moto": 300} if args.quick else {"stub": 10000, "moto": 1000}
-    emit(f"\n## Relay  ({machine_line()})")
+    bench.heading("Relay")
     emit(f"trials={trials}; messages per point: {sizes}; batches of {BATCH}")
     sink = quiet_logging()
     results: dict[str, Any] = {}
@@ -296,7 +284,7 @@ async def main_async() -> int:
                 "bench CPU: the relay's process (one core = 100%); SQS CPU: the stub's or moto's.",
             )
         )
-    save(args.json_out, {"bench": "relay", "quick": args.quick, "results": results})
+    bench.save(results=results)
     return 0
 
 

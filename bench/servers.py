@@ -181,7 +181,7 @@ async def build_outboxd_app(
     from outboxd.observability import Metrics
     from outboxd.queue.sqs import SqsQueues
     from outboxd.security import KeyRing
-    from outboxd.workers.relay import Relay, relay_shape
+    from outboxd.workers.relay import Relay
 
     tag = uuid.uuid4().hex[:8]
     sqs = {
@@ -201,16 +201,7 @@ async def build_outboxd_app(
         await queues.start()
         cleanups.append(queues.close)
         stop = asyncio.Event()
-        shape = relay_shape(store.backend)
-        relay = Relay(
-            store,
-            queues,
-            settings.relay,
-            metrics,
-            stop=stop,
-            lanes=shape.lanes,
-            batches_per_round=shape.batches_per_round,
-        )
+        relay = Relay.shaped(store.backend, store, queues, settings.relay, metrics, stop)
         info["jobs_queue_url"] = queues.queue_url("jobs")
         if args.relay:
             loop_task = asyncio.ensure_future(relay.run(stop))

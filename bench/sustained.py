@@ -26,17 +26,14 @@ from pathlib import Path
 from testkit.daemon import FakeProcess
 
 from bench.common import (
+    Bench,
     Results,
-    backends_arg,
-    base_parser,
     database,
     emit,
     f_ms,
     f_pct,
     f_rate,
-    machine_line,
     run_loadgen,
-    save,
     table,
     workdir,
 )
@@ -138,10 +135,10 @@ async def run_backend(backend: str, wd: Path, stub_url: str, stub_pid: int, quic
 
 
 async def main_async() -> int:
-    p = base_parser(__doc__ or "")
-    args = p.parse_args()
-    backends = await backends_arg(args.backends)
-    emit(f"\n## Sustained load  ({machine_line()})")
+    bench = Bench.parse("sustained", __doc__)
+    args = bench.args
+    backends = await bench.backends()
+    bench.heading("Sustained load")
     emit(
         f"open loop at {SHARE:.0%} of the closed-loop capacity (c16, dispatch on), {DURATION_S:g} s"
     )
@@ -175,7 +172,7 @@ async def main_async() -> int:
             "the load generator itself sent over 5 ms after their due time.",
         )
     )
-    save(args.json_out, {"bench": "sustained", "quick": args.quick, "results": results})
+    bench.save(results=results)
     return 0
 
 

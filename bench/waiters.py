@@ -30,17 +30,14 @@ from testkit.daemon import DaemonProcess, FakeProcess
 from bench.common import (
     PY,
     ROOT,
+    Bench,
     Results,
-    backends_arg,
-    base_parser,
     database,
     emit,
     f_mib,
     f_ms,
-    machine_line,
     percentile,
     proc_rss,
-    save,
     table,
     workdir,
 )
@@ -168,10 +165,10 @@ async def run_backend(backend: str, wd: Path, stub_url: str, count: int) -> Resu
     }
 
 
-async def main_async(args: argparse.Namespace) -> int:
-    backends = await backends_arg(args.backends)
+async def main_async(bench: Bench) -> int:
+    backends = await bench.backends()
     count = 10_000
-    emit(f"\n## Held requests  ({machine_line()})")
+    bench.heading("Held requests")
     results: Results = {}
     with workdir("waiters") as wd:
         stub = FakeProcess(wd, "bench.servers", "sqs-stub", name="sqs_stub", timeout_s=60)
@@ -189,7 +186,7 @@ async def main_async(args: argparse.Namespace) -> int:
     head = ["backend", "held", "RSS before MiB", "RSS held MiB", "growth MiB"]
     head += ["/healthz p99 ms", "answers", "all answered after the change"]
     emit(table("Held requests on one job (Prefer: wait)", head, rows))
-    save(args.json_out, {"bench": "waiters", "quick": args.quick, "results": results})
+    bench.save(results=results)
     return 0
 
 
@@ -202,7 +199,7 @@ def main() -> int:
         a = p.parse_args()
         asyncio.run(hold(a.client, a.etag, a.count))
         return 0
-    return asyncio.run(main_async(base_parser(__doc__ or "").parse_args()))
+    return asyncio.run(main_async(Bench.parse("waiters", __doc__)))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from outboxd.config import ConfigError, Settings
 from outboxd.errors import InvalidState, NotFound, OutboxdError
 from outboxd.security import generate_key, generate_token, hash_token
-from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES
+from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, JobRecord, RelayRow
 
 if TYPE_CHECKING:
     from outboxd.http.console_models import PaceSlot
@@ -51,6 +51,15 @@ def version() -> str:
         return "unknown"
 
 
+def _listing_options(p: argparse.ArgumentParser, statuses: Sequence[str], rows: str) -> None:
+    """--status, --limit and --json of a `list` subcommand that lists `rows`."""
+    p.add_argument("--status", choices=statuses, help=f"only {rows} in this status (default: all)")
+    p.add_argument(
+        "--limit", type=_limit, default=50, help=f"at most this many {rows}, 1-{LIMIT_MAX} (50)"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
 def _limit(text: str) -> int:
     """--limit: an integer 1-500 (argparse exits 2 with the message otherwise)."""
     try:
@@ -73,6 +82,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="config file (default: $OUTBOXD_CONFIG, else ./config.toml)",
     )
+
+    def commands(
+        parent: argparse.ArgumentParser, dest: str, metavar: str = "SUBCOMMAND"
+    ) -> Callable[..., argparse.ArgumentParser]:
+        """`parent`'s subcommands: each added with its name and help, and --config."""
+        subs = parent.add_subparsers(dest=dest, required=True, metavar=metavar)
+
+        def add(name: str, help: str, **kwargs: Any) -> argparse.ArgumentParser:
+            return subs.add_parser(name, parents=[common], help=help, **kwargs)
+
+        return add
+
     p = argparse.ArgumentParser(
         prog="outboxd",
         description=__doc__.split("\n\nExit codes")[0],
@@ -81,59 +102,39 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     p.add_argument("--version", action="version", version=f"outboxd {version()}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser(
+    sub = commands(p, "command", "COMMAND")
+    sub(
         "serve",
-        parents=[common],
-        help="run the daemon (API, relay, consumer, claimer, scheduler) until SIGTERM",
+        "run the daemon (API, relay, consumer, claimer, scheduler) until SIGTERM",
         description="Run the daemon until SIGTERM/SIGINT. Applies migrations first when "
         "storage.auto_migrate is true; notifies systemd (READY=1, STOPPING=1, WATCHDOG=1).",
     )
-    sub.add_parser(
+    sub(
         "migrate",
-        parents=[common],
-        help="apply pending database migrations (Postgres: under an advisory lock)",
+        "apply pending database migrations (Postgres: under an advisory lock)",
         description="Apply the pending database migrations and print their names (or "
         '"up to date"). On Postgres they run under an advisory lock, so several instances '
         "may migrate at once. Needed only with storage.auto_migrate = false: serve "
         "migrates at start otherwise.",
     )
-    st = sub.add_parser(
+    st = sub(
         "status",
-        parents=[common],
-        help="row counts per table and status, oldest pending age, SQS and DLQ depth (read-only)",
+        "row counts per table and status, oldest pending age, SQS and DLQ depth (read-only)",
     )
     st.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    outbox = sub.add_parser("outbox", parents=[common], help="inspect or redrive relay outbox rows")
-    osub = outbox.add_subparsers(dest="outbox_command", required=True, metavar="SUBCOMMAND")
-    ol = osub.add_parser("list", parents=[common], help="list relay outbox rows (read-only)")
-    ol.add_argument(
-        "--status",
-        choices=RELAY_STATUSES,
-        help="only rows in this status (default: all)",
-    )
-    ol.add_argument(
-        "--limit", type=_limit, default=50, help=f"at most this many rows, 1-{LIMIT_MAX} (50)"
-    )
-    ol.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    orr = osub.add_parser("redrive", parents=[common], help="put a DEAD outbox row back to PENDING")
+    outbox = sub("outbox", "inspect or redrive relay outbox rows")
+    osub = commands(outbox, "outbox_command")
+    ol = osub("list", "list relay outbox rows (read-only)")
+    _listing_options(ol, RELAY_STATUSES, "rows")
+    orr = osub("redrive", "put a DEAD outbox row back to PENDING")
     orr.add_argument("id", help="the outbox row id (from `outboxd outbox list --status DEAD`)")
-    jobs = sub.add_parser("jobs", parents=[common], help="list or redrive portal jobs")
-    jsub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="SUBCOMMAND")
-    jl = jsub.add_parser(
-        "list", parents=[common], help="list portal jobs, newest first (read-only)"
-    )
-    jl.add_argument(
-        "--status", choices=JOB_STATUSES, help="only jobs in this status (default: all)"
-    )
-    jl.add_argument(
-        "--limit", type=_limit, default=50, help=f"at most this many jobs, 1-{LIMIT_MAX} (50)"
-    )
-    jl.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    jr = jsub.add_parser(
+    jobs = sub("jobs", "list or redrive portal jobs")
+    jsub = commands(jobs, "jobs_command")
+    jl = jsub("list", "list portal jobs, newest first (read-only)")
+    _listing_options(jl, JOB_STATUSES, "jobs")
+    jr = jsub(
         "redrive",
-        parents=[common],
-        help="put a DEAD job (or, with --status DEAD --yes, every DEAD job) back to QUEUED "
+        "put a DEAD job (or, with --status DEAD --yes, every DEAD job) back to QUEUED "
         "with a fresh outbox row",
     )
     jr.add_argument("id", nargs="?", help="the job id (leave it out with --status)")
@@ -144,47 +145,41 @@ def _parser() -> argparse.ArgumentParser:
         "--limit", type=int, default=None, help="with --status: at most this many jobs (all)"
     )
     jr.add_argument("--yes", action="store_true", help="confirm a redrive with --status")
-    je = jsub.add_parser(
-        "events", parents=[common], help="a job's timeline, oldest first (read-only)"
-    )
+    je = jsub("events", "a job's timeline, oldest first (read-only)")
     je.add_argument("id", help="the job id")
     je.add_argument(
         "--json", action="store_true", help="print the API's JSON (GET /v1/jobs/{id}/events)"
     )
-    queues = sub.add_parser("queues", parents=[common], help="SQS queues")
-    qsub = queues.add_subparsers(dest="queues_command", required=True, metavar="SUBCOMMAND")
-    qsub.add_parser(
+    queues = sub("queues", "SQS queues")
+    qsub = commands(queues, "queues_command")
+    qsub(
         "create",
-        parents=[common],
-        help="create queues, DLQs and redrive policies",
+        "create queues, DLQs and redrive policies",
         description="Create the jobs and tasks queues and their dead-letter queues with the "
         "redrive policy (sqs.max_receive_count), as serve does with sqs.create_queues = "
         "true, and print the four queue URLs. Idempotent. Needs sqs:CreateQueue and "
         "sqs:SetQueueAttributes; not for the embedded SQS.",
     )
-    token = sub.add_parser("token", parents=[common], help="API tokens")
-    tsub = token.add_subparsers(dest="token_command", required=True, metavar="SUBCOMMAND")
-    tc = tsub.add_parser(
+    token = sub("token", "API tokens")
+    tsub = commands(token, "token_command")
+    tc = tsub(
         "create",
-        parents=[common],
-        help="print a new token and the [[auth.tokens]] entry (its hash) for the config",
+        "print a new token and the [[auth.tokens]] entry (its hash) for the config",
     )
     tc.add_argument("--user", required=True, help="the user name the token authenticates")
     tc.add_argument(
         "--role", choices=["user", "admin"], default="user", help="the token's role (user)"
     )
-    sub.add_parser(
+    sub(
         "keygen",
-        parents=[common],
-        help="print a new encryption key (one line of security.keys_file)",
+        "print a new encryption key (one line of security.keys_file)",
         description="Print a new random encryption key, alone on one line, in the format of "
         "security.keys_file. Put it first in the file to encrypt with it; keep the older "
         "keys below it so what they sealed can still be read. Reads no config.",
     )
-    cc = sub.add_parser(
+    cc = sub(
         "check-config",
-        parents=[common],
-        help="validate the config as serve would, without reaching the database or SQS",
+        "validate the config as serve would, without reaching the database or SQS",
     )
     cc.add_argument(
         "--json",
@@ -287,7 +282,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         _config_error(exc, daemon=cmd == "serve")
         return EXIT_USAGE
     if cmd in ("check-config", "serve"):
-        from outboxd.daemon.app import preflight
+        from outboxd.daemon.preflight import preflight
 
         try:
             preflight(settings, os.environ)
@@ -331,23 +326,17 @@ async def _open(settings: Settings) -> Any:
     status on a fresh config must not leave a database or a schema behind.
     """
     from outboxd.storage.db import sqlite_path
-    from outboxd.storage.store import open_store
+    from outboxd.storage.store import first_step, open_configured
 
-    s = settings.storage
-    if s.url.startswith("sqlite:///"):
-        path = sqlite_path(s.url, settings.base_dir)
+    url = settings.storage.url
+    if url.startswith("sqlite:///"):
+        path = sqlite_path(url, settings.base_dir)
         if not path.is_file():
             raise OutboxdError(
                 f"no database at {path}: start the daemon or run `outboxd migrate` first"
             )
-    store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
-    if settings.daemon.instance_id:
-        store.instance = settings.daemon.instance_id
-    try:
-        pending = await store.db.pending_migrations()
-    except BaseException:
-        await store.close()
-        raise
+    store = await open_configured(settings)
+    pending = await first_step(store, store.db.pending_migrations())
     if pending:
         await store.close()
         raise OutboxdError(
@@ -358,10 +347,9 @@ async def _open(settings: Settings) -> Any:
 
 
 async def _migrate(settings: Settings, _args: argparse.Namespace) -> int:
-    from outboxd.storage.store import open_store
+    from outboxd.storage.store import open_configured
 
-    s = settings.storage
-    store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
+    store = await open_configured(settings)
     try:
         applied = await store.db.migrate()
     finally:
@@ -463,16 +451,8 @@ async def _outbox(settings: Settings, args: argparse.Namespace) -> int:
                         f"{it['attempts']:>3}  {err}"
                     )
             return EXIT_OK
-        try:
-            row = await AdminService(store).redrive_outbox_row(args.id, actor=cli_actor())
-        except NotFound:
-            print(f"outboxd: no outbox row {args.id}", file=sys.stderr)
-            return EXIT_FAIL
-        except InvalidState as exc:
-            print(f"outboxd: {exc}", file=sys.stderr)
-            return EXIT_FAIL
-        print(f"redriven: {row.id} -> PENDING")
-        return EXIT_OK
+        row = AdminService(store).redrive_outbox_row(args.id, actor=cli_actor())
+        return await _redrive(row, f"outbox row {args.id}", "{} -> PENDING")
     finally:
         await store.close()
 
@@ -524,15 +504,22 @@ async def _jobs_list(store: Any, args: argparse.Namespace) -> int:
 async def _jobs_redrive_one(store: Any, job_id: str) -> int:
     from outboxd.services.admin import AdminService
 
+    job = AdminService(store).redrive_job(job_id, actor=cli_actor())
+    return await _redrive(job, f"job {job_id}", "job {} -> QUEUED")
+
+
+async def _redrive(redrive: Awaitable[JobRecord | RelayRow], what: str, done: str) -> int:
+    """A redrive of one job or outbox row: `done` names its id; exit 1 when there is no
+    `what` or its state refuses it."""
     try:
-        job = await AdminService(store).redrive_job(job_id, actor=cli_actor())
+        redriven = await redrive
     except NotFound:
-        print(f"outboxd: no job {job_id}", file=sys.stderr)
+        print(f"outboxd: no {what}", file=sys.stderr)
         return EXIT_FAIL
     except InvalidState as exc:
         print(f"outboxd: {exc}", file=sys.stderr)
         return EXIT_FAIL
-    print(f"redriven: job {job.id} -> QUEUED")
+    print("redriven: " + done.format(redriven.id))
     return EXIT_OK
 
 

@@ -10,6 +10,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -347,6 +348,7 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
+@dataclass(eq=False, repr=False)
 class OutageLog:
     """The log lines of one component while a dependency it needs is down: one when the
     outage starts, at most one every `every_s` while it lasts, one when it ends; never
@@ -361,26 +363,21 @@ class OutageLog:
     a success are; the clocks are injected so tests need no sleeps.
     """
 
-    def __init__(
-        self,
-        dependency: str,
-        component: str,
-        *,
-        every_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-        logger: Any = None,
-    ) -> None:
-        self.dependency = dependency
-        self.component = component
-        self._every_s = every_s
-        self._clock = clock
-        self._wall = wall
-        self._log = logger if logger is not None else structlog.get_logger("outboxd.outage")
-        self._started: float | None = None  # on `clock`, while down
-        self._since = ""  # the start on the wall clock, ISO 8601
-        self._last_line = 0.0
-        self._count = 0
+    dependency: str
+    component: str
+    _: KW_ONLY
+    every_s: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    logger: Any = None
+    _started: float | None = field(default=None, init=False)  # on `clock`, while down
+    _since: str = field(default="", init=False)  # the start on the wall clock, ISO 8601
+    _last_line: float = field(default=0.0, init=False)
+    _count: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.logger is None:
+            self.logger = structlog.get_logger("outboxd.outage")
 
     @property
     def down(self) -> bool:
@@ -393,21 +390,21 @@ class OutageLog:
 
     def failed(self, error: BaseException | str, **fields: Any) -> int:
         """Record one failure; the failures of this outage so far."""
-        now = self._clock()
+        now = self.clock()
         self._count += 1
         if self._started is None:
             self._started = self._last_line = now
-            self._since = _iso(self._wall())
-            self._log.warning(
+            self._since = _iso(self.wall())
+            self.logger.warning(
                 f"{self.dependency}_unavailable",
                 component=self.component,
                 since=self._since,
                 error=error,
                 **fields,
             )
-        elif now - self._last_line >= self._every_s:
+        elif now - self._last_line >= self.every_s:
             self._last_line = now
-            self._log.warning(
+            self.logger.warning(
                 f"{self.dependency}_still_unavailable",
                 component=self.component,
                 since=self._since,
@@ -422,11 +419,11 @@ class OutageLog:
         """Record a success: the outage, if there was one, is over."""
         if self._started is None:
             return
-        self._log.info(
+        self.logger.info(
             f"{self.dependency}_recovered",
             component=self.component,
             since=self._since,
-            outage_s=round(self._clock() - self._started, 1),
+            outage_s=round(self.clock() - self._started, 1),
             count=self._count,
             **fields,
         )
@@ -463,121 +460,94 @@ class Metrics:
         r = self.registry
         running = None if roles is None else frozenset(roles)
 
-        def where(role: str) -> CollectorRegistry | None:
-            return r if running is None or role in running else None
+        # One call a metric: its name, help text and label names; a gauge that only one role
+        # sets names that role.
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        def histogram(name: str, doc: str, *labels: str) -> Histogram:
+            return Histogram(name, doc, labels, registry=r)
+
+        def gauge(name: str, doc: str, *labels: str, role: str | None = None) -> Gauge:
+            here = role is None or running is None or role in running
+            return Gauge(name, doc, labels, registry=r if here else None)
 
         ProcessCollector(registry=r)
-        self.build_info = Gauge(
-            "outboxd_build_info", "Always 1; `version` is outboxd's", ["version"], registry=r
-        )
+        self.build_info = gauge("outboxd_build_info", "Always 1; `version` is outboxd's", "version")
         self.build_info.labels(package_version()).set(1)
-        self.http_requests = Counter(
-            "outboxd_http_requests",
-            "HTTP requests by route and status",
-            ["route", "status"],
-            registry=r,
+        self.http_requests = counter(
+            "outboxd_http_requests", "HTTP requests by route and status", "route", "status"
         )
-        self.http_latency = Histogram(
-            "outboxd_http_request_duration_seconds",
-            "HTTP request duration",
-            ["route"],
-            registry=r,
+        self.http_latency = histogram(
+            "outboxd_http_request_duration_seconds", "HTTP request duration", "route"
         )
-        self.jobs_accepted = Counter("outboxd_jobs_accepted", "Portal jobs accepted", registry=r)
-        self.publishes = Counter(
-            "outboxd_relay_publishes", "Outbox rows published, by result", ["result"], registry=r
+        self.jobs_accepted = counter("outboxd_jobs_accepted", "Portal jobs accepted")
+        self.publishes = counter(
+            "outboxd_relay_publishes", "Outbox rows published, by result", "result"
         )
-        self.send_window = Gauge(
+        self.send_window = gauge(
             "outboxd_relay_send_window",
             "SendMessageBatch calls the relay may have at SQS at once (narrower while SQS is slow)",
-            registry=r,
         )
-        self.claims = Counter(
-            "outboxd_claims", "Work-outbox rows claimed, by outcome", ["outcome"], registry=r
+        self.claims = counter("outboxd_claims", "Work-outbox rows claimed, by outcome", "outcome")
+        self.handler_duration = histogram(
+            "outboxd_handler_duration_seconds", "Queue handler duration", "kind", "outcome"
         )
-        self.handler_duration = Histogram(
-            "outboxd_handler_duration_seconds",
-            "Queue handler duration",
-            ["kind", "outcome"],
-            registry=r,
-        )
-        self.dead = Counter(
-            "outboxd_dead",
-            "Rows this process made DEAD, by table",
-            ["table"],
-            registry=r,
-        )
+        self.dead = counter("outboxd_dead", "Rows this process made DEAD, by table", "table")
         for table in DEAD_TABLES:
             # Exported from the start at 0: the first DEAD row is an increase, not a new series.
             self.dead.labels(table)
-        self.rows = Gauge(
-            "outboxd_rows", "Rows by table and status", ["table", "status"], registry=r
+        self.rows = gauge("outboxd_rows", "Rows by table and status", "table", "status")
+        self.oldest_pending_age = gauge(
+            "outboxd_oldest_pending_age_seconds", "Age of the oldest pending row", "table"
         )
-        self.oldest_pending_age = Gauge(
-            "outboxd_oldest_pending_age_seconds",
-            "Age of the oldest pending row",
-            ["table"],
-            registry=r,
+        self.queue_depth = gauge(
+            "outboxd_queue_depth", "SQS messages by queue and state", "queue", "state"
         )
-        self.queue_depth = Gauge(
-            "outboxd_queue_depth",
-            "SQS messages by queue and state",
-            ["queue", "state"],
-            registry=r,
-        )
-        self.ready = Gauge(
+        self.ready = gauge(
             "outboxd_ready",
             "1 when the readiness check passes (as /readyz), 0 when it fails",
-            ["check"],
-            registry=r,
+            "check",
         )
-        self.stats_refresh_success = Gauge(
+        self.stats_refresh_success = gauge(
             "outboxd_stats_refresh_success",
             "1 when the last refresh of the gauges read from this source succeeded, "
             "0 when they are stale",
-            ["source"],
-            registry=r,
+            "source",
         )
-        self.stats_last_success = Gauge(
+        self.stats_last_success = gauge(
             "outboxd_stats_last_success_timestamp_seconds",
             "Unix time the gauges read from this source were last refreshed",
-            ["source"],
-            registry=r,
+            "source",
         )
-        self.claimer_last_tick = Gauge(
+        self.claimer_last_tick = gauge(
             "outboxd_claimer_last_tick_timestamp_seconds",
             "Unix time the claimer last finished a tick (idle ones too)",
-            registry=where("claimer"),
+            role="claimer",
         )
-        self.consumer_last_receive = Gauge(
+        self.consumer_last_receive = gauge(
             "outboxd_consumer_last_receive_timestamp_seconds",
             "Unix time the consumer last had an answer from a receive on this queue "
             "(empty ones too)",
-            ["queue"],
-            registry=where("consumer"),
+            "queue",
+            role="consumer",
         )
         # Cluster pacing (docs/pacing.md): one series per pace row, database clock.
-        self.pace_last_slot = Gauge(
+        self.pace_last_slot = gauge(
             "outboxd_pace_last_slot_timestamp_seconds",
             "Start of the last slot handed out, per paced resource (0: none yet)",
-            ["resource"],
-            registry=r,
+            "resource",
         )
-        self.pace_next_slot = Gauge(
+        self.pace_next_slot = gauge(
             "outboxd_pace_next_slot_timestamp_seconds",
             "Earliest start of the next slot, per paced resource (0: none yet)",
-            ["resource"],
-            registry=r,
+            "resource",
         )
-        self.pace_paused_until = Gauge(
+        self.pace_paused_until = gauge(
             "outboxd_pace_paused_until_timestamp_seconds",
             "End of the pause a provider's Retry-After set, per paced resource (0: never)",
-            ["resource"],
-            registry=r,
+            "resource",
         )
-        self.pace_sessions = Gauge(
-            "outboxd_pace_sessions",
-            "Session leases held now, per paced resource",
-            ["resource"],
-            registry=r,
+        self.pace_sessions = gauge(
+            "outboxd_pace_sessions", "Session leases held now, per paced resource", "resource"
         )

@@ -275,4 +275,3 @@ async def _job(
     )
     assert intake.created
     return job_id, outbox_id
-

@@ -198,7 +198,7 @@ async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert min(gaps) >= 0.9 * delay, gaps
     for c in claimers:
-        await c._classifier.close()
+        await c.classifier.close()
 
 
 class LateOnce(DbClock):
@@ -232,7 +232,7 @@ async def test_a_cluster_claimer_woken_late_skips_its_slot(store: SqlStore, ai: 
     try:
         assert await claimer.tick() == "completed"
     finally:
-        await claimer._classifier.close()
+        await claimer.classifier.close()
     assert len(late.deadlines) == 2, "the late slot was used"
     assert len(ai.calls) == 1
     started = ai.calls[0].started_at_monotonic
@@ -262,7 +262,7 @@ async def test_a_429_pauses_both_cluster_claimers(
     assert quiet >= 1.9, f"a call {quiet:.2f}s after the 429"
     assert sorted(c.domain for c in calls if c.status == 200) == sorted(domains)
     for c in claimers:
-        await c._classifier.close()
+        await c.classifier.close()
 
 
 async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
@@ -289,7 +289,7 @@ async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
     assert website is not None
     assert (website.work_status, website.work_attempts) == ("PENDING", 0)
     assert ai.calls == []
-    await claimer._classifier.close()
+    await claimer.classifier.close()
 
 
 # --- the portal's cluster pacing --------------------------------------------------------------

@@ -19,7 +19,6 @@ from typing import Any
 from outboxd.config import Settings
 from outboxd.daemon.app import ApiServer, build_api_deps
 from outboxd.http.app import create_app
-from outboxd.http.server import ConnectionLimits
 from outboxd.observability import Metrics, configure_logging
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
@@ -54,7 +53,6 @@ class LiveApi:
         deps = build_api_deps(
             settings, self.store, KeyRing([os.urandom(32)]), self.metrics, None, None
         )
-        s = settings.server
 
         async def start() -> tuple[ApiServer, asyncio.Event, asyncio.Task[None]]:
             server = ApiServer(
@@ -62,13 +60,7 @@ class LiveApi:
                 "127.0.0.1",
                 0,
                 5.0,
-                ConnectionLimits(
-                    s.read_timeout_s,
-                    s.keepalive_timeout_s,
-                    s.max_connections,
-                    s.write_timeout_s,
-                    s.max_header_bytes,
-                ),
+                settings.server,
             )
             stop = asyncio.Event()
             task = asyncio.create_task(server.run(stop))

@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "outboxd"
 # Lower number, lower layer: a module may import its own layer and the ones below.
 LAYERS = {
     "config": 0,
+    "config_checks": 0,
     "cron": 0,
     "errors": 0,
     "security": 0,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from outboxd.config import DEFAULT_RULES, ConfigError, Settings
-from outboxd.daemon.app import preflight
+from outboxd.daemon.preflight import preflight
 from outboxd.scrapers.classifier import RulesClassifier
 from outboxd.security import generate_key, generate_token, hash_token
 from outboxd.services.tasks import TASK_TYPES

@@ -11,29 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import structlog
 from aiohttp import web
 
-from outboxd.config import ConfigError, Settings, is_loopback_host
+from outboxd.config import ConfigError, ServerSettings, Settings, is_loopback_host
+from outboxd.daemon.preflight import endpoint_label, sqs_endpoint
 from outboxd.daemon.readiness import QueueReadiness, Readiness
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.daemon.sdnotify import SystemdNotifier
-from outboxd.errors import OutboxdError, SecurityError, StorageUnavailable
+from outboxd.errors import OutboxdError, StorageUnavailable
 from outboxd.http.app import create_app
 from outboxd.http.deps import ApiDeps
-from outboxd.http.server import ConnectionLimits, GuardedSite, guard_app
+from outboxd.http.server import GuardedSite, guard_app
 from outboxd.observability import Metrics, configure_logging, unfiltered_logger
-from outboxd.queue.embedded import EmbeddedSqs
 from outboxd.queue.sqs import KINDS, SqsQueues, resolve_region
 from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
@@ -42,18 +40,18 @@ from outboxd.services.admin import AdminService
 from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
-from outboxd.services.tasks import TASK_TYPES, TaskService
+from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.changes import default_instance
 from outboxd.storage.db import sqlite_path
-from outboxd.storage.store import SqlStore, open_store
+from outboxd.storage.store import SqlStore, first_step, open_configured
 from outboxd.tracing import NO_TRACING, Tracing, configure_tracing
 from outboxd.workers.claimer import Claimer
 from outboxd.workers.consumer import Consumer
 from outboxd.workers.job_changes import JobChangeFeed
 from outboxd.workers.loops import DB_RETRY_BASE_S, DB_RETRY_CAP_S, backoff, sleep_or_stop
 from outboxd.workers.pacing import portal_pacing
-from outboxd.workers.relay import Relay, relay_shape
+from outboxd.workers.relay import Relay
 from outboxd.workers.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
@@ -64,16 +62,9 @@ class Component(Protocol):
 
 
 async def open_configured_store(settings: Settings) -> SqlStore:
-    s = settings.storage
-    store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
-    if settings.daemon.instance_id:
-        store.instance = settings.daemon.instance_id
-    if s.auto_migrate:
-        try:
-            applied = await store.db.migrate()
-        except BaseException:
-            await store.close()
-            raise
+    store = await open_configured(settings)
+    if settings.storage.auto_migrate:
+        applied = await first_step(store, store.db.migrate())
         if applied:
             log.info("migrations_applied", migrations=applied)
     return store
@@ -179,107 +170,6 @@ def load_keys(settings: Settings, env: Mapping[str, str]) -> KeyRing:
     return keys
 
 
-EMBEDDED_EXTRA = "outboxd[embedded]"
-# The user of systemd/outboxd.example.toml's [[auth.tokens]] entry, which must not stay.
-PLACEHOLDER_USER = "CHANGE-ME"
-
-
-def embedded_extra_missing() -> str | None:
-    """The one line to show when embedded SQS is chosen but moto is not installed."""
-    if importlib.util.find_spec("moto") is not None:
-        return None
-    return (
-        f'config: sqs.endpoint_url = "embedded" needs the {EMBEDDED_EXTRA} extra, which is '
-        f"not installed: {sys.executable} -m pip install '{EMBEDDED_EXTRA}' "
-        "(or leave sqs.endpoint_url out to use AWS)"
-    )
-
-
-def preflight(settings: Settings, env: Mapping[str, str]) -> None:
-    """Everything `serve` would refuse at start, short of reaching the database or SQS.
-
-    Shared by `check-config` and `serve`; reads local files and the environment, writes
-    nothing. Raises ConfigError whose str() is one line naming the key.
-    """
-    sqs = settings.sqs
-    if sqs.endpoint_url == "embedded":
-        missing = embedded_extra_missing()
-        if missing is not None:
-            raise ConfigError(missing)
-    elif resolve_region(sqs, sqs.endpoint_url) is None:
-        raise ConfigError(
-            "config: sqs.region: no AWS region configured: set sqs.region (or AWS_REGION)"
-        )
-    keys_file = settings.security.keys_file
-    try:
-        if keys_file or env.get("OUTBOXD_SECRET_KEYS", "").strip():
-            KeyRing.load(settings.resolve_path(keys_file) if keys_file else None, env)
-        elif settings.storage.url.startswith("sqlite:///"):
-            db_path = sqlite_path(settings.storage.url, settings.base_dir)
-            default_file = db_path.with_name(db_path.name + ".keys")
-            if default_file.exists():  # else serve creates it
-                KeyRing.load(default_file, env)
-        else:
-            raise ConfigError(
-                "config: security.keys_file: no encryption key: set security.keys_file "
-                "or OUTBOXD_SECRET_KEYS"
-            )
-    except SecurityError as exc:
-        raise ConfigError(f"config: {exc}") from None
-    for i, job in enumerate(settings.scheduler.jobs):
-        if job.task not in TASK_TYPES:
-            raise ConfigError(
-                f"config: scheduler.jobs[{i}].task: unknown task type {job.task!r} "
-                f"(known: {', '.join(TASK_TYPES)})"
-            )
-    for i, tok in enumerate(settings.auth.tokens):
-        if tok.sha256.strip("0") == "" or tok.user == PLACEHOLDER_USER:
-            raise ConfigError(
-                f"config: auth.tokens[{i}]: still the example's placeholder; make a token with "
-                "`outboxd token create --user NAME --role admin` and paste its entry here"
-            )
-    cl = settings.scrapers.classifier
-    if "claimer" in settings.daemon.roles and cl.provider == "rules" and not cl.rules:
-        raise ConfigError(
-            'config: scrapers.classifier.rules: provider "rules" with no rules fails every '
-            'website; add rules (a last { category = "other" } matches the rest), or set '
-            'provider = "openai"'
-        )
-    needs_key = "claimer" in settings.daemon.roles and cl.provider == "openai"
-    if needs_key and not env.get(cl.api_key_env, "").strip():
-        raise ConfigError(
-            f"config: scrapers.classifier.api_key_env: environment variable "
-            f"{cl.api_key_env} is not set (provider openai)"
-        )
-
-
-def _endpoint_label(endpoint: str | None) -> str:
-    return "aws" if endpoint is None else (urlsplit(endpoint).netloc or endpoint)
-
-
-@contextlib.asynccontextmanager
-async def sqs_endpoint(settings: Settings) -> AsyncIterator[str | None]:
-    """The SQS endpoint URL, starting the embedded server when configured so."""
-    if settings.sqs.endpoint_url != "embedded":
-        yield settings.sqs.endpoint_url
-        return
-    log_path = None
-    if settings.storage.url.startswith("sqlite:///"):
-        log_path = sqlite_path(settings.storage.url, settings.base_dir).with_name(
-            "embedded-sqs.log"
-        )
-    missing = embedded_extra_missing()
-    if missing is not None:
-        raise ConfigError(missing)
-    embedded = EmbeddedSqs(log_path=log_path)
-    url = await embedded.start()
-    log.info("embedded_sqs_started", endpoint_url=url)
-    try:
-        yield url
-    finally:
-        await embedded.stop()
-
-
 def build_api_deps(
     settings: Settings,
     store: SqlStore,
@@ -325,9 +215,9 @@ class ApiServer:
         host: str,
         port: int,
         shutdown_timeout_s: float,
-        limits: ConnectionLimits | None = None,
+        limits: ServerSettings | None = None,
     ):
-        self._limits = limits or ConnectionLimits()
+        self._limits = limits or ServerSettings()
         guard_app(app)
         self._handler_kwargs: dict[str, Any] = {
             "access_log": None,
@@ -492,7 +382,7 @@ async def _serve(
     await queue_readiness.start_once()
     log.info(
         "sqs_endpoint",
-        endpoint=_endpoint_label(endpoint),
+        endpoint=endpoint_label(endpoint),
         embedded=settings.sqs.endpoint_url == "embedded",
         region=queues.region or resolve_region(settings.sqs, endpoint),
         queue_urls=(
@@ -507,17 +397,7 @@ async def _serve(
         queues=[settings.sqs.jobs_queue, settings.sqs.tasks_queue],
     )
 
-    shape = relay_shape(store.backend)
-    relay = Relay(
-        store,
-        queues,
-        settings.relay,
-        metrics,
-        stop=stop,
-        lanes=shape.lanes,
-        batches_per_round=shape.batches_per_round,
-        tracing=tracing,
-    )
+    relay = Relay.shaped(store.backend, store, queues, settings.relay, metrics, stop, tracing)
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
     api_server: ApiServer | None = None
@@ -540,13 +420,7 @@ async def _serve(
             settings.server.host,
             settings.server.port,
             settings.daemon.shutdown_timeout_s,
-            ConnectionLimits(
-                read_timeout_s=settings.server.read_timeout_s,
-                keepalive_timeout_s=settings.server.keepalive_timeout_s,
-                max_connections=settings.server.max_connections,
-                write_timeout_s=settings.server.write_timeout_s,
-                max_header_bytes=settings.server.max_header_bytes,
-            ),
+            settings.server,
         )
         components.append(("api", api_server))
         components.append(("console_throughput", console.throughput))

@@ -90,7 +90,7 @@ class ConsoleRuntime:
         """(last tick, next tick, paused until) or None when this process runs no claimer."""
         if self.claimer is None:
             return None
-        return self.claimer.pace()
+        return self.claimer.timing()
 
     def schedules(self) -> list[tuple[str, str, float]]:
         if self.scheduler is None:

@@ -21,6 +21,7 @@ from aiohttp import web
 from outboxd.errors import StorageError, StorageUnavailable
 from outboxd.http import console, inputs, models
 from outboxd.http.deps import DEPS, OPENAPI_JSON, PRINCIPAL, REQUEST_ID, ApiDeps
+from outboxd.http.endpoints import Access
 from outboxd.http.inputs import ClientDisconnected, InputError
 from outboxd.http.openapi import openapi_document
 from outboxd.http.problems import (
@@ -36,7 +37,7 @@ from outboxd.http.problems import (
     ApiError,
 )
 from outboxd.http.responses import problem
-from outboxd.http.routes import ROUTES, Access
+from outboxd.http.routes import ROUTES
 from outboxd.http.server import SERVER_HEADER
 from outboxd.observability import Metrics, OutageLog, log_request
 from outboxd.security import Principal, TokenVerifier

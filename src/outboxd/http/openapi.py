@@ -21,6 +21,7 @@ import msgspec
 from msgspec import Struct
 
 from outboxd.http import console_models, models
+from outboxd.http.endpoints import Ok, Param, Route
 from outboxd.http.problems import (
     FORBIDDEN,
     HEADERS_TOO_LARGE,
@@ -32,7 +33,7 @@ from outboxd.http.problems import (
     VALIDATION_FAILED,
     ProblemKind,
 )
-from outboxd.http.routes import ROUTES, Ok, Param, Route
+from outboxd.http.routes import ROUTES
 from outboxd.storage.ports import JobEventType, JobStatus, RelayStatus, TaskStatus, WorkStatus
 
 # Every body of the API: http/models.py's and the console's admin reads.
@@ -123,59 +124,35 @@ def _schemas() -> dict[str, Schema]:
 
 # ------------------------------------------------------------------ paths, from the route table
 
+
+def _header(description: str, required: bool = True, **schema: Any) -> Schema:
+    """A response header: a string, `schema` adding its enum or pattern."""
+    schema = {"type": "string", **schema}
+    return {"description": description, "required": required, "schema": schema}
+
+
 _HEADERS: Final[dict[str, Schema]] = {
-    "Location": {
-        "description": "/v1/jobs/{jobId}",
-        "required": True,
-        "schema": {"type": "string"},
-    },
-    "Idempotent-Replayed": {
-        "description": "Present on a replay of an earlier request.",
-        "required": False,
-        "schema": {"type": "string", "enum": ["true"]},
-    },
-    "Retry-After": {
-        "description": "Seconds to wait before retrying.",
-        "required": False,
-        "schema": {"type": "string"},
-    },
-    "WWW-Authenticate": {
-        "description": "The Bearer challenge.",
-        "required": True,
-        "schema": {"type": "string"},
-    },
-    "Allow": {
-        "description": "The methods the path accepts.",
-        "required": True,
-        "schema": {"type": "string"},
-    },
-    "Content-Security-Policy": {
-        "description": "default-src 'self' and no inline script or style.",
-        "required": True,
-        "schema": {"type": "string"},
-    },
-    "X-Content-Type-Options": {
-        "description": "nosniff",
-        "required": True,
-        "schema": {"type": "string"},
-    },
-    "Referrer-Policy": {
-        "description": "no-referrer",
-        "required": True,
-        "schema": {"type": "string"},
-    },
-    "ETag": {
-        "description": "The body's entity tag: it changes whenever the body does (send it "
+    "Location": _header("/v1/jobs/{jobId}"),
+    "Idempotent-Replayed": _header(
+        "Present on a replay of an earlier request.", False, enum=["true"]
+    ),
+    "Retry-After": _header("Seconds to wait before retrying.", False),
+    "WWW-Authenticate": _header("The Bearer challenge."),
+    "Allow": _header("The methods the path accepts."),
+    "Content-Security-Policy": _header("default-src 'self' and no inline script or style."),
+    "X-Content-Type-Options": _header("nosniff"),
+    "Referrer-Policy": _header("no-referrer"),
+    "ETag": _header(
+        "The body's entity tag: it changes whenever the body does (send it "
         "back in If-None-Match); weak (W/) where the route says what it covers.",
-        "required": True,
-        "schema": {"type": "string", "pattern": '^(W/)?"[0-9a-f]{24}"$'},
-    },
-    "Preference-Applied": {
-        "description": "wait=N: the request was held up to N seconds (Prefer's, at most "
+        pattern='^(W/)?"[0-9a-f]{24}"$',
+    ),
+    "Preference-Applied": _header(
+        "wait=N: the request was held up to N seconds (Prefer's, at most "
         "api.max_wait_s); absent when no wait was applied.",
-        "required": False,
-        "schema": {"type": "string", "pattern": "^wait=[0-9]{1,4}$"},
-    },
+        False,
+        pattern="^wait=[0-9]{1,4}$",
+    ),
 }
 
 

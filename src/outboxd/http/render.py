@@ -99,28 +99,18 @@ def dispatch_body(outbox: RelayRow | None) -> dict[str, Any] | None:
 
 def relay_model(row: RelayRow) -> models.OutboxItem:
     next_at = iso(row.next_attempt_at) if row.status in RELAY_UNSENT_STATUSES else None
-    created_at = cast(str, iso(row.created_at))
+    fields: dict[str, Any] = {
+        "id": row.id,
+        "status": row.status,
+        "attempts": row.attempt_count,
+        "next_attempt_at": next_at,
+        "last_error": row.last_error,
+        "message_id": row.queue_message_id,
+        "created_at": cast(str, iso(row.created_at)),
+    }
     if row.kind == "job":
-        return models.JobOutboxItem(
-            id=row.id,
-            job_id=cast(str, row.job_id),
-            status=row.status,
-            attempts=row.attempt_count,
-            next_attempt_at=next_at,
-            last_error=row.last_error,
-            message_id=row.queue_message_id,
-            created_at=created_at,
-        )
-    return models.TaskOutboxItem(
-        id=row.id,
-        task_id=cast(str, row.task_id),
-        status=row.status,
-        attempts=row.attempt_count,
-        next_attempt_at=next_at,
-        last_error=row.last_error,
-        message_id=row.queue_message_id,
-        created_at=created_at,
-    )
+        return models.JobOutboxItem(job_id=cast(str, row.job_id), **fields)
+    return models.TaskOutboxItem(task_id=cast(str, row.task_id), **fields)
 
 
 def relay_item(row: RelayRow) -> dict[str, Any]:

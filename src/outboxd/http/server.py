@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -35,6 +34,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from outboxd.config import ServerSettings
 from outboxd.http.problems import (
     HEADERS_TOO_LARGE,
     INTERNAL_ERROR,
@@ -50,15 +50,6 @@ log = structlog.get_logger(__name__)
 SERVER_HEADER = "outboxd"
 # Header fields a request may carry (the request line and the blank line not counted).
 MAX_HEADER_FIELDS = 64
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    read_timeout_s: float = 15.0
-    keepalive_timeout_s: float = 60.0
-    max_connections: int = 1024
-    write_timeout_s: float = 30.0
-    max_header_bytes: int = 16 * 1024
 
 
 def _problem_bytes(kind: ProblemKind, reason: str, detail: str) -> bytes:
@@ -200,7 +191,7 @@ class _Framing:
 class _Gate:
     """Open connections of one listener, shared by its handlers."""
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ServerSettings) -> None:
         self.limits = limits
         self.open = 0
 
@@ -448,7 +439,7 @@ class GuardedSite(web.BaseSite):
         runner: web.AppRunner,
         host: str,
         port: int,
-        limits: ConnectionLimits,
+        limits: ServerSettings,
         handler_kwargs: dict[str, Any],
     ) -> None:
         super().__init__(runner)

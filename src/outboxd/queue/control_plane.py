@@ -15,6 +15,7 @@ import json
 import os
 import ssl
 from contextlib import AsyncExitStack
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -92,26 +93,21 @@ def resolve_ca_bundle(session: Any) -> str:
     return str(get_cert_path(configured or True))
 
 
+@dataclass(eq=False, repr=False)
 class SqsControlPlane:
     """aiobotocore's SQS client, opened by `open()` (which returns the view the message
     plane must use) and closed by `close()`. Works on queue names and URLs; which queue
     is jobs or tasks is the facade's business (queue/sqs.py)."""
 
-    def __init__(
-        self,
-        settings: SqsSettings,
-        endpoint_url: str | None,
-        *,
-        max_connections: int,
-        retry: RetryPolicy = REQUEST_RETRY,
-    ) -> None:
-        self._settings = settings
-        self._endpoint_url = endpoint_url
-        self._max_connections = max_connections
-        self._retry = retry
-        self._stack: AsyncExitStack | None = None
-        self._client: Any = None  # aiobotocore clients are untyped; the Any stays in here
-        self.region: str | None = None  # resolved by open()
+    settings: SqsSettings
+    endpoint_url: str | None
+    _: KW_ONLY
+    max_connections: int
+    retry: RetryPolicy = REQUEST_RETRY
+    _stack: AsyncExitStack | None = field(default=None, init=False)
+    # aiobotocore clients are untyped; the Any stays in here
+    _client: Any = field(default=None, init=False)
+    region: str | None = field(default=None, init=False)  # resolved by open()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -121,7 +117,7 @@ class SqsControlPlane:
         stack = AsyncExitStack()
         try:
             session = AioSession()
-            region = resolve_region(self._settings, self._endpoint_url, session)
+            region = resolve_region(self.settings, self.endpoint_url, session)
             if region is None:
                 raise QueueError("no AWS region configured: set sqs.region (or AWS_REGION)")
             self.region = region
@@ -132,7 +128,7 @@ class SqsControlPlane:
                     "sqs",
                     config=self._config(),
                     region_name=region,
-                    endpoint_url=self._endpoint_url,
+                    endpoint_url=self.endpoint_url,
                     verify=ca_bundle,
                     **credentials,
                 )
@@ -169,7 +165,7 @@ class SqsControlPlane:
             connect_timeout=CONNECT_TIMEOUT_S,
             read_timeout=CONTROL_READ_TIMEOUT_S,
             retries=dict(_BOTOCORE_RETRIES),
-            max_pool_connections=self._max_connections,
+            max_pool_connections=self.max_connections,
             # Loading the SQS service model from disk is blocking file I/O and JSON
             # parsing; do it in a thread rather than on the event loop.
             warm_up_loader_caches=True,
@@ -186,7 +182,7 @@ class SqsControlPlane:
         first: they would try link-local HTTP for seconds on a laptop, and a role's
         credentials mean nothing to a local server anyway.
         """
-        if not is_loopback_endpoint(self._endpoint_url):
+        if not is_loopback_endpoint(self.endpoint_url):
             return {}
         resolver = session.get_component("credential_provider")
         for method in ("iam-role", "container-role"):
@@ -228,7 +224,7 @@ class SqsControlPlane:
             raise QueueError("SQS client is not started: call start() first")
         method = getattr(self._client, xform_name(operation))
         label = f"{operation} {subject}" if subject else operation
-        answer: dict[str, Any] = await self._retry.run(label, lambda: method(**params))
+        answer: dict[str, Any] = await self.retry.run(label, lambda: method(**params))
         return answer
 
     async def queue_url(self, name: str) -> str:
@@ -245,11 +241,11 @@ class SqsControlPlane:
         # We always pass a dedup id (the task's), so content-based dedup stays off: two
         # tasks with equal bodies are still two tasks.
         fifo_attrs = {"FifoQueue": "true", "ContentBasedDeduplication": "false"} if fifo else {}
-        main = {**fifo_attrs, "VisibilityTimeout": str(self._settings.visibility_timeout_s)}
+        main = {**fifo_attrs, "VisibilityTimeout": str(self.settings.visibility_timeout_s)}
         return main, {**fifo_attrs, "MessageRetentionPeriod": str(DLQ_RETENTION_S)}
 
     def _redrive(self, dlq_arn: str) -> dict[str, Any]:
-        return {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": self._settings.max_receive_count}
+        return {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": self.settings.max_receive_count}
 
     async def ensure_pair(self, name: str) -> tuple[str, str]:
         """Create queue `name` and its DLQ, or converge existing ones: (main URL, DLQ URL).

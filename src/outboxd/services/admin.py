@@ -64,30 +64,25 @@ class BulkRedrive:
     more: bool = False
 
 
+@dataclass(eq=False, repr=False)
 class AdminService:
-    def __init__(
-        self,
-        store: AdminStore,
-        queues: QueueStats | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self._store = store
-        self._queues = queues
-        self._clock = clock
+    store: AdminStore
+    queues: QueueStats | None = None
+    clock: Callable[[], float] = time.time
 
     @property
     def has_queues(self) -> bool:
-        return self._queues is not None
+        return self.queues is not None
 
     async def redrive_job(self, job_id: str, *, actor: str) -> JobRecord:
         """A DEAD job back to QUEUED with a fresh outbox row; NotFound or InvalidState."""
-        job = await self._store.redrive_job(job_id, new_id(), self._clock(), by=actor)
+        job = await self.store.redrive_job(job_id, new_id(), self.clock(), by=actor)
         log.info("job_redriven", job_id=job.id, actor=actor)
         return job
 
     async def redrive_outbox_row(self, outbox_id: str, *, actor: str) -> RelayRow:
         """A DEAD outbox row back to PENDING, its job or task with it; NotFound or InvalidState."""
-        row = await self._store.redrive_relay_row(outbox_id, self._clock(), by=actor)
+        row = await self.store.redrive_relay_row(outbox_id, self.clock(), by=actor)
         log.info(
             "outbox_redriven", outbox_id=row.id, job_id=row.job_id, task_id=row.task_id, actor=actor
         )
@@ -121,9 +116,9 @@ class AdminService:
             room = REDRIVE_BATCH if limit is None else min(REDRIVE_BATCH, limit - _seen(done))
             if room <= 0:
                 # At the limit: say whether a DEAD job is left beyond it.
-                done.more = bool((await self._store.list_jobs(status, 1, cursor)).items)
+                done.more = bool((await self.store.list_jobs(status, 1, cursor)).items)
                 return done
-            page = await self._store.list_jobs(status, room, cursor)
+            page = await self.store.list_jobs(status, room, cursor)
             if page.items:
                 await self._redrive_batch([j.id for j in page.items], done, actor)
                 if on_progress is not None:
@@ -134,8 +129,8 @@ class AdminService:
             cursor = page.next_cursor
 
     async def _redrive_batch(self, ids: list[str], done: BulkRedrive, actor: str) -> None:
-        outcomes = await self._store.redrive_jobs(
-            [(i, new_id()) for i in ids], self._clock(), by=actor
+        outcomes = await self.store.redrive_jobs(
+            [(i, new_id()) for i in ids], self.clock(), by=actor
         )
         redriven: list[str] = []
         for job_id, outcome in zip(ids, outcomes, strict=True):
@@ -155,16 +150,16 @@ class AdminService:
         )
 
     async def stats(self) -> Stats:
-        return await collect_stats(self._store, self._queues)
+        return await collect_stats(self.store, self.queues)
 
     async def database_stats(self) -> Stats:
         """The part of the stats read from the database (counts, oldest ages, the pace),
         with no queue depths."""
-        return await database_stats(self._store)
+        return await database_stats(self.store)
 
     async def queue_stats(self) -> dict[QueueKind, QueueDepth] | None:
         """The SQS depths (None without queues); raises what the queue calls raise."""
-        return None if self._queues is None else await self._queues.queue_stats()
+        return None if self.queues is None else await self.queues.queue_stats()
 
 
 def _seen(done: BulkRedrive) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import structlog
@@ -33,34 +34,26 @@ class ReadinessCheck(Protocol):
     async def check(self) -> dict[str, str]: ...
 
 
+@dataclass(eq=False, repr=False)
 class StatsGauges:
     """Single-flight, cached refresh of the database and SQS gauges of one process."""
 
-    def __init__(
-        self,
-        metrics: Metrics,
-        admin: AdminService,
-        readiness: ReadinessCheck,
-        refresh_s: float,
-        timeout_s: float = REFRESH_TIMEOUT_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._m = metrics
-        self._admin = admin
-        self._readiness = readiness
-        self._refresh_s = refresh_s
-        self._timeout_s = timeout_s
-        self._clock = clock
-        self._task: asyncio.Task[None] | None = None
-        self._started = 0.0
-        self._failing: set[str] = set()
+    metrics: Metrics
+    admin: AdminService
+    readiness: ReadinessCheck
+    refresh_s: float
+    timeout_s: float = REFRESH_TIMEOUT_S
+    clock: Callable[[], float] = time.monotonic
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _started: float = field(default=0.0, init=False)
+    _failing: set[str] = field(default_factory=set, init=False)
 
     async def refresh(self) -> None:
         """Bring the gauges up to date unless a refresh started less than `refresh_s` ago;
         a scrape that finds one running waits for that one. Never raises."""
         task = self._task
-        if task is None or (task.done() and self._clock() - self._started >= self._refresh_s):
-            self._started = self._clock()
+        if task is None or (task.done() and self.clock() - self._started >= self.refresh_s):
+            self._started = self.clock()
             task = self._task = asyncio.create_task(self._refresh_all())
         # Shielded: a scraper that hangs up does not cancel the refresh the others wait on.
         await asyncio.shield(task)
@@ -72,14 +65,14 @@ class StatsGauges:
 
     async def _refresh_readiness(self) -> None:
         # Each probe has its own timeout (daemon/readiness.py) and reports, never raises.
-        for check, verdict in (await self._readiness.check()).items():
-            self._m.ready.labels(check).set(1 if verdict == "ok" else 0)
+        for check, verdict in (await self.readiness.check()).items():
+            self.metrics.ready.labels(check).set(1 if verdict == "ok" else 0)
 
     async def _refresh_database(self) -> None:
-        stats: Stats | None = await self._bounded("database", self._admin.database_stats())
+        stats: Stats | None = await self._bounded("database", self.admin.database_stats())
         if stats is None:
             return
-        m = self._m
+        m = self.metrics
         for table, known in TABLE_STATUSES.items():
             counts = stats.tables.get(table, {})
             # Every status, 0 when empty: a series that appears at N has no increase.
@@ -100,29 +93,29 @@ class StatsGauges:
         self._succeeded("database")
 
     async def _refresh_sqs(self) -> None:
-        if not self._admin.has_queues:
+        if not self.admin.has_queues:
             return
         depths: dict[QueueKind, QueueDepth] | None = await self._bounded(
-            "sqs", self._admin.queue_stats()
+            "sqs", self.admin.queue_stats()
         )
         if depths is None:
             return
         for queue, depth in depths.items():
-            self._m.queue_depth.labels(queue, "visible").set(depth.visible)
-            self._m.queue_depth.labels(queue, "inFlight").set(depth.in_flight)
-            self._m.queue_depth.labels(queue, "dlq").set(depth.dlq_visible)
+            self.metrics.queue_depth.labels(queue, "visible").set(depth.visible)
+            self.metrics.queue_depth.labels(queue, "inFlight").set(depth.in_flight)
+            self.metrics.queue_depth.labels(queue, "dlq").set(depth.dlq_visible)
         self._succeeded("sqs")
 
     async def _bounded(self, source: str, read: Awaitable[Any]) -> Any:
         """What `read` returns within the timeout, or None with `source` marked stale."""
         why: Exception | str
         try:
-            return await asyncio.wait_for(read, self._timeout_s)
+            return await asyncio.wait_for(read, self.timeout_s)
         except TimeoutError:
-            why = f"no answer within {self._timeout_s:g} s"
+            why = f"no answer within {self.timeout_s:g} s"
         except Exception as exc:
             why = exc
-        self._m.stats_refresh_success.labels(source).set(0)
+        self.metrics.stats_refresh_success.labels(source).set(0)
         if source not in self._failing:
             # Once per outage: a scrape every few seconds would repeat it for its length.
             self._failing.add(source)
@@ -130,8 +123,8 @@ class StatsGauges:
         return None
 
     def _succeeded(self, source: str) -> None:
-        self._m.stats_refresh_success.labels(source).set(1)
-        self._m.stats_last_success.labels(source).set(time.time())
+        self.metrics.stats_refresh_success.labels(source).set(1)
+        self.metrics.stats_last_success.labels(source).set(time.time())
         if source in self._failing:
             self._failing.discard(source)
             log.info("metrics_refresh_recovered", source=source)

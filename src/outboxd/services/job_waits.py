@@ -91,22 +91,16 @@ class Hold(Generic[T]):
         return ending, cast(T, await self._waits.read(self._key))
 
 
+@dataclass(eq=False, repr=False)
 class JobWaits:
-    def __init__(
-        self,
-        store: JobReader,
-        changes: JobChanges,
-        max_waiters: int,
-        view_settle_s: float = VIEW_SETTLE_S,
-    ) -> None:
-        self._store = store
-        self._changes = changes
-        self._max = max_waiters
-        self._view_settle_s = view_settle_s
-        self._watches: dict[str, _Watch[Any]] = {}
-        self._held = 0
-        self._stopping = False
-        self._stopped = asyncio.Event()
+    store: JobReader
+    changes: JobChanges
+    max_waiters: int
+    view_settle_s: float = VIEW_SETTLE_S
+    _watches: dict[str, _Watch[Any]] = field(default_factory=dict, init=False)
+    _held: int = field(default=0, init=False)
+    _stopping: bool = field(default=False, init=False)
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     @property
     def held(self) -> int:
@@ -130,7 +124,7 @@ class JobWaits:
         once) past `api.max_waiters` or while the daemon stops."""
 
         async def read() -> JobRecord | None:
-            return await self._store.get_job(job_id)
+            return await self.store.get_job(job_id)
 
         return self._hold(job_id, read, 0.0)
 
@@ -139,22 +133,22 @@ class JobWaits:
     ) -> contextlib.AbstractAsyncContextManager[Hold[T] | None]:
         """A hold on a view of many jobs that `read` reads, woken by any job's change; the
         holds of one `key` share its reads, so `key` must name all `read` depends on."""
-        return self._hold(_VIEW + key, read, self._view_settle_s)
+        return self._hold(_VIEW + key, read, self.view_settle_s)
 
     @contextlib.asynccontextmanager
     async def _hold(
         self, key: str, read: Callable[[], Awaitable[T]], settle_s: float
     ) -> AsyncIterator[Hold[T] | None]:
-        if self._stopping or self._held >= self._max:
+        if self._stopping or self._held >= self.max_waiters:
             yield None
             return
         watch: _Watch[T] | None = self._watches.get(key)
         if watch is None:
             watch = self._watches[key] = _Watch(read, settle_s)
             if key.startswith(_VIEW):
-                self._changes.watch_any(key, self.wake)
+                self.changes.watch_any(key, self.wake)
             else:
-                self._changes.watch(key, self.wake)
+                self.changes.watch(key, self.wake)
         h: _Hold[T] = _Hold(asyncio.get_running_loop().create_future())
         watch.holds.append(h)
         self._held += 1
@@ -166,9 +160,9 @@ class JobWaits:
             if not watch.holds and self._watches.get(key) is watch:
                 del self._watches[key]
                 if key.startswith(_VIEW):
-                    self._changes.unwatch_any(key)
+                    self.changes.unwatch_any(key)
                 else:
-                    self._changes.unwatch(key)
+                    self.changes.unwatch(key)
 
     def wake(self, key: str) -> None:
         """The job `key` (or any job, for a view) may have changed: read once and answer the

@@ -16,6 +16,7 @@ from outboxd.security import KeyRing
 from outboxd.storage.ports import (
     RELAY_UNSENT_STATUSES,
     CancelOutcome,
+    JobIntake,
     JobRecord,
     JobStore,
     NewPortalJob,
@@ -87,29 +88,14 @@ class PortalLinkRequest:
         return {"portal": self.portal, "username": self.username, "password": self.password}
 
 
-@dataclass(frozen=True)
-class Submission:
-    job: JobRecord
-    outbox: RelayRow | None
-    replayed: bool
-
-
+@dataclass(eq=False, repr=False)
 class PortalJobService:
-    def __init__(
-        self,
-        store: JobsStore,
-        keys: KeyRing,
-        dispatcher: Dispatcher | None,
-        require_dispatch: bool = False,
-        clock: Callable[[], float] = time.time,
-        max_active_jobs: int = 0,
-    ) -> None:
-        self._store = store
-        self._keys = keys
-        self._dispatcher = dispatcher
-        self._require_dispatch = require_dispatch
-        self._clock = clock
-        self._max_active_jobs = max_active_jobs
+    store: JobsStore
+    keys: KeyRing
+    dispatcher: Dispatcher | None
+    require_dispatch: bool = False
+    clock: Callable[[], float] = time.time
+    max_active_jobs: int = 0
 
     async def submit(
         self,
@@ -117,7 +103,7 @@ class PortalJobService:
         idempotency_key: str,
         req: PortalLinkRequest,
         traceparent: str | None = None,
-    ) -> Submission:
+    ) -> JobIntake:
         """Store the job and its outbox row in one transaction, then publish the row.
 
         `traceparent` is the trace the job carries to the worker (a replay keeps the one
@@ -125,42 +111,42 @@ class PortalJobService:
         reached (a replay of an existing job never is). The count is read before the
         intake: concurrent new requests of one user may pass it together, by as many as
         run at once."""
-        if self._max_active_jobs:
-            active = await self._store.job_quota(user, idempotency_key, self._max_active_jobs)
-            if active is not None and active >= self._max_active_jobs:
+        if self.max_active_jobs:
+            active = await self.store.job_quota(user, idempotency_key, self.max_active_jobs)
+            if active is not None and active >= self.max_active_jobs:
                 raise QuotaExceeded(
                     f"{active} jobs of this user are QUEUED or RUNNING "
-                    f"(api.max_active_jobs_per_user = {self._max_active_jobs})",
+                    f"(api.max_active_jobs_per_user = {self.max_active_jobs})",
                     ACTIVE_JOBS_RETRY_AFTER_S,
                 )
         job_id, outbox_id = new_id(), new_id()
         # Sealed before the transaction so the transaction holds no CPU work;
         # the job id as associated data ties the ciphertext to its row.
-        sealed = self._keys.seal_json(
+        sealed = self.keys.seal_json(
             {"username": req.username, "password": req.password}, associated_data=job_id
         )
-        now = self._clock()
-        intake = await self._store.create_portal_job(
+        now = self.clock()
+        intake = await self.store.create_portal_job(
             NewPortalJob(
                 job_id=job_id,
                 outbox_id=outbox_id,
                 user_id=user,
                 idempotency_key=idempotency_key,
-                fingerprint=self._keys.fingerprint(req.canonical()),
+                fingerprint=self.keys.fingerprint(req.canonical()),
                 portal=req.portal,
                 key_id=sealed.key_id,
                 sealed=sealed.ciphertext,
                 # The row is claimed in the intake transaction: the publish right after
                 # the commit needs no claim transaction of its own.
                 claimed_until=(
-                    self._dispatcher.intake_claim_until(now) if self._dispatcher else None
+                    self.dispatcher.intake_claim_until(now) if self.dispatcher else None
                 ),
                 traceparent=traceparent,
             ),
             now=now,
         )
         job, outbox = intake.job, intake.outbox
-        if not intake.created and not self._keys.fingerprint_matches(
+        if not intake.created and not self.keys.fingerprint_matches(
             job.fingerprint, req.canonical()
         ):
             raise IdempotencyConflict("Idempotency-Key was used with a different request")
@@ -171,31 +157,31 @@ class PortalJobService:
         if outbox is not None and outbox.status in RELAY_UNSENT_STATUSES:
             own = outbox if intake.created and outbox.claimed_until is not None else None
             job, outbox = await self._dispatch(job, outbox, own)
-        return Submission(job=job, outbox=outbox, replayed=not intake.created)
+        return replace(intake, job=job, outbox=outbox)
 
     async def _dispatch(
         self, job: JobRecord, outbox: RelayRow, claimed: RelayRow | None
     ) -> tuple[JobRecord, RelayRow]:
-        if self._dispatcher is None:
-            if self._require_dispatch:
+        if self.dispatcher is None:
+            if self.require_dispatch:
                 raise DispatchFailed(job, outbox)
             return job, outbox
         try:
-            sent = await self._dispatcher.dispatch(outbox.id, claimed)
+            sent = await self.dispatcher.dispatch(outbox.id, claimed)
             if sent is None:
                 # Not published (rare): read back what is durable, e.g. a backed-off row.
-                read_job, read_outbox = await self._store.get_job_and_relay_row(job.id, outbox.id)
+                read_job, read_outbox = await self.store.get_job_and_relay_row(job.id, outbox.id)
                 job, outbox = read_job or job, read_outbox or outbox
         except StorageError as exc:
             # The job and its outbox row are committed: the relay delivers it. A 503
             # now would tell the client nothing was accepted.
             log.warning("dispatch_after_commit_failed", job_id=job.id, error=exc)
-            if self._require_dispatch:
+            if self.require_dispatch:
                 raise DispatchFailed(job, outbox) from None
             return job, outbox
         if sent is None:
             # Not published: the row stays for the relay loop.
-            if self._require_dispatch and outbox.status != "SENT":
+            if self.require_dispatch and outbox.status != "SENT":
                 raise DispatchFailed(job, outbox)
             return job, outbox
         # The answer is what the batch committed (no read-back): the row SENT, and the
@@ -208,10 +194,10 @@ class PortalJobService:
     async def cancel(self, job_id: str, by: str) -> tuple[JobRecord, CancelOutcome]:
         """Cancel a job (`by`: owner or admin); NotFound, or InvalidState once it finished
         otherwise. A job nobody runs is CANCELLED at once, one a worker runs is flagged."""
-        return await self._store.cancel_job(job_id, self._clock(), by)
+        return await self.store.cancel_job(job_id, self.clock(), by)
 
     async def get(self, job_id: str) -> tuple[JobRecord, RelayRow | None] | None:
-        job = await self._store.get_job(job_id)
+        job = await self.store.get_job(job_id)
         if job is None:
             return None
-        return job, await self._store.latest_relay_row_for_job(job_id)
+        return job, await self.store.latest_relay_row_for_job(job_id)

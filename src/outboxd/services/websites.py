@@ -11,6 +11,7 @@ import ipaddress
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, Protocol
 
 import idna
@@ -107,16 +108,11 @@ class WebsitesStore(WebsiteStore, QuotaStore, Protocol):
     pass
 
 
+@dataclass(eq=False, repr=False)
 class WebsiteService:
-    def __init__(
-        self,
-        store: WebsitesStore,
-        clock: Callable[[], float] = time.time,
-        max_per_user_per_hour: int = 0,
-    ) -> None:
-        self._store = store
-        self._clock = clock
-        self._max_per_hour = max_per_user_per_hour
+    store: WebsitesStore
+    clock: Callable[[], float] = time.time
+    max_per_user_per_hour: int = 0
 
     async def register(
         self, domain: str, favicon_url: str | None, user: str | None = None
@@ -124,18 +120,18 @@ class WebsiteService:
         """Upsert by domain. QuotaExceeded when api.max_websites_per_user_per_hour is on and
         `user` registered that many new websites in the last hour (a known domain, which
         costs no classification, never is)."""
-        now = self._clock()
-        counted = user if self._max_per_hour else None
+        now = self.clock()
+        counted = user if self.max_per_user_per_hour else None
         if counted is not None:
-            quota = await self._store.website_quota(counted, domain, now - WEBSITE_QUOTA_PERIOD_S)
-            if quota is not None and quota[0] >= self._max_per_hour:
+            quota = await self.store.website_quota(counted, domain, now - WEBSITE_QUOTA_PERIOD_S)
+            if quota is not None and quota[0] >= self.max_per_user_per_hour:
                 oldest = quota[1] if quota[1] is not None else now
                 raise QuotaExceeded(
                     f"this user registered {quota[0]} new websites in the last hour "
-                    f"(api.max_websites_per_user_per_hour = {self._max_per_hour})",
+                    f"(api.max_websites_per_user_per_hour = {self.max_per_user_per_hour})",
                     max(1, math.ceil(oldest + WEBSITE_QUOTA_PERIOD_S - now)),
                 )
-        website, created = await self._store.register_website(
+        website, created = await self.store.register_website(
             new_id(), new_id(), domain, favicon_url, now, registered_by=counted
         )
         if created:
@@ -143,14 +139,14 @@ class WebsiteService:
         return website, created
 
     async def get(self, domain: str) -> Website | None:
-        return await self._store.get_website(domain)
+        return await self.store.get_website(domain)
 
     async def list(self, status: str | None, limit: int, cursor: str | None) -> Page[Website]:
-        return await self._store.list_websites(status, limit, cursor)
+        return await self.store.list_websites(status, limit, cursor)
 
     async def retry(self, domain: str, *, actor: str) -> Website:
         """A FAILED classification back to PENDING (NotFound, InvalidState otherwise)."""
-        website = await self._store.retry_failed_website(domain)
+        website = await self.store.retry_failed_website(domain)
         log.info(
             "website_classification_retried", website_id=website.id, domain=domain, actor=actor
         )

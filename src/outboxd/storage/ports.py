@@ -151,6 +151,11 @@ class JobIntake:
     outbox: RelayRow | None
     created: bool
 
+    @property
+    def replayed(self) -> bool:
+        """The idempotency key's earlier job was found: nothing new was made."""
+        return not self.created
+
 
 @dataclass(frozen=True)
 class JobEvent:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
 import structlog
@@ -38,117 +39,116 @@ TickOutcome = Literal[
 AI_PACE = "ai"
 
 
+@dataclass(eq=False, repr=False)
 class Claimer:
-    def __init__(
-        self,
-        store: WebsiteStore,
-        classifier: Classifier,
-        settings: ClaimerSettings,
-        metrics: Metrics,
-        clock: Callable[[], float] = time.time,
-        pace: PaceStore | None = None,
-    ) -> None:
-        self._store = store
-        self._classifier = classifier
-        self._settings = settings
-        self._metrics = metrics
-        self._clock = clock
-        self._paused_until = 0.0
-        # Cluster scope: the shared pace row; None keeps this instance's own pace.
-        self._pace = pace if settings.pace_scope == "cluster" else None
-        self._db_clock = DbClock()
-        if settings.pace_scope == "cluster" and pace is None:
+    store: WebsiteStore
+    classifier: Classifier
+    settings: ClaimerSettings
+    metrics: Metrics
+    clock: Callable[[], float] = time.time
+    # Cluster scope: the shared pace row; None (always, with instance scope) keeps this
+    # instance's own pace.
+    pace: PaceStore | None = None
+    _paused_until: float = field(default=0.0, init=False)
+    _db_clock: DbClock = field(default_factory=DbClock, init=False)
+    _last_tick_at: float | None = field(default=None, init=False)
+    _next_tick_at: float | None = field(default=None, init=False)
+    _failures: LoopFailures = field(
+        default_factory=lambda: LoopFailures("claimer", "claimer_tick_failed"), init=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.settings.pace_scope != "cluster":
+            self.pace = None
+        elif self.pace is None:
             raise ValueError("claimer.pace_scope = 'cluster' needs a PaceStore")
-        self._last_tick_at: float | None = None
-        self._next_tick_at: float | None = None
-        self._failures = LoopFailures("claimer", "claimer_tick_failed")
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info(
             "claimer_started",
-            fixed_delay_s=self._settings.fixed_delay_s,
-            pace_scope=self._settings.pace_scope,
+            fixed_delay_s=self.settings.fixed_delay_s,
+            pace_scope=self.settings.pace_scope,
         )
         while not stop.is_set():
             outcome: TickOutcome | None = None
-            self._last_tick_at = self._clock()
+            self._last_tick_at = self.clock()
             failed_delay = 0.0
             try:
                 # Shielded: a shutdown lets the tick in flight record its
                 # outcome rather than leave a PROCESSING row for the timeout.
                 outcome = await asyncio.shield(self.tick(stop))
-                self._metrics.claimer_last_tick.set_to_current_time()
+                self.metrics.claimer_last_tick.set_to_current_time()
                 self._failures.ok()
             except Exception as exc:  # the loop outlives database and provider outages
                 failed_delay = self._failures.failed(exc)
             delay = max(
-                self._settings.fixed_delay_s, failed_delay, self._paused_until - self._clock()
+                self.settings.fixed_delay_s, failed_delay, self._paused_until - self.clock()
             )
-            if self._pace is not None and outcome not in (None, "idle"):
+            if self.pace is not None and outcome not in (None, "idle"):
                 # The shared slots space the calls: the next tick claims a row
                 # at once and queues for its slot, so the pace has no holes.
-                delay = max(0.0, self._paused_until - self._clock())
-            self._next_tick_at = self._clock() + delay
+                delay = max(0.0, self._paused_until - self.clock())
+            self._next_tick_at = self.clock() + delay
             await sleep_or_stop(stop, delay)
         log.info("claimer_stopped")
 
-    def pace(self) -> tuple[float | None, float | None, float | None]:
+    def timing(self) -> tuple[float | None, float | None, float | None]:
         """(last tick started, next tick due, paused until) for the console; None = not yet/not."""
-        paused = self._paused_until if self._paused_until > self._clock() else None
+        paused = self._paused_until if self._paused_until > self.clock() else None
         return self._last_tick_at, self._next_tick_at, paused
 
     async def tick(self, stop: asyncio.Event | None = None) -> TickOutcome:
-        if self._pace is not None:
-            state = await self._pace.pace_state(AI_PACE, time.time())
+        if self.pace is not None:
+            state = await self.pace.pace_state(AI_PACE, time.time())
             if state is not None and state.paused_for_s > 0:
                 # Every instance sees the pause: claim nothing until it ends.
-                self._paused_until = self._clock() + state.paused_for_s
+                self._paused_until = self.clock() + state.paused_for_s
                 return "paused"
-        row = await self._store.claim_work(
-            self._clock(), self._settings.retry_delay_s, self._settings.processing_timeout_s
+        row = await self.store.claim_work(
+            self.clock(), self.settings.retry_delay_s, self.settings.processing_timeout_s
         )
         if row is None:
             return "idle"
         crash_point("during_claim")
         bind = {"work_id": row.id, "website_id": row.website_id, "attempt": row.attempt_count}
-        if row.attempt_count > self._settings.max_attempts:
+        if row.attempt_count > self.settings.max_attempts:
             # A row whose holders keep dying (a crash loop) must still end:
             # it was reclaimed after its last allowed attempt.
-            await self._store.fail_work(
-                row, "attempts exhausted (the last holder stopped answering)", True, self._clock()
+            await self.store.fail_work(
+                row, "attempts exhausted (the last holder stopped answering)", True, self.clock()
             )
             log.warning("classification_failed", reason="stale_after_last_attempt", **bind)
-            self._metrics.claims.labels("failed").inc()
+            self.metrics.claims.labels("failed").inc()
             return "failed"
-        website = await self._store.website_by_id(row.website_id)
+        website = await self.store.website_by_id(row.website_id)
         if website is None or website.category is not None:
             # Applied idempotently: a website that has its category is never
             # sent to the provider again.
-            await self._store.complete_work(row, None, self._clock())
-            self._metrics.claims.labels("skipped").inc()
+            await self.store.complete_work(row, None, self.clock())
+            self.metrics.claims.labels("skipped").inc()
             return "skipped"
-        if self._pace is not None:
+        if self.pace is not None:
             waited = await self._wait_for_slot(stop)
             if waited != "go":
                 # Stopping, or a 429 paused the pace while this row waited:
                 # the row goes back unspent, its slot goes unused.
-                await self._store.give_back_work(row)
-                self._metrics.claims.labels(waited).inc()
+                await self.store.give_back_work(row)
+                self.metrics.claims.labels(waited).inc()
                 return waited
         try:
-            category = await self._classifier.classify(website.domain, website.favicon_url)
+            category = await self.classifier.classify(website.domain, website.favicon_url)
         except RateLimited as exc:
-            self._paused_until = self._clock() + exc.retry_after_s
-            if self._pace is not None:
-                state = await self._pace.pace_pause(AI_PACE, exc.retry_after_s, time.time)
-                self._paused_until = self._clock() + state.paused_for_s
-            await self._store.give_back_work(row)
+            self._paused_until = self.clock() + exc.retry_after_s
+            if self.pace is not None:
+                state = await self.pace.pace_pause(AI_PACE, exc.retry_after_s, time.time)
+                self._paused_until = self.clock() + state.paused_for_s
+            await self.store.give_back_work(row)
             log.warning("claimer_rate_limited", retry_after_s=exc.retry_after_s, **bind)
-            self._metrics.claims.labels("rate_limited").inc()
+            self.metrics.claims.labels("rate_limited").inc()
             return "rate_limited"
         except ClassificationError as exc:
-            final = classification_gives_up(row.attempt_count, self._settings.max_attempts)
-            await self._store.fail_work(row, exc.message, final, self._clock())
+            final = classification_gives_up(row.attempt_count, self.settings.max_attempts)
+            await self.store.fail_work(row, exc.message, final, self.clock())
             log.warning(
                 "classification_failed" if final else "classification_retry_scheduled",
                 error=exc.message,
@@ -156,15 +156,15 @@ class Claimer:
                 **bind,
             )
             outcome: TickOutcome = "failed" if final else "retry"
-            self._metrics.claims.labels(outcome).inc()
+            self.metrics.claims.labels(outcome).inc()
             return outcome
         crash_point("after_classify_before_complete")
-        if not await self._store.complete_work(row, category, self._clock()):
+        if not await self.store.complete_work(row, category, self.clock()):
             log.warning("classification_outcome_lost_race", **bind)
-            self._metrics.claims.labels("lost").inc()
+            self.metrics.claims.labels("lost").inc()
             return "lost"
         log.info("website_classified", domain=website.domain, category=category, **bind)
-        self._metrics.claims.labels("completed").inc()
+        self.metrics.claims.labels("completed").inc()
         return "completed"
 
     async def _wait_for_slot(
@@ -176,16 +176,16 @@ class Claimer:
         this host's monotonic clock through `DbClock`. The pause is looked at
         shortly before the slot, so the call itself starts on a plain timer.
         """
-        assert self._pace is not None
-        delay_s = self._settings.fixed_delay_s
+        assert self.pace is not None
+        delay_s = self.settings.fixed_delay_s
         lead_s = min(_PAUSE_CHECK_LEAD_S, delay_s / 4)
         while True:
-            _slot, deadline = await self._db_clock.take(self._pace, AI_PACE, delay_s)
+            _slot, deadline = await self._db_clock.take(self.pace, AI_PACE, delay_s)
             if await _sleep_or_stop(stop, deadline - lead_s - time.monotonic()):
                 return "stopped"
-            state = await self._pace.pace_state(AI_PACE, time.time())
+            state = await self.pace.pace_state(AI_PACE, time.time())
             if state is not None and state.paused_for_s > 0:
-                self._paused_until = self._clock() + state.paused_for_s
+                self._paused_until = self.clock() + state.paused_for_s
                 return "paused"
             if await _sleep_or_stop(stop, deadline - time.monotonic()):
                 return "stopped"

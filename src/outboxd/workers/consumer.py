@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,7 +29,7 @@ from outboxd.errors import InvalidState, SecurityError, StorageError
 from outboxd.observability import Metrics
 from outboxd.queue.messages import IdField
 from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
-from outboxd.queue.sqs import KINDS, QueueError, QueueKind, ReceivedMessage
+from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
 from outboxd.security import KeyRing, Sealed
 from outboxd.services.portal_jobs import login_locked
@@ -38,11 +38,11 @@ from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
 from outboxd.storage.ports import (
     TERMINAL_TASK_STATUSES,
     JobRecord,
-    JobStore,
     LoginFailure,
     LoginLockStore,
 )
 from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent
+from outboxd.workers.dlq_sweep import DlqQueues, DlqStore, DlqSweep, DlqSweeper
 from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
 
 log = structlog.get_logger(__name__)
@@ -65,7 +65,7 @@ class JobCancelled(Exception):
     """Raised by a run's check hook: the job's cancel was requested, the run stops."""
 
 
-class Receiver(Protocol):
+class Receiver(DlqQueues, Protocol):
     async def receive(
         self,
         kind: QueueKind,
@@ -73,16 +73,9 @@ class Receiver(Protocol):
         wait_time_s: int | None = None,
         visibility_timeout_s: int | None = None,
     ) -> list[ReceivedMessage]: ...
-    async def delete(self, kind: QueueKind, receipt_handle: str, dlq: bool = False) -> None: ...
-    async def change_visibility(
-        self, kind: QueueKind, receipt_handle: str, timeout_s: int, dlq: bool = False
-    ) -> None: ...
-    async def receive_dlq(
-        self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
-    ) -> list[ReceivedMessage]: ...
 
 
-class ConsumerStore(JobStore, LoginLockStore, TaskControllerStore, Protocol):
+class ConsumerStore(DlqStore, LoginLockStore, TaskControllerStore, Protocol):
     pass
 
 
@@ -91,14 +84,6 @@ LOGIN_LOCKED_ERROR = (
     "PORTAL_LOGIN_LOCKED",
     "too many failed logins for this portal username recently; not tried (retry later)",
 )
-
-
-# A DLQ sweep holds each message it received out of sight while it reads the next ones,
-# so it sees each once; the ones it keeps are made visible again when it ends (DLQ depth,
-# in stats, /metrics and an operator's look, is under-reported only while a sweep runs).
-DLQ_SWEEP_HOLD_S = 30
-# Messages looked at per DLQ and sweep; the next sweep goes on where this one stopped.
-DLQ_SWEEP_MAX_MESSAGES = 1000
 
 
 class Consumer:
@@ -123,8 +108,9 @@ class Consumer:
         # The login lock: scrapers.suwon.max_auth_failures within auth_failure_window_s.
         self._max_auth_failures = lock.max_auth_failures
         self._auth_window_s = lock.auth_failure_window_s
+        self._queues = queues
         # Every answered receive sets outboxd_consumer_last_receive_timestamp_seconds.
-        self._queues: Receiver = _ReceiveClock(queues, metrics)
+        self._last_receive = metrics.consumer_last_receive
         self._portal = portal
         self._keys = keys
         self._cs = consumer_settings
@@ -185,6 +171,7 @@ class Consumer:
             if messages is None:  # stopping: nothing was taken
                 await slots.release(free)
                 break
+            self._last_receive.labels(kind).set_to_current_time()  # empty answers too
             await slots.release(free - len(messages))
             for msg in messages:
                 tg.create_task(self._handle(kind, msg))
@@ -530,8 +517,6 @@ class Consumer:
         log.info("task_succeeded", task_type=run.type, **bind)
         return "succeeded"
 
-    # ------------------------------------------------------------------ DLQ sweep
-
     async def _dlq_sweep_loop(self, stop: asyncio.Event) -> None:
         """Every consumer.dlq_sweep_s: each DLQ keeps exactly the work that is DEAD."""
         while not stop.is_set():
@@ -540,153 +525,8 @@ class Consumer:
             await sleep_or_stop(stop, self._cs.dlq_sweep_s)
 
     async def sweep_dlq_once(self) -> DlqSweep:
-        """One pass over both DLQs. A message whose job or task is no longer DEAD (redriven,
-        finished, pruned) is deleted; a job whose message got there without its handler
-        recording DEAD (the process died during the last allowed attempt) is marked DEAD;
-        everything else stays for inspection."""
-        done = DlqSweep()
-        for kind in KINDS:
-            await self._sweep_dlq(kind, done)
-        if done.deleted or done.marked_dead:
-            log.info(
-                "dlq_swept", deleted=done.deleted, marked_dead=done.marked_dead, kept=done.kept
-            )
-        return done
-
-    async def _sweep_dlq(self, kind: QueueKind, done: DlqSweep) -> None:
-        seen: set[str] = set()
-        held: list[ReceivedMessage] = []
-        try:
-            while len(seen) < DLQ_SWEEP_MAX_MESSAGES:
-                batch: Sequence[ReceivedMessage] = await self._queues.receive_dlq(
-                    kind, 10, DLQ_SWEEP_HOLD_S
-                )
-                fresh = [m for m in batch if m.message_id not in seen]
-                held.extend(m for m in batch if m.message_id in seen)
-                if not fresh:
-                    break
-                for msg in fresh:
-                    seen.add(msg.message_id)
-                    if kind == "jobs":
-                        verdict = await self._dlq_job_verdict(msg, done)
-                    else:
-                        verdict = await self._dlq_task_verdict(msg)
-                    if verdict is None:
-                        held.append(msg)
-                        done.kept += 1
-                        continue
-                    await self._queues.delete(kind, msg.receipt_handle, dlq=True)
-                    done.deleted += 1
-                    log.info(
-                        "dlq_message_deleted",
-                        queue=kind,
-                        message_id=msg.message_id,
-                        reason=verdict,
-                        **_ids(msg),
-                    )
-        finally:
-            for msg in held:
-                # Visible again at once: the DLQ's depth counts what it keeps.
-                with contextlib.suppress(QueueError):
-                    await self._queues.change_visibility(kind, msg.receipt_handle, 0, dlq=True)
-
-    async def _dlq_job_verdict(self, msg: ReceivedMessage, done: DlqSweep) -> str | None:
-        """Why a jobs-DLQ message goes (its job is closed), or None: it stays."""
-        job_id = _message_id_field(msg.body, "jobId")
-        outbox_id = _message_id_field(msg.body, "outboxId")
-        if job_id is None or outbox_id is None:
-            return None  # not a message of ours: for a human
-        current = await self._store.get_job(job_id)
-        if current is None:
-            return "job_pruned"
-        latest = await self._store.latest_relay_row_for_job(job_id)
-        if latest is not None and latest.id != outbox_id:
-            return "job_redriven"  # a newer outbox row carries the job: this one is history
-        if current.status in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            return "job_finished"
-        if current.status != "RUNNING":
-            return None  # DEAD: the dead letter itself (or QUEUED: not ours to judge)
-        if current.lease_until is not None and current.lease_until > self._clock():
-            return None  # a live lease: another copy of its message is being worked on
-        if current.cancel_requested:
-            # Its cancel was requested: it ends as asked, not as dead.
-            with contextlib.suppress(InvalidState):
-                await self._store.cancel_job(job_id, self._clock(), "consumer")
-            log.info("job_cancelled", job_id=job_id, message_id=msg.message_id, source="dlq")
-            return "job_cancelled"
-        job = await self._store.mark_job_dead(
-            job_id,
-            ("RETRIES_EXHAUSTED", "the message reached the dead-letter queue"),
-            self._clock(),
-        )
-        if job is not None:
-            done.marked_dead += 1
-            self._metrics.dead.labels("jobs").inc()
-            log.error("job_dead", job_id=job_id, message_id=msg.message_id, source="dlq")
-        return None
-
-    async def _dlq_task_verdict(self, msg: ReceivedMessage) -> str | None:
-        """Why a tasks-DLQ message goes (its task ended or is gone), or None: it stays."""
-        task_id = _message_id_field(msg.body, "taskId")
-        if task_id is None:
-            return None
-        run = await self._store.get_task(task_id)
-        if run is None:
-            return "task_pruned"
-        # A task that used its last receive is recorded FAILED by its handler.
-        if run.status in ("SUCCEEDED", "FAILED"):
-            return "task_finished"
-        return None
-
-
-@dataclass
-class DlqSweep:
-    """What one sweep of the DLQs did."""
-
-    deleted: int = 0
-    marked_dead: int = 0
-    kept: int = 0
-
-
-def _ids(msg: ReceivedMessage) -> dict[str, str | None]:
-    return {
-        "job_id": _message_id_field(msg.body, "jobId"),
-        "task_id": _message_id_field(msg.body, "taskId"),
-        "outbox_id": _message_id_field(msg.body, "outboxId"),
-    }
-
-
-class _ReceiveClock:
-    """The consumer's queues, noting the time of every receive that was answered (empty
-    ones too) in outboxd_consumer_last_receive_timestamp_seconds{queue}."""
-
-    def __init__(self, inner: Receiver, metrics: Metrics) -> None:
-        self._inner = inner
-        self._gauge = metrics.consumer_last_receive
-
-    async def receive(
-        self,
-        kind: QueueKind,
-        max_messages: int,
-        wait_time_s: int | None = None,
-        visibility_timeout_s: int | None = None,
-    ) -> list[ReceivedMessage]:
-        got = await self._inner.receive(kind, max_messages, wait_time_s, visibility_timeout_s)
-        self._gauge.labels(kind).set_to_current_time()
-        return got
-
-    async def delete(self, kind: QueueKind, receipt_handle: str, dlq: bool = False) -> None:
-        await self._inner.delete(kind, receipt_handle, dlq)
-
-    async def change_visibility(
-        self, kind: QueueKind, receipt_handle: str, timeout_s: int, dlq: bool = False
-    ) -> None:
-        await self._inner.change_visibility(kind, receipt_handle, timeout_s, dlq)
-
-    async def receive_dlq(
-        self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
-    ) -> list[ReceivedMessage]:
-        return await self._inner.receive_dlq(kind, max_messages, visibility_timeout_s)
+        """One pass over both DLQs (workers/dlq_sweep.py)."""
+        return await DlqSweeper(self._queues, self._store, self._metrics, self._clock).sweep()
 
 
 class _Slots:

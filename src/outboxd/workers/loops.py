@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import structlog
@@ -52,6 +53,7 @@ def outage_of(exc: BaseException) -> str | None:
     return None
 
 
+@dataclass(eq=False, repr=False)
 class LoopFailures:
     """How a loop fails: the one helper every loop uses.
 
@@ -63,30 +65,25 @@ class LoopFailures:
     happens; the backoff bounds how often that is.
     """
 
-    def __init__(
-        self,
-        component: str,
-        event: str,
-        *,
-        level: str = "warning",
-        base_s: float = DB_RETRY_BASE_S,
-        cap_s: float = DB_RETRY_CAP_S,
-        every_s: float = 60.0,
-        clock: Callable[[], float] | None = None,
-        wall: Callable[[], float] | None = None,
-    ) -> None:
-        self.component = component
-        self._event = event
-        self._level = level
-        self.base_s = base_s
-        self.cap_s = cap_s
-        clocks: dict[str, Any] = {"every_s": every_s}
-        if clock is not None:
-            clocks["clock"] = clock
-        if wall is not None:
-            clocks["wall"] = wall
-        self.outages = {dep: OutageLog(dep, component, **clocks) for dep in ("storage", "sqs")}
-        self.streak = 0
+    component: str
+    event: str
+    _: KW_ONLY
+    level: str = "warning"
+    base_s: float = DB_RETRY_BASE_S
+    cap_s: float = DB_RETRY_CAP_S
+    every_s: float = 60.0
+    clock: Callable[[], float] | None = None
+    wall: Callable[[], float] | None = None
+    outages: dict[str, OutageLog] = field(init=False)
+    streak: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        clocks: dict[str, Any] = {"every_s": self.every_s}
+        if self.clock is not None:
+            clocks["clock"] = self.clock
+        if self.wall is not None:
+            clocks["wall"] = self.wall
+        self.outages = {dep: OutageLog(dep, self.component, **clocks) for dep in ("storage", "sqs")}
 
     @property
     def down(self) -> bool:
@@ -100,7 +97,7 @@ class LoopFailures:
         if dependency is not None:
             self.outages[dependency].failed(exc, **fields)
         else:
-            getattr(log, self._level)(self._event, component=self.component, error=exc, **fields)
+            getattr(log, self.level)(self.event, component=self.component, error=exc, **fields)
         return backoff(self.streak, self.base_s, self.cap_s, jitter=False)
 
     def ok(self) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -49,26 +50,27 @@ def message_body(row: RelayRow) -> str:
     return messages.encode_task(row.task_id or "", row.id)
 
 
+@dataclass(eq=False, repr=False)
 class Publishing:
     """Sends rows and records their outcome; both the requests' batches and the loop's rounds
     go through one instance, so they share one send window."""
 
-    def __init__(
-        self,
-        store: RelayStoreWithTasks,
-        publisher: Publisher,
-        settings: RelaySettings,
-        metrics: Metrics,
-        clock: Callable[[], float],
-        window_ceiling: int,
-        tracing: Tracing = NO_TRACING,
-    ) -> None:
-        self.store = store
-        self._tracing = tracing
-        self.settings = settings
-        self.clock = clock
-        self._publisher = publisher
-        self._metrics = metrics
+    store: RelayStoreWithTasks
+    publisher: Publisher
+    settings: RelaySettings
+    metrics: Metrics
+    clock: Callable[[], float]
+    window_ceiling: int
+    tracing: Tracing = NO_TRACING
+    lease_s: float = field(init=False)
+    window: SendWindow = field(init=False)
+    # SQS unreachable as a whole: logged once for the dispatch and the loop together,
+    # not once per row; the loop backs off while it lasts (workers/relay.py).
+    sqs_outage: OutageLog = field(default_factory=lambda: OutageLog("sqs", "relay"), init=False)
+    _tasks: set[asyncio.Future[Any]] = field(default_factory=set, init=False)
+    _narrowed: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
         # Long enough that a slow but successful publish is marked SENT by its
         # own holder before anyone else may take the row: the publish itself is cut
         # at publish_timeout_s, the rest is a few short transactions. Not longer: it
@@ -76,20 +78,17 @@ class Publishing:
         # out again. Should a holder overrun it anyway, the worst case is a second
         # copy of the message (the consumer drops it); the version guard refuses
         # the stale holder's SENT.
-        self.lease_s = max(2.0, settings.publish_timeout_s * 5)
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self.lease_s = max(2.0, self.settings.publish_timeout_s * 5)
         # The SendMessageBatch calls out at once, the loop's and the requests' together:
         # as many as the lanes' rounds and the dispatch batches make while SQS answers
         # in time, fewer once it slows (a call slower than a quarter of the publish
         # timeout is one that would soon pass it).
         self.window = SendWindow(
-            window_ceiling, settings.publish_timeout_s / 4, on_change=self._window_changed
+            self.window_ceiling,
+            self.settings.publish_timeout_s / 4,
+            on_change=self._window_changed,
         )
-        self._narrowed = False
-        metrics.send_window.set(self.window.limit)
-        # SQS unreachable as a whole: logged once for the dispatch and the loop together,
-        # not once per row; the loop backs off while it lasts (workers/relay.py).
-        self.sqs_outage = OutageLog("sqs", "relay")
+        self.metrics.send_window.set(self.window.limit)
 
     async def drain(self, timeout_s: float) -> None:
         """At shutdown, before the store closes: wait (at most `timeout_s`) for sends
@@ -109,7 +108,7 @@ class Publishing:
         """The gauge follows every change; the log has a line when the window first
         narrows and one when it is back at its ceiling, not one per step (nor for the
         slow start's growth)."""
-        self._metrics.send_window.set(limit)
+        self.metrics.send_window.set(limit)
         if narrowed and not self._narrowed:
             self._narrowed = True
             log.warning(
@@ -167,10 +166,10 @@ class Publishing:
         try:
             # asyncio.timeout, not wait_for: no extra task per SendMessageBatch.
             async with asyncio.timeout(self.settings.publish_timeout_s):
-                result = await self._publisher.send_batch(kind, messages)
+                result = await self.publisher.send_batch(kind, messages)
             failed = False
             self._answered(result)
-            if self._tracing.enabled:
+            if self.tracing.enabled:
                 self._publish_spans(rows, result, started_at)
             return result
         except (QueueError, TimeoutError) as exc:
@@ -217,7 +216,7 @@ class Publishing:
         ended_at = self.clock()
         for r in rows:
             if r.traceparent:
-                self._tracing.record(
+                self.tracing.record(
                     "outboxd.relay.publish",
                     r.traceparent,
                     started_at,
@@ -306,16 +305,16 @@ class Publishing:
                 attempts=f.row.attempt_count,
                 error=f.error[:300],
             )
-        self._metrics.publishes.labels("sent").inc(len(marked))
+        self.metrics.publishes.labels("sent").inc(len(marked))
         if failures:
-            self._metrics.publishes.labels("failed").inc(sum(not f.dead for f in failures))
-            self._metrics.publishes.labels("dead").inc(sum(f.dead for f in failures))
+            self.metrics.publishes.labels("failed").inc(sum(not f.dead for f in failures))
+            self.metrics.publishes.labels("dead").inc(sum(f.dead for f in failures))
             dead = [f.row for f in failures if f.dead]
             if dead:
                 # A DEAD row takes its job or task with it (storage/store/relay.py).
-                self._metrics.dead.labels("relay_outbox").inc(len(dead))
-                self._metrics.dead.labels("jobs").inc(sum(r.job_id is not None for r in dead))
-                self._metrics.dead.labels("task_runs").inc(sum(r.task_id is not None for r in dead))
+                self.metrics.dead.labels("relay_outbox").inc(len(dead))
+                self.metrics.dead.labels("jobs").inc(sum(r.job_id is not None for r in dead))
+                self.metrics.dead.labels("task_runs").inc(sum(r.task_id is not None for r in dead))
 
 
 def _sent_fields(part: Sequence[RelayRow]) -> dict[str, object]:

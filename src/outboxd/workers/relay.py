@@ -222,6 +222,30 @@ class Relay:
         self._dispatch = Dispatch(self._send, stop, in_flight, dispatch_max_wait_s)
         self._loop = RelayLoop(self._send, lanes, batches_per_round, stop)
 
+    @classmethod
+    def shaped(
+        cls,
+        backend: str,
+        store: RelayStoreWithTasks,
+        publisher: Publisher,
+        settings: RelaySettings,
+        metrics: Metrics,
+        stop: asyncio.Event | None = None,
+        tracing: Tracing = NO_TRACING,
+    ) -> Relay:
+        """The relay in the lanes and rounds the daemon runs on `backend` (`relay_shape`)."""
+        shape = relay_shape(backend)
+        return cls(
+            store,
+            publisher,
+            settings,
+            metrics,
+            stop=stop,
+            lanes=shape.lanes,
+            batches_per_round=shape.batches_per_round,
+            tracing=tracing,
+        )
+
     # ------------------------------------------------------------ for the API (Dispatcher)
 
     async def publish_now(self, outbox_id: str) -> bool:

@@ -259,13 +259,18 @@ UPDATE jobs
  WHERE id = :id AND status = 'DEAD'
 RETURNING *;
 
--- name: list_relay
-SELECT * FROM relay_outbox
- WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
-   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
+-- name: page_newest_first
+-- The rest of a listing's WHERE, and its order and limit: the rows created before the
+-- cursor's (created_at, id), newest first; the listings below name it in braces.
+(CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
         OR (created_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
  ORDER BY created_at DESC, id DESC
  LIMIT :limit;
+
+-- name: list_relay
+SELECT * FROM relay_outbox
+ WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+   AND {page_newest_first};
 
 -- name: list_relay_unsent
 -- list_relay for a status other than SENT (PENDING, RETRYABLE_FAILED, DEAD, SUPERSEDED): the
@@ -273,10 +278,7 @@ SELECT * FROM relay_outbox
 -- planners read that small index instead of passing over every SENT row in time order.
 SELECT * FROM relay_outbox
  WHERE status <> 'SENT' AND status = :status
-   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
-        OR (created_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
- ORDER BY created_at DESC, id DESC
- LIMIT :limit;
+   AND {page_newest_first};
 
 -- name: list_relay_for_job
 SELECT * FROM relay_outbox WHERE job_id = :job_id ORDER BY created_at DESC, id DESC LIMIT :limit;
@@ -289,10 +291,7 @@ SELECT * FROM jobs
    AND (CAST(:error_code AS TEXT) IS NULL OR error_code = :error_code)
    AND (CAST(:created_from AS DOUBLE PRECISION) IS NULL OR created_at >= :created_from)
    AND (CAST(:created_to AS DOUBLE PRECISION) IS NULL OR created_at < :created_to)
-   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR created_at < :cursor_created
-        OR (created_at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
- ORDER BY created_at DESC, id DESC
- LIMIT :limit;
+   AND {page_newest_first};
 
 -- ---------------------------------------------------------------- tasks
 
@@ -382,10 +381,15 @@ SELECT w.*, COALESCE(o.status, 'COMPLETED') AS work_status, o.attempt_count AS w
   FROM websites w LEFT JOIN work_outbox o ON o.website_id = w.id
  WHERE w.domain = :domain;
 
--- name: claim_work_fresh
+-- name: work_claimed
+-- A claimed work row PROCESSING, its attempt counted: the `claim_work_*` blocks name it in
+-- braces and say which row.
 UPDATE work_outbox
    SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
-       version = version + 1
+       version = version + 1;
+
+-- name: claim_work_fresh
+{work_claimed}
  WHERE id = (SELECT id FROM work_outbox
               WHERE status = 'PENDING' AND attempted_at IS NULL
               ORDER BY created_at LIMIT 1
@@ -393,9 +397,7 @@ UPDATE work_outbox
 RETURNING *;
 
 -- name: claim_work_retry
-UPDATE work_outbox
-   SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
-       version = version + 1
+{work_claimed}
  WHERE id = (SELECT id FROM work_outbox
               WHERE status = 'PENDING' AND attempted_at IS NOT NULL
                 AND attempted_at <= :retry_before
@@ -404,9 +406,7 @@ UPDATE work_outbox
 RETURNING *;
 
 -- name: claim_work_stale
-UPDATE work_outbox
-   SET status = 'PROCESSING', attempt_count = attempt_count + 1, attempted_at = :now,
-       version = version + 1
+{work_claimed}
  WHERE id = (SELECT id FROM work_outbox
               WHERE status = 'PROCESSING' AND attempted_at <= :stale_before
               ORDER BY attempted_at LIMIT 1

@@ -11,9 +11,11 @@ storage/ports.py: jobs, relay, tasks, websites, pace, stats (with pruning).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
+from outboxd.config import Settings
 from outboxd.storage import ports
 from outboxd.storage.changes import JobChanges, default_instance
 from outboxd.storage.db import Database, load_queries, sqlite_path
@@ -28,7 +30,15 @@ from outboxd.storage.store.stats import SqlStats
 from outboxd.storage.store.tasks import SqlTasks
 from outboxd.storage.store.websites import SqlWebsites
 
-__all__ = ["JOB_CHANNEL", "SqlStore", "open_database", "open_store"]
+__all__ = [
+    "JOB_CHANNEL",
+    "SqlStore",
+    "first_step",
+    "open_configured",
+    "open_database",
+    "open_store",
+]
+T = TypeVar("T")
 
 # The channel every process's committed job changes are notified on (storage/notifier.py).
 JOB_CHANNEL = "outboxd_jobs"
@@ -113,3 +123,23 @@ async def open_store(
 ) -> SqlStore:
     db = await open_database(url, base_dir, pool_size, acquire_timeout_s)
     return SqlStore(db, patience_s=acquire_timeout_s)
+
+
+async def open_configured(settings: Settings) -> SqlStore:
+    """The store `settings` name: storage.url with its pool and acquire timeout, writing
+    as daemon.instance_id when that is set. Migrates nothing."""
+    s = settings.storage
+    store = await open_store(s.url, settings.base_dir, s.pool_size, s.acquire_timeout_s)
+    if settings.daemon.instance_id:
+        store.instance = settings.daemon.instance_id
+    return store
+
+
+async def first_step(store: SqlStore, step: Awaitable[T]) -> T:
+    """What `step` (the work right after opening `store`) returns; when it fails, the store
+    is closed before the error goes on, so a failed start leaves no pool behind."""
+    try:
+        return await step
+    except BaseException:
+        await store.close()
+        raise

@@ -1,0 +1,198 @@
+"""The settings' rules: each value in range and the combinations that cannot work, as
+one-line `ConfigError`s naming the key (called by `Settings.from_mapping`)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from outboxd.config import ROLES, ConfigError, Settings, is_loopback_host
+from outboxd.cron import CronError, CronSchedule, parse_timezone
+
+
+def validate(s: Settings) -> None:
+    def need(cond: bool, key: str, why: str) -> None:
+        if not cond:
+            raise ConfigError(f"config: {key}: {why}")
+
+    need(0 <= s.server.port <= 65535, "server.port", "must be 0-65535 (0: any free port)")
+    need(s.server.max_body_bytes >= 256, "server.max_body_bytes", "must be at least 256")
+    need(s.server.read_timeout_s > 0, "server.read_timeout_s", "must be positive")
+    need(s.server.keepalive_timeout_s > 0, "server.keepalive_timeout_s", "must be positive")
+    need(s.server.max_connections >= 1, "server.max_connections", "must be at least 1")
+    need(s.server.write_timeout_s > 0, "server.write_timeout_s", "must be positive")
+    need(
+        s.api.max_active_jobs_per_user >= 0,
+        "api.max_active_jobs_per_user",
+        "must not be negative (0: no cap)",
+    )
+    need(
+        s.api.max_websites_per_user_per_hour >= 0,
+        "api.max_websites_per_user_per_hour",
+        "must not be negative (0: no cap)",
+    )
+    need(
+        1024 <= s.server.max_header_bytes <= 1024 * 1024,
+        "server.max_header_bytes",
+        "must be 1024-1048576",
+    )
+    url = s.storage.url
+    need(
+        url.startswith(("sqlite:///", "postgresql://", "postgres://")),
+        "storage.url",
+        "must start with sqlite:/// or postgresql://",
+    )
+    need(url != "sqlite:///", "storage.url", "names no file")
+    need(1 <= s.storage.pool_size <= 200, "storage.pool_size", "must be 1-200")
+    need(s.storage.acquire_timeout_s > 0, "storage.acquire_timeout_s", "must be positive")
+    need(
+        s.storage.start_timeout_s >= 0,
+        "storage.start_timeout_s",
+        "must not be negative (0: wait for the database forever)",
+    )
+    endpoint = s.sqs.endpoint_url
+    need(
+        endpoint is None
+        or endpoint == "embedded"
+        or (endpoint.startswith(("http://", "https://")) and bool(urlsplit(endpoint).hostname)),
+        "sqs.endpoint_url",
+        f'must be "embedded" or an http(s) URL; leave it out for AWS (got {endpoint!r})',
+    )
+    need(0 <= s.sqs.wait_time_s <= 20, "sqs.wait_time_s", "must be an integer 0-20")
+    need(
+        0 <= s.sqs.visibility_timeout_s <= 43200,
+        "sqs.visibility_timeout_s",
+        "must be an integer 0-43200",
+    )
+    need(1 <= s.sqs.max_receive_count <= 1000, "sqs.max_receive_count", "must be 1-1000")
+    need(s.sqs.tasks_queue.endswith(".fifo"), "sqs.tasks_queue", "must end in .fifo")
+    need(not s.sqs.jobs_queue.endswith(".fifo"), "sqs.jobs_queue", "must be a standard queue")
+    for key in ("jobs_queue", "tasks_queue"):
+        name = getattr(s.sqs, key)
+        need(
+            0 < len(name) <= 75 and all(c.isalnum() or c in "-_." for c in name),
+            f"sqs.{key}",
+            "must be 1-75 characters of letters, digits, - and _",
+        )
+    need(s.relay.interval_s > 0, "relay.interval_s", "must be positive")
+    need(1 <= s.relay.batch_size <= 10, "relay.batch_size", "must be 1-10 (SendMessageBatch)")
+    need(s.relay.max_attempts >= 1, "relay.max_attempts", "must be at least 1")
+    need(s.relay.backoff_base_s > 0, "relay.backoff_base_s", "must be positive")
+    need(
+        s.relay.backoff_max_s >= s.relay.backoff_base_s,
+        "relay.backoff_max_s",
+        f"({s.relay.backoff_max_s:g}) must be at least relay.backoff_base_s "
+        f"({s.relay.backoff_base_s:g})",
+    )
+    need(s.relay.publish_timeout_s > 0, "relay.publish_timeout_s", "must be positive")
+    need(s.consumer.max_concurrency >= 1, "consumer.max_concurrency", "must be at least 1")
+    need(s.consumer.heartbeat_s > 0, "consumer.heartbeat_s", "must be positive")
+    need(s.consumer.backoff_base_s >= 0, "consumer.backoff_base_s", "must not be negative")
+    need(
+        s.sqs.visibility_timeout_s == 0 or s.consumer.heartbeat_s < s.sqs.visibility_timeout_s,
+        "consumer.heartbeat_s",
+        f"({s.consumer.heartbeat_s:g}) must be shorter than sqs.visibility_timeout_s "
+        f"({s.sqs.visibility_timeout_s})",
+    )
+    need(s.consumer.dlq_sweep_s > 0, "consumer.dlq_sweep_s", "must be positive")
+    need(s.metrics.refresh_s >= 0, "metrics.refresh_s", "must not be negative")
+    need(s.claimer.fixed_delay_s > 0, "claimer.fixed_delay_s", "must be positive")
+    need(s.claimer.retry_delay_s >= 0, "claimer.retry_delay_s", "must not be negative")
+    need(s.claimer.processing_timeout_s > 0, "claimer.processing_timeout_s", "must be positive")
+    need(s.claimer.max_attempts >= 1, "claimer.max_attempts", "must be at least 1")
+    # A row is reclaimed after processing_timeout_s: a provider call still in
+    # flight then would be made twice for one website.
+    need(
+        s.scrapers.classifier.provider == "rules"
+        or s.claimer.processing_timeout_s > s.scrapers.classifier.timeout_s,
+        "claimer.processing_timeout_s",
+        f"({s.claimer.processing_timeout_s:g}) must be longer than "
+        f"scrapers.classifier.timeout_s ({s.scrapers.classifier.timeout_s:g})",
+    )
+    su = s.scrapers.suwon
+    for key in ("portal_base_url", "info_base_url"):
+        need(
+            getattr(su, key).startswith(("http://", "https://")),
+            f"scrapers.suwon.{key}",
+            "must be an http(s) URL",
+        )
+    need(su.timeout_s > 0, "scrapers.suwon.timeout_s", "must be positive")
+    need(su.max_concurrency >= 1, "scrapers.suwon.max_concurrency", "must be at least 1")
+    need(su.min_interval_s >= 0, "scrapers.suwon.min_interval_s", "must not be negative")
+    need(
+        su.max_auth_failures >= 0,
+        "scrapers.suwon.max_auth_failures",
+        "must not be negative (0: no lock)",
+    )
+    need(su.auth_failure_window_s > 0, "scrapers.suwon.auth_failure_window_s", "must be positive")
+    cl = s.scrapers.classifier
+    need(len(cl.categories) > 0, "scrapers.classifier.categories", "must not be empty")
+    need(cl.timeout_s > 0, "scrapers.classifier.timeout_s", "must be positive")
+    for i, rule in enumerate(cl.rules):
+        need(
+            rule.category in cl.categories,
+            f"scrapers.classifier.rules[{i}].category",
+            "must be one of scrapers.classifier.categories",
+        )
+    need(s.security.dead_retention_s > 0, "security.dead_retention_s", "must be positive")
+    for i, tok in enumerate(s.auth.tokens):
+        need(
+            len(tok.sha256) == 64 and all(c in "0123456789abcdef" for c in tok.sha256.lower()),
+            f"auth.tokens[{i}].sha256",
+            "must be 64 hex characters",
+        )
+        need(bool(tok.user), f"auth.tokens[{i}].user", "must not be empty")
+    hashes = [tok.sha256.lower() for tok in s.auth.tokens]
+    for i, digest in enumerate(hashes):
+        need(
+            digest not in hashes[:i],
+            "auth.tokens",
+            f"entry [{i}] repeats the sha256 of entry [{hashes.index(digest)}] "
+            "(one token would map to two users)",
+        )
+    names: set[str] = set()
+    for i, job in enumerate(s.scheduler.jobs):
+        key = f"scheduler.jobs[{i}]"
+        need(
+            bool(job.name) and job.name not in names, f"{key}.name", "must be non-empty and unique"
+        )
+        # The name starts every fire's SQS MessageDeduplicationId (<name>-<time>, 128 max).
+        need(
+            len(job.name) <= 96 and all(33 <= ord(c) <= 126 for c in job.name),
+            f"{key}.name",
+            "must be at most 96 letters, digits and ASCII punctuation (no spaces)",
+        )
+        names.add(job.name)
+        need(
+            (job.cron is None) != (job.every_s is None),
+            key,
+            "needs exactly one of cron or every_s",
+        )
+        if job.every_s is not None:
+            need(job.every_s > 0, f"{key}.every_s", "must be positive")
+        # The scheduler's own parser, so a bad expression stops the start here
+        # instead of at the first tick.
+        try:
+            parse_timezone(job.timezone)
+            if job.cron is not None:
+                CronSchedule.parse(job.cron)
+        except CronError as exc:
+            raise ConfigError(f"config: {key}: {exc}") from None
+        need(bool(job.task), f"{key}.task", "must not be empty")
+    need(s.scheduler.tick_s > 0, "scheduler.tick_s", "must be positive")
+    need(len(s.daemon.roles) > 0, "daemon.roles", "must name at least one role")
+    for role in s.daemon.roles:
+        need(role in ROLES, "daemon.roles", f"unknown role {role!r} (known: {', '.join(ROLES)})")
+    need(s.daemon.shutdown_timeout_s > 0, "daemon.shutdown_timeout_s", "must be positive")
+    need(
+        len(s.daemon.instance_id) <= 128 and all(33 <= ord(c) <= 126 for c in s.daemon.instance_id),
+        "daemon.instance_id",
+        "must be at most 128 letters, digits and ASCII punctuation (no spaces)",
+    )
+    need(0 <= s.api.max_wait_s <= 3600, "api.max_wait_s", "must be an integer 0-3600")
+    need(s.api.max_waiters >= 0, "api.max_waiters", "must not be negative")
+    if not s.auth.tokens and "api" in s.daemon.roles:
+        need(
+            is_loopback_host(s.server.host),
+            "server.host",
+            "with no [[auth.tokens]] the API only binds a loopback address",
+        )
