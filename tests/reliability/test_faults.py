@@ -350,28 +350,49 @@ def test_sqs_stopped_and_started(rig: Rig, tmp_path: Path) -> None:
 @pytest.mark.real_clock  # under_load: clients that pause between retries
 def test_portal_and_ai_slow_resetting_and_answering_garbage(rig: Rig) -> None:
     daemon = rig.daemon()
-    phases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-        ("slow", {"delay_s": 1.8}, {"delay_s": 1.3}),  # beyond the 1.5 s / 1 s timeouts
-        ("reset", {"reset_connections": True}, {"reset_connections": True}),
-        ("garbage", {"garbage": True}, {"malformed": True}),
+    # Each phase: the portal's switches, the AI's, and how each shows as a retry (the
+    # portal's error code, the start of the classifier's error).
+    phases: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
+        # beyond the 1.5 s / 1 s timeouts
+        ("slow", {"delay_s": 1.8}, {"delay_s": 1.3}, "PORTAL_UNAVAILABLE", "provider timed out"),
+        (
+            "reset",
+            {"reset_connections": True},
+            {"reset_connections": True},
+            "PORTAL_UNAVAILABLE",
+            "provider unreachable",
+        ),
+        ("garbage", {"garbage": True}, {"malformed": True}, "PORTAL_BAD_RESPONSE", "malformed"),
     ]
     normal_portal: dict[str, Any] = {"delay_s": 0.0, "reset_connections": False, "garbage": False}
     normal_ai: dict[str, Any] = {"delay_s": 0.0, "reset_connections": False, "malformed": False}
     spans: dict[str, tuple[float, float]] = {}
 
-    def retried_since(t0: float) -> bool:
-        """The portal and the AI fault both showed as a retry in the log since `t0`."""
-        since = {e["event"] for e in log_events([daemon]) if e.get("ts", 0) >= t0}
-        return {"job_retry_scheduled", "classification_retry_scheduled"} <= since
+    def shown_since(t0: float, portal_code: str, ai_error: str) -> bool:
+        """Since `t0`, the portal's and the AI's misbehaviour each showed as a retry."""
+        since = [e for e in log_events([daemon]) if e.get("ts", 0) >= t0]
+        return any(
+            e["event"] == "job_retry_scheduled" and e.get("error_code") == portal_code
+            for e in since
+        ) and any(
+            e["event"] == "classification_retry_scheduled"
+            and str(e.get("error", "")).startswith(ai_error)
+            for e in since
+        )
 
     def fault(_loader: Loader) -> tuple[float, float]:
         start = time.time()
-        for name, portal, ai in phases:
+        for name, portal, ai, portal_code, ai_error in phases:
             t0 = time.time()
             rig.fakes.set_portal(**{**normal_portal, **portal})
             rig.fakes.set_ai(**{**normal_ai, **ai})
-            # The phase lasts until both fakes' misbehaviour showed.
-            eventually_sync(lambda t0=t0: retried_since(t0), 30, what=name, interval=0.2)
+            # The phase lasts until both fakes' misbehaviour showed (as this phase's).
+            eventually_sync(
+                lambda t0=t0, p=portal_code, a=ai_error: shown_since(t0, p, a),
+                30,
+                what=f"the {name} phase in the log",
+                interval=0.2,
+            )
             spans[name] = (t0, time.time())
         rig.fakes.set_portal(**normal_portal)
         rig.fakes.set_ai(**normal_ai)
