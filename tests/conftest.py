@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from testkit.moto import MotoServer
 
 from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
@@ -19,14 +20,30 @@ from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
+from tests.support import waits
 from tests.support.config import merge
-from tests.support.moto import MotoServer
+from tests.support.live_api import LiveApi
+from tests.support.sdnotify import short_tmp_dir
 
 # A test run started by systemd (stdout to the journal) must not make every daemon the
 # tests spawn prefix its log lines with `<N>`: only the tests that set it get journald mode.
 os.environ.pop("JOURNAL_STREAM", None)
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+# For a behaviour only one backend has (LISTEN/NOTIFY, a pool, one file's write lock): the
+# test runs on that one, never on both with a skip.
+postgres_only = pytest.mark.parametrize(
+    "backend", [pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+sqlite_only = pytest.mark.parametrize("backend", ["sqlite"])
+
+
+@pytest.fixture(autouse=True)
+def _real_clock_marker(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Lets support/waits.consistently run only in tests marked real_clock."""
+    waits.real_clock_allowed = request.node.get_closest_marker("real_clock") is not None
+    yield
+    waits.real_clock_allowed = False
 
 
 @pytest.fixture(scope="session")
@@ -115,3 +132,27 @@ async def api(
     await client.start_server()
     yield client
     await client.close()
+
+
+@pytest.fixture
+def make_live_api(
+    db_url: str, make_settings: SettingsFactory, tmp_path: Path
+) -> Iterator[Callable[..., LiveApi]]:
+    """The daemon's real listener in-process (support/live_api.py) on the test's database;
+    keyword sections override the settings. Each is closed at the end."""
+    made: list[LiveApi] = []
+
+    def factory(**sections: dict[str, Any]) -> LiveApi:
+        made.append(LiveApi(db_url, make_settings(**sections), tmp_path))
+        return made[-1]
+
+    yield factory
+    for live in made:
+        live.close()
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A fresh folder under /tmp, for AF_UNIX socket paths (tmp_path can be too long)."""
+    with short_tmp_dir() as path:
+        yield path

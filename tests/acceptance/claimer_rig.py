@@ -11,18 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testkit.daemon import DaemonProcess, FakeProcess
+from testkit.moto import MotoServer
+
 from tests.reliability.harness import Db, http
-from tests.support.daemon import DaemonProcess, FakeProcess
-from tests.support.moto import MotoServer
 
 KEY_ENV = "FAKE_AI_KEY"
 KEY = "sk-e2e-claimer-77c1"
-
-
-def register(base_url: str, domain: str) -> dict[str, Any]:
-    resp = http("POST", base_url, "/v1/websites", {"domain": domain})
-    assert resp.status == 201, resp.text
-    return dict(resp.json())
 
 
 def get_website(base_url: str, domain: str) -> dict[str, Any]:
@@ -78,6 +73,17 @@ def daemon_config(
         "daemon": {"roles": ["api", "claimer"], "shutdown_timeout_s": 5.0},
         "logging": {"level": "info", "format": "json"},
     }
+
+
+def connected_to(port: int) -> bool:
+    """Some process of this machine holds an established TCP connection to loopback `port`
+    (read from /proc/net/tcp): a client's request to that server is under way."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            _sl, _local, remote, state, *_ = line.split()
+            if state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
 
 
 def openai_classifier(ai: FakeProcess) -> dict[str, Any]:

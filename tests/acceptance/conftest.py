@@ -15,26 +15,23 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
 from testkit.fakes.portal import FakePortal, Student, sample_student
+from testkit.moto import MotoServer, free_port
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.acceptance.claimer_rig import KEY, KEY_ENV, ClaimerRig
-from tests.reliability.harness import Db, wait_until
+from tests.reliability.harness import Db
 from tests.support import postgres as pg
 from tests.support.config import merge
-from tests.support.daemon import DaemonProcess
 from tests.support.db import raw_rows
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer, free_port
 from tests.support.postgres import dump_all
 from tests.support.responses import Response
-
-T = TypeVar("T")
-
 
 # ---------------------------------------------------------------- the fake portal, threaded
 
@@ -240,12 +237,6 @@ def http_request(
     except urllib.error.HTTPError as err:
         with err:
             return Response(err.code, dict(err.headers.items()), err.read())
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout_s: float = 30.0) -> T:
-    """Polls `check` every 0.1 s until it returns something truthy; that value."""
-    value: T = wait_until(what, check, timeout_s, 0.1)
-    return value
 
 
 # ---------------------------------------------------------------- the database, read directly

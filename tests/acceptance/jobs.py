@@ -7,7 +7,8 @@ from typing import Any
 
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
-from tests.acceptance.conftest import Response, http_request, wait_for
+from tests.acceptance.conftest import Response, http_request
+from tests.support.waits import eventually_sync
 
 
 def post_job(base: str, key: str, password: str = SAMPLE_PASSWORD) -> Response:
@@ -31,7 +32,7 @@ def wait_terminal(base: str, job_id: str, timeout_s: float = 30.0) -> dict[str, 
         job = get_job(base, job_id)
         return job if job["status"] in ("SUCCEEDED", "FAILED", "DEAD", "CANCELLED") else None
 
-    return wait_for(f"job {job_id} to finish", done, timeout_s)
+    return eventually_sync(done, timeout_s, what=f"job {job_id} to finish")
 
 
 def outbox_rows_of(base: str, job_id: str) -> list[dict[str, Any]]:

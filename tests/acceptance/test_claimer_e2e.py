@@ -11,22 +11,25 @@ from __future__ import annotations
 
 import time
 import tomllib
+import urllib.parse
 from pathlib import Path
 
 import pytest
+from testkit.moto import MotoServer
 
 from tests.acceptance.claimer_rig import (
     ClaimerRig,
     assert_no_overlap_per_domain,
+    connected_to,
     daemon_config,
     get_website,
     openai_classifier,
-    register,
 )
 from tests.acceptance.conftest import DaemonFactory
-from tests.reliability.harness import wait_until
-from tests.support.moto import MotoServer
+from tests.conftest import postgres_only
+from tests.reliability.harness import register_website
 from tests.support.ops import ROOT
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +37,7 @@ pytestmark = pytest.mark.slow
 # --- two daemons on one Postgres ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 def test_two_daemons_share_the_work_and_never_call_for_one_website_twice(
     backend: str, rig: ClaimerRig
 ) -> None:
@@ -48,13 +51,13 @@ def test_two_daemons_share_the_work_and_never_call_for_one_website_twice(
         domains = [f"{prefix}-{i}.example" for i in range(n)]
         started = time.monotonic()
         for i, domain in enumerate(domains):
-            register(apis[i % len(apis)], domain)
+            register_website(apis[i % len(apis)], domain)
 
         def done() -> bool:
             work = rig.work()
             return all(work.get(d, {}).get("status") == "COMPLETED" for d in domains)
 
-        wait_until(f"{n} websites classified ({prefix})", done, 60, 0.05)
+        eventually_sync(done, 60, what=f"{n} websites classified ({prefix})")
         return time.monotonic() - started
 
     url_one = one.start()
@@ -97,15 +100,17 @@ def test_a_row_left_processing_by_a_killed_daemon_is_finished_after_the_timeout(
     config = rig.config(openai_classifier(ai), processing_timeout_s=timeout_s)
     first = rig.daemon("first", config)
     url = first.start()
-    register(url, "crash.example")
+    register_website(url, "crash.example")
 
-    wait_until(
-        "the row to be claimed",
+    eventually_sync(
         lambda: rig.work().get("crash.example", {}).get("status") == "PROCESSING",
         15,
-        0.01,
+        what="the row to be claimed",
+        interval=0.01,
     )
-    time.sleep(0.3)  # into the 1 s provider call, most likely
+    # Into the 1 s provider call: the daemon's connection to the fake AI is open.
+    ai_port = urllib.parse.urlsplit(ai.info["base_url"]).port
+    eventually_sync(lambda: connected_to(ai_port), 15, what="the call to the AI", interval=0.01)
     first.kill()  # SIGKILL with the row PROCESSING
     held = rig.work()["crash.example"]
     assert held["status"] == "PROCESSING"
@@ -120,11 +125,10 @@ def test_a_row_left_processing_by_a_killed_daemon_is_finished_after_the_timeout(
         finisher = first
         url = finisher.start()
 
-    wait_until(
-        "the stale row to be finished",
+    eventually_sync(
         lambda: rig.work()["crash.example"]["status"] == "COMPLETED",
         30,
-        0.05,
+        what="the stale row to be finished",
     )
     body = get_website(url, "crash.example")
     assert body["category"] == "finance"
@@ -170,12 +174,12 @@ def test_the_shipped_rules_classify_with_no_outside_service(
         "example.org": "other",
     }
     for domain in expected:
-        register(url, domain)
+        register_website(url, domain)
 
     def all_done() -> bool:
         return all(get_website(url, d)["classification"]["status"] == "COMPLETED" for d in expected)
 
-    wait_until("every website classified", all_done, 30, 0.2)
+    eventually_sync(all_done, 30, what="every website classified", interval=0.2)
     for domain, category in expected.items():
         body = get_website(url, domain)
         assert body["category"] == category, domain

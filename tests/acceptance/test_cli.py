@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.moto import free_port
 
 from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
-from tests.support.moto import free_port
+from tests.support.db import sql
 from tests.support.ops import (
     db_counts,
+    dead_jobs_of_every_kind,
     kill_at_publish,
     kill_in_processing,
     run_cli,
-    sql,
     submit_job,
     succeed,
     write_config,
@@ -219,14 +219,8 @@ async def test_jobs_redrive_every_dead_job(
     """The bulk redrive: refused without --yes, then a progress line per batch and the
     count; each job's DEAD relay rows superseded; an unredrivable job named, exit 1."""
     config = config_for(tmp_path, db_url)
-    erased = await submit_job(store, keys, key="e")
-    await kill_in_processing(store, erased.id)
-    assert (await store.prune(0, time.time() + 60, 100))["dead_credentials"] == 1
-    at_publish = [await submit_job(store, keys, key=f"p{i}") for i in range(120)]
-    for job in at_publish:
-        await kill_at_publish(store, job.id)
-    in_processing = await submit_job(store, keys, key="w")
-    await kill_in_processing(store, in_processing.id)
+    dead = await dead_jobs_of_every_kind(store, keys, at_publish=120)
+    erased, at_publish, in_processing = dead.erased, dead.at_publish, dead.in_processing
     before = await db_counts(db_url)
     assert before["jobs"] == {"DEAD": 122}
     assert before["relay_outbox"] == {"DEAD": 120, "SENT": 2}

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import dump_toml
 
 from outboxd.cli import _parser
-from tests.support.daemon import dump_toml
-from tests.support.ops import ROOT, run_cli, sql
+from tests.support.db import sql
+from tests.support.ops import ROOT, run_cli
 
 AWS = {"region": "eu-west-1"}
 

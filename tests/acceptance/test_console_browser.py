@@ -1,6 +1,6 @@
 """The operator console in a real browser: Debian's chromium driven by Playwright.
 
-The daemon runs as a subprocess (tests/support/daemon.py) with the fake portal, the fake
+The daemon runs as a subprocess (testkit/daemon.py) with the fake portal, the fake
 AI (a subprocess) and moto behind a TCP proxy the test can cut, on both backends; one
 more test runs the embedded default (no tokens, SQLite, embedded SQS). Every request
 the browser makes is recorded, and any to another origin is refused and reported.
@@ -24,7 +24,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+from testkit.daemon import DaemonProcess, FakeProcess
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+from testkit.moto import MotoServer
 
 from outboxd.security import generate_token, hash_token
 from tests.acceptance.conftest import (
@@ -33,7 +35,6 @@ from tests.acceptance.conftest import (
     PortalThread,
     http_request,
     merge,
-    wait_for,
 )
 from tests.support.browser import (
     CHROMIUM,
@@ -43,12 +44,11 @@ from tests.support.browser import (
     require_chromium,
     screenshot_path,
 )
-from tests.support.daemon import DaemonProcess, FakeProcess
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer
 from tests.support.ops import ROOT
 from tests.support.sqs_proxy import RefusingGate
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +144,7 @@ def expect_counts_equal_stats(page: Page, base_url: str, headers: dict[str, str]
                 return False
         return True
 
-    wait_for("the overview's counts to equal /v1/admin/stats", matches, timeout_s=30)
+    eventually_sync(matches, 30, what="the overview's counts to equal /v1/admin/stats")
 
 
 def submit_job(base_url: str, headers: dict[str, str], password: str = SAMPLE_PASSWORD) -> str:
@@ -165,7 +165,9 @@ def job_status(base_url: str, job_id: str) -> str:
 
 
 def wait_job(base_url: str, job_id: str, status: str, timeout_s: float = 60) -> None:
-    wait_for(f"job {job_id} {status}", lambda: job_status(base_url, job_id) == status, timeout_s)
+    eventually_sync(
+        lambda: job_status(base_url, job_id) == status, timeout_s, what=f"job {job_id} {status}"
+    )
 
 
 # ---------------------------------------------------------------- a daemon with tokens
@@ -375,8 +377,8 @@ def test_dead_letters_a_timeline_websites_and_a_fast_clock(
         rows = http_request("GET", f"{base}/v1/admin/jobs/{job_id}", headers=ADMIN).json()
         return str(rows["outbox"][0]["id"]) if rows["outbox"][0]["status"] == "DEAD" else None
 
-    row_id = wait_for("the relay row to die", lambda: dead_row(by_row), timeout_s=60)
-    superseded_id = wait_for("the other relay row to die", lambda: dead_row(by_job), timeout_s=60)
+    row_id = eventually_sync(lambda: dead_row(by_row), 60, what="the relay row to die")
+    superseded_id = eventually_sync(lambda: dead_row(by_job), 60, what="the other relay row to die")
     sqs_link.accept()
     # Two jobs that die in the consumer: the portal answers 503 to everything.
     portal_thread.run(lambda: setattr(portal_thread.portal, "always_fail_503", True))
@@ -385,14 +387,15 @@ def test_dead_letters_a_timeline_websites_and_a_fast_clock(
     assert resp.status == 201, resp.text
     for job_id in (by_page, by_selection):
         wait_job(base, job_id, "DEAD", timeout_s=90)
-    wait_for(
-        "the website's classification to fail",
+    eventually_sync(
         lambda: (
             http_request("GET", f"{base}/v1/websites/{EVIL_DOMAIN}", headers=USER).json()[
                 "classification"
             ]["status"]
             == "FAILED"
         ),
+        30.0,
+        what="the website's classification to fail",
     )
     portal_thread.run(lambda: setattr(portal_thread.portal, "always_fail_503", False))
 
@@ -475,12 +478,13 @@ def test_dead_letters_a_timeline_websites_and_a_fast_clock(
     assert page.evaluate("window.pwned") is None
     failed_row.get_by_test_id("retry-website").click()
     expect(page.locator("#notice")).to_contain_text(f"{EVIL_DOMAIN} is PENDING again.")
-    wait_for(
-        "the retry in the daemon's log",
+    eventually_sync(
         lambda: any(
             e.get("event") == "website_classification_retried" and e.get("domain") == EVIL_DOMAIN
             for e in console_daemon.events()
         ),
+        30.0,
+        what="the retry in the daemon's log",
     )
     assert not any(d.startswith("alert") for d in tab.dialogs)
 
@@ -492,8 +496,10 @@ def test_dead_letters_a_timeline_websites_and_a_fast_clock(
     expect_times_in_utc(clock_tab.page, "[data-testid=claimer] dd:nth-of-type(-n+2)")
     expect_times_in_utc(clock_tab.page, "[data-testid=schedules] td.time")
     log = clock_tab.requests
-    wait_for(
-        "the overview's stats request to be held", lambda: held_requests(log, "/v1/admin/stats")
+    eventually_sync(
+        lambda: held_requests(log, "/v1/admin/stats"),
+        30.0,
+        what="the overview's stats request to be held",
     )
     log.reset_peak()
     started = time.monotonic()
@@ -568,9 +574,10 @@ def test_filters_in_the_url_a_cancel_followed_live_and_isolated_portal_text(
     page = tab.page
     sign_in(tab, base, ADMIN_TOKEN, f"/ui/jobs/{queued}")
     expect(page.get_by_test_id("job-status")).to_have_text("QUEUED")
-    wait_for(
-        "the job page's request to be held",
+    eventually_sync(
         lambda: held_requests(tab.requests, f"/v1/jobs/{queued}"),
+        30.0,
+        what="the job page's request to be held",
     )
     page.evaluate("window.__sameDocument = true")
     page.get_by_test_id("cancel-job").click()
@@ -625,7 +632,11 @@ def test_filters_in_the_url_a_cancel_followed_live_and_isolated_portal_text(
     # bob's jobs, followed: a new one shows up by itself, and nothing is polled meanwhile.
     page.goto(f"{base}/ui/jobs?user=bob")
     expect_job_rows(page, {done, queued})
-    wait_for("the list's request to be held", lambda: held_requests(tab.requests, "/v1/admin/jobs"))
+    eventually_sync(
+        lambda: held_requests(tab.requests, "/v1/admin/jobs"),
+        30.0,
+        what="the list's request to be held",
+    )
     quiet_from = time.monotonic()
     page.wait_for_timeout(3_000)
     assert len(tab.requests.api_since(quiet_from)) <= 1

@@ -16,6 +16,7 @@ import signal
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
 from testkit.fakes.portal import SAMPLE_SNO
 
 from tests.acceptance.conftest import (
@@ -24,10 +25,9 @@ from tests.acceptance.conftest import (
     Response,
     db_rows,
     http_request,
-    wait_for,
 )
 from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, queue_depth, wait_terminal
-from tests.support.daemon import DaemonProcess
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +104,7 @@ def test_a_crash_loses_nothing_and_runs_nothing_twice(
 
     # The relay's lease on a row published but not marked SENT must run out in a few
     # seconds (relay.publish_timeout_s = 1), not in half a minute.
-    wait_for("the outbox row SENT and the queue drained", settled, timeout_s=20)
+    eventually_sync(settled, 20, what="the outbox row SENT and the queue drained")
 
     # Stored once: nothing ran again while the copies were drained.
     assert get_job(base, job_id) == job

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer, free_port
 
 from outboxd.security import generate_token, hash_token
 from tests.acceptance.conftest import http_request, offline_config
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer, free_port
 
 pytestmark = pytest.mark.slow
 

@@ -26,6 +26,9 @@ from tests.acceptance.conftest import (
     http_request,
 )
 from tests.acceptance.jobs import get_job, post_job, wait_terminal
+from tests.conftest import sqlite_only
+from tests.support.held import listening
+from tests.support.waits import consistently_sync, eventually
 
 pytestmark = pytest.mark.slow
 
@@ -48,14 +51,17 @@ def hold(base: str, job_id: str, wait: int, etag: str | None = None) -> tuple[Re
     return resp, time.monotonic()
 
 
+@pytest.mark.real_clock  # a held request is seen held only by its not being answered
 @pytest.mark.parametrize("changed_by", ["cancel", "consumer"])
 def test_a_change_by_another_daemon_ends_the_wait(
     pipeline_config: ConfigFactory,
     spawn_daemon: DaemonFactory,
     portal_thread: PortalThread,
     backend: str,
+    db_url: str,
     changed_by: str,
 ) -> None:
+    spawned = time.time()
     waiter = spawn_daemon(pipeline_config(daemon=API_ONLY), name="waiter")
     roles = ["api"] if changed_by == "cancel" else ["api", "relay"]
     changer = spawn_daemon(pipeline_config(daemon={"roles": roles}), name="changer")
@@ -64,12 +70,12 @@ def test_a_change_by_another_daemon_ends_the_wait(
     assert resp.status == 202
     job_id = resp.json()["jobId"]
     etag = etag_of(base_w, job_id)
-    time.sleep(1.0)  # the waiter's listener is connected (Postgres)
+    if backend == "postgres":  # both daemons' change feeds listen
+        asyncio.run(listening(db_url, n=2, since=spawned))
     bound = 0.5 if backend == "postgres" else 2.0
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(hold, base_w, job_id, 30, etag)
-        time.sleep(0.5)  # the request is held by now
-        assert not held.done()
+        consistently_sync(lambda: not held.done(), 0.5)  # held, not answered at once
         if changed_by == "cancel":
             cancel = http_request("POST", f"{base_c}/v1/jobs/{job_id}/cancel")
             changed_at = time.monotonic()
@@ -122,14 +128,24 @@ def test_a_thousand_held_requests_are_answered_when_the_job_finishes(
 async def _thousand(base: str, job_id: str) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     timeout = aiohttp.ClientTimeout(total=90)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    sent = 0
+
+    async def on_sent(*_: Any) -> None:
+        nonlocal sent
+        sent += 1
+
+    tracing = aiohttp.TraceConfig()
+    tracing.on_request_headers_sent.append(on_sent)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, trace_configs=[tracing]
+    ) as session:
 
         async def held() -> tuple[int, dict[str, Any], float]:
             async with session.get(f"{base}/v1/jobs/{job_id}", headers={"Prefer": "wait=60"}) as r:
                 return r.status, await r.json(), time.monotonic()
 
         tasks = [asyncio.ensure_future(held()) for _ in range(1000)]
-        await asyncio.sleep(1.0)
+        await eventually(lambda: sent >= 1000, 30, what="every request sent")
         async with session.get(f"{base}/v1/jobs/{job_id}") as r:
             running = (await r.json())["status"] == "RUNNING"
         healthz: list[float] = []
@@ -146,6 +162,7 @@ async def _thousand(base: str, job_id: str) -> dict[str, Any]:
         }
 
 
+@pytest.mark.real_clock  # held: not answered for a while
 def test_sigterm_answers_every_held_request_at_once(
     pipeline_config: ConfigFactory, spawn_daemon: DaemonFactory, portal_thread: PortalThread
 ) -> None:
@@ -156,8 +173,7 @@ def test_sigterm_answers_every_held_request_at_once(
     etag = etag_of(base, job_id)
     with ThreadPoolExecutor(20) as pool:
         held = [pool.submit(hold, base, job_id, 60, etag if i % 2 else None) for i in range(20)]
-        time.sleep(1.0)
-        assert not any(f.done() for f in held)
+        consistently_sync(lambda: not any(f.done() for f in held), 1.0)
         daemon.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         signalled = time.monotonic()
         answers = [f.result(timeout=30) for f in held]
@@ -170,16 +186,15 @@ def test_sigterm_answers_every_held_request_at_once(
     assert daemon.wait_exit(30) == 0
 
 
+@pytest.mark.real_clock  # held: not answered for a while
+@sqlite_only  # the poll is what SQLite has instead of notifications
 def test_the_sqlite_file_is_polled_for_another_daemons_changes(
     pipeline_config: ConfigFactory,
     spawn_daemon: DaemonFactory,
     portal_thread: PortalThread,
-    backend: str,
 ) -> None:
     """Several holds on several jobs, all changed by another daemon on the file: the one
     poll per second serves them all, each answered within 2 s."""
-    if backend != "sqlite":
-        pytest.skip("the poll is what SQLite has instead of notifications")
     waiter = spawn_daemon(pipeline_config(daemon=API_ONLY), name="w")
     changer = spawn_daemon(pipeline_config(daemon=API_ONLY), name="c")
     base_w, base_c = waiter.start(), changer.start()
@@ -191,7 +206,7 @@ def test_the_sqlite_file_is_polled_for_another_daemons_changes(
             for job_id in ids
             for _ in range(3)
         ]
-        time.sleep(0.5)
+        consistently_sync(lambda: not any(f.done() for f in held), 0.5)
         for job_id in ids:
             assert http_request("POST", f"{base_c}/v1/jobs/{job_id}/cancel").status == 202
         changed_at = time.monotonic()

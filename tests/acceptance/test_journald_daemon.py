@@ -4,20 +4,21 @@ cannot be reached is logged at priority 4 (warning) or more urgent, so
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess, dump_toml
+from testkit.moto import free_port
 
 from outboxd.security import generate_key
 from tests.support import postgres as pg
-from tests.support.daemon import DaemonProcess, dump_toml
-from tests.support.moto import free_port
 from tests.support.ops import run_cli
+from tests.support.waits import eventually_sync
 
 LINE = re.compile(r"^<([0-7])>(\{.*\})$")
 JOURNAL = {"JOURNAL_STREAM": "8:424242"}
@@ -82,9 +83,8 @@ def test_sqs_unreachable_logs_a_warning_and_every_line_is_prefixed(tmp_path: Pat
     daemon = DaemonProcess(tmp_path, config, env=JOURNAL)
     try:
         daemon.start()
-        deadline = time.monotonic() + 60
-        while "sqs_unavailable" not in daemon.logs() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        with contextlib.suppress(AssertionError):  # the assertions below say what is not
+            eventually_sync(lambda: "sqs_unavailable" in daemon.logs(), 60)
         assert daemon.terminate(timeout_s=40) == 0
     finally:
         daemon.kill()

@@ -12,20 +12,20 @@ Playwright, the daemon's real listener (tests/support/live_api.py), both backend
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, sync_playwright
 
-from outboxd.config import Settings
 from outboxd.storage.ports import NewPortalJob
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, require_chromium
 from tests.support.live_api import LiveApi
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -33,12 +33,8 @@ REBIND_NAME = "rebind.test"
 
 
 @pytest.fixture
-def live(db_url: str, make_settings: Callable[..., Settings], tmp_path: Path) -> Iterator[LiveApi]:
-    api = LiveApi(db_url, make_settings(), tmp_path)  # no tokens: auth-off mode
-    try:
-        yield api
-    finally:
-        api.close()
+def live(make_live_api: Callable[..., LiveApi]) -> LiveApi:
+    return make_live_api()  # no tokens: auth-off mode
 
 
 @pytest.fixture
@@ -101,16 +97,17 @@ def _status(live: LiveApi, job_id: str) -> str:
 
 def _answered(live: LiveApi, route: str, count: int, timeout_s: float = 30) -> list[int]:
     """The statuses the daemon logged for `route` (waiting for `count` of them)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        statuses = [
+
+    def statuses() -> list[int]:
+        return [
             e["status"]
             for e in live.events()
             if e.get("event") == "http_request" and e.get("route") == route
         ]
-        if len(statuses) >= count or time.monotonic() > deadline:
-            return statuses
-        time.sleep(0.1)
+
+    with contextlib.suppress(AssertionError):  # the caller asserts on what there is
+        eventually_sync(lambda: len(statuses()) >= count, timeout_s)
+    return statuses()
 
 
 REDRIVE = "/v1/admin/jobs/{job_id}/redrive"

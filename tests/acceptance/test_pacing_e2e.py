@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess, FakeProcess
 from testkit.fakes.portal import SAMPLE_PASSWORD, sample_student
 
-from tests.acceptance.claimer_rig import ClaimerRig, openai_classifier, register
+from tests.acceptance.claimer_rig import ClaimerRig, openai_classifier
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, http_request
-from tests.reliability.harness import wait_until
-from tests.support.daemon import DaemonProcess, FakeProcess
+from tests.reliability.harness import register_website
 from tests.support.ops import run_cli
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def registered_before_start(rig: ClaimerRig, config: dict[str, Any], domains: li
     try:
         url = api.start()
         for d in domains:
-            register(url, d)
+            register_website(url, d)
     finally:
         assert api.terminate() == 0
 
@@ -92,7 +92,7 @@ def test_daemons_in_cluster_scope_keep_one_pace_toward_the_provider(rig: Claimer
     registered_before_start(rig, config, domains)
     daemons = start_daemons(rig, config)
 
-    wait_until("every website classified", lambda: all_classified(rig, domains), 90, 0.05)
+    eventually_sync(lambda: all_classified(rig, domains), 90, what="every website classified")
     calls = rig.calls()
     assert sorted(c["domain"] for c in calls) == sorted(domains), "one call per website"
     assert all(c["status"] == 200 for c in calls)
@@ -123,7 +123,7 @@ def test_a_429_to_one_daemon_pauses_every_daemon(rig: ClaimerRig) -> None:
     registered_before_start(rig, config, domains)
     daemons = start_daemons(rig, config)
 
-    wait_until("every website classified", lambda: all_classified(rig, domains), 90, 0.05)
+    eventually_sync(lambda: all_classified(rig, domains), 90, what="every website classified")
     calls = sorted(rig.calls(), key=lambda c: c["start"])
     limited = [i for i, c in enumerate(calls) if c["status"] == 429]
     assert len(limited) == 1, calls
@@ -148,11 +148,11 @@ def test_a_killed_daemon_leaves_at_most_one_slot_plus_the_processing_timeout(
     registered_before_start(rig, config, domains)
     daemons = start_daemons(rig, config)
 
-    wait_until("the run under way", lambda: len(rig.calls()) >= 4, 60, 0.05)
+    eventually_sync(lambda: len(rig.calls()) >= 4, 60, what="the run under way")
     victim = daemons[0]
     victim.kill()  # SIGKILL: whatever row and slot it held, it holds no more
 
-    wait_until("the others to finish the work", lambda: all_classified(rig, domains), 90, 0.05)
+    eventually_sync(lambda: all_classified(rig, domains), 90, what="the others to finish the work")
     calls = sorted(rig.calls(), key=lambda c: c["start"])
     starts = [c["start"] for c in calls]
     gaps = [b - a for a, b in itertools.pairwise(starts)]
@@ -211,15 +211,14 @@ def test_the_portal_sees_one_client_across_three_daemons(
         jobs.append(resp.json()["jobId"])
 
     def finished() -> list[dict[str, Any]] | None:
-        # Seldom: the fake portal shares this process, and busy polling here would
-        # delay when it notes a request's arrival.
-        time.sleep(1.0)
         bodies = [http_request("GET", f"{urls[0]}/v1/jobs/{j}").json() for j in jobs]
         return (
             bodies if all(b["status"] in ("SUCCEEDED", "FAILED", "DEAD") for b in bodies) else None
         )
 
-    bodies = wait_until("all four jobs to finish", finished, 120)
+    # Seldom: the fake portal shares this process, and busy polling here would delay when
+    # it notes a request's arrival.
+    bodies = eventually_sync(finished, 120, what="all four jobs to finish", interval=1.0)
     assert [b["status"] for b in bodies] == ["SUCCEEDED"] * 4, bodies
     requests = sorted(portal_thread.run(lambda: list(portal_thread.portal.requests)))
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(requests)]

@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import pytest
+from testkit.daemon import DaemonProcess
 from testkit.fakes.portal import SAMPLE_SNO
+from testkit.moto import MotoServer
 
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread, db_rows
 from tests.acceptance.jobs import get_job, outbox_rows_of, post_job, wait_terminal
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
 
 pytestmark = pytest.mark.slow
 

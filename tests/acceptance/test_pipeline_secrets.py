@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 from testkit.fakes.portal import SAMPLE_SNO, Course, Semester, Student
+from testkit.moto import MotoServer
 
-from outboxd.config import SqsSettings
-from outboxd.queue.sqs import SqsQueues
 from tests.acceptance.conftest import (
     ConfigFactory,
     DaemonFactory,
@@ -28,8 +27,7 @@ from tests.acceptance.conftest import (
     http_request,
 )
 from tests.acceptance.jobs import get_job, wait_terminal
-from tests.support.moto import MotoServer
-from tests.support.sqs import read_all
+from tests.support.sqs import queues_named, read_all
 from tests.support.students import it_student
 
 pytestmark = pytest.mark.slow
@@ -59,13 +57,7 @@ def student(sno: str, password: str, broken: bool = False) -> Student:
 
 
 async def queue_bodies(endpoint_url: str, queue_names: dict[str, str]) -> dict[str, list[str]]:
-    settings = SqsSettings(
-        endpoint_url=endpoint_url,
-        jobs_queue=queue_names["jobs_queue"],
-        tasks_queue=queue_names["tasks_queue"],
-        create_queues=False,
-    )
-    async with SqsQueues(settings, endpoint_url) as queues:
+    async with queues_named(endpoint_url, queue_names) as queues:
         return {
             "jobs": await read_all(queues, "jobs"),
             "jobs-dlq": await read_all(queues, "jobs", dlq=True),

@@ -30,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import listening_url
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+from testkit.moto import MotoServer
 
 from outboxd.security import generate_key, generate_token, hash_token
-from tests.acceptance.conftest import PortalThread, http_request, wait_for
+from tests.acceptance.conftest import PortalThread, http_request
 from tests.support import postgres as pg
-from tests.support.daemon import listening_url
-from tests.support.moto import MotoServer
+from tests.support.waits import eventually_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -217,7 +218,7 @@ def test_wheel_to_a_unit_like_service_offline(
                 stdout=o, stderr=e, stdin=subprocess.DEVNULL, env=env, cwd=state,
             )  # fmt: skip
         try:
-            wait_for("READY=1", lambda: "READY=1" in notify.lines or proc.poll(), 90)
+            eventually_sync(lambda: "READY=1" in notify.lines or proc.poll(), 90, what="READY=1")
             assert proc.poll() is None, err.read_text()[-3000:] + out.read_text()[-3000:]
             base = listening_url(out.read_text())
             assert base is not None and base.startswith("http://127.0.0.1:"), out.read_text()
@@ -237,12 +238,12 @@ def test_wheel_to_a_unit_like_service_offline(
                 job = http_request("GET", f"{base}/v1/jobs/{job_id}", headers=auth).json()
                 return None if job["status"] in ("QUEUED", "RUNNING") else str(job["status"])
 
-            assert wait_for("the job to finish", finished, 90) == "SUCCEEDED"
+            assert eventually_sync(finished, 90, what="the job to finish") == "SUCCEEDED"
 
             # 7. SIGTERM: STOPPING=1, exit 0.
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0, out.read_text()[-3000:]
-            wait_for("STOPPING=1", lambda: "STOPPING=1" in notify.lines, 10)
+            eventually_sync(lambda: "STOPPING=1" in notify.lines, 10, what="STOPPING=1")
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -22,6 +22,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread
 from tests.support.ops import run_cli
+from tests.support.waits import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -36,14 +37,12 @@ async def job_of(http: aiohttp.ClientSession, base: str, job_id: str) -> dict[st
 async def wait_status(
     http: aiohttp.ClientSession, base: str, job_id: str, status: str, timeout_s: float = 40
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    body: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    async def reached() -> dict[str, Any] | None:
         body = await job_of(http, base, job_id)
-        if body["status"] == status:
-            return body
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"job {job_id} never reached {status}; last: {body}")
+        return body if body["status"] == status else None
+
+    return await eventually(reached, timeout_s, what=f"job {job_id} {status}", interval=0.2)
 
 
 async def test_dead_jobs_redriven_by_api_and_cli_succeed(
@@ -118,12 +117,12 @@ async def test_dead_jobs_redriven_by_api_and_cli_succeed(
             assert stats["tables"]["jobs"] == {"SUCCEEDED": 2}
             # The first messages went to the DLQ, as SQS intends; their jobs are not DEAD
             # any more, so the sweep deletes them.
-            deadline = time.monotonic() + 30
-            while stats["queues"]["jobs"]["dlq"] != 0:
-                assert time.monotonic() < deadline, stats
-                await asyncio.sleep(0.3)
+
+            async def dlq_emptied() -> bool:
                 async with http.get(f"{base}/v1/admin/stats") as resp:
-                    stats = await resp.json()
+                    return bool((await resp.json())["queues"]["jobs"]["dlq"] == 0)
+
+            await eventually(dlq_emptied, 30, what="the DLQ swept", interval=0.3)
 
             async with http.get(f"{base}/metrics") as resp:
                 assert resp.status == 200

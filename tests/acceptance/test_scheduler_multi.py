@@ -3,6 +3,7 @@ each fire time becomes exactly one task run, published once, and run once to SUC
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections import Counter
@@ -12,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer, free_port
 
 from outboxd.security import generate_key
 from tests.support import postgres as pg
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer, free_port
-from tests.support.ops import sql_sync
+from tests.support.db import sql_sync
+from tests.support.waits import consistently_sync, eventually_sync
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -51,6 +53,7 @@ def task_rows(dsn: str) -> list[tuple[Any, ...]]:
     return sql_sync(dsn, "SELECT id, dedup_id, status FROM task_runs ORDER BY dedup_id")
 
 
+@pytest.mark.real_clock  # three schedulers really running for a while
 def test_three_daemons_enqueue_each_fire_time_once(
     pg_database: str, moto_server: MotoServer, queue_names: dict[str, str], tmp_path: Path
 ) -> None:
@@ -68,7 +71,7 @@ def test_three_daemons_enqueue_each_fire_time_once(
         with ThreadPoolExecutor(3) as pool:
             list(pool.map(lambda d: d.start(), daemons))
         all_up = time.time()
-        time.sleep(RUN_S)
+        consistently_sync(lambda: all(d.running() for d in daemons), RUN_S)  # all three run
         all_down_from = time.time()
         with ThreadPoolExecutor(3) as pool:
             codes = list(pool.map(lambda d: d.terminate(), daemons))
@@ -120,12 +123,10 @@ def test_three_daemons_enqueue_each_fire_time_once(
         drainer.start()
         # A message a stopping daemon received as it stopped comes back after the
         # visibility timeout (6 s here): at least once, never lost.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            statuses = Counter(r[2] for r in task_rows(pg_database))
-            if set(statuses) == {"SUCCEEDED"}:
-                break
-            time.sleep(0.3)
+        with contextlib.suppress(AssertionError):  # the assertions below say what is not
+            eventually_sync(
+                lambda: {r[2] for r in task_rows(pg_database)} == {"SUCCEEDED"}, 30, interval=0.3
+            )
         assert drainer.terminate() == 0
         final = task_rows(pg_database)
         assert [r[1] for r in final] == dedup_ids, "no run appeared after the schedulers stopped"

@@ -19,12 +19,12 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
 from outboxd.http.openapi import openapi_document
 from outboxd.security import generate_token, hash_token
 from tests.acceptance.conftest import offline_config
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
 
 ADMIN_TOKEN = generate_token()
 HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -9,16 +9,15 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
 from tests.acceptance.conftest import offline_config
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
-from tests.support.sdnotify import NotifyListener, short_tmp_dir
+from tests.support.sdnotify import Datagram, NotifyListener
+from tests.support.waits import eventually_sync
 
 
 def daemon_config(moto: MotoServer) -> dict[str, Any]:
@@ -28,12 +27,6 @@ def daemon_config(moto: MotoServer) -> dict[str, Any]:
         "outboxd.db",
         scheduler={"jobs": [{"name": "tick", "every_s": 3600, "task": "noop"}]},
     )
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    with short_tmp_dir() as path:
-        yield path
 
 
 def test_ready_watchdog_and_stopping(
@@ -52,8 +45,11 @@ def test_ready_watchdog_and_stopping(
         for role in ("api", "relay", "consumer", "claimer", "scheduler"):
             assert role in status[0]
 
-        time.sleep(1.5)
-        pings = listener.with_line("WATCHDOG=1")
+        def pings_for_a_while() -> list[Datagram] | None:  # seven: about 1.5 s of them
+            pings = listener.with_line("WATCHDOG=1")
+            return pings if len(pings) >= 7 else None
+
+        pings = eventually_sync(pings_for_a_while, 10)
         assert len(pings) >= 4, [d.lines for d in listener.received]
         gaps = [b.at - a.at for a, b in itertools.pairwise(pings)]
         assert max(gaps) < 0.2 * 4, gaps  # about every 0.2 s, never stalled

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
-from outboxd.config import SqsSettings
-from outboxd.queue.sqs import SqsQueues
 from tests.acceptance.conftest import (
     ConfigFactory,
     DaemonFactory,
@@ -32,7 +32,7 @@ from tests.acceptance.conftest import (
 )
 from tests.acceptance.jobs import wait_terminal
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer
+from tests.support.sqs import queues_named
 
 pytestmark = pytest.mark.slow
 
@@ -54,14 +54,18 @@ def post(base: str, key: str, traceparent: str | None) -> str:
     return job_id
 
 
+def one_traced_job(daemon: DaemonProcess, base: str, key: str) -> tuple[str, str, str]:
+    """A job posted with a trace of the caller's, run to SUCCEEDED, then the daemon stopped
+    (which flushes what it buffered): the job id, the trace id, the caller's span id."""
+    tp, trace_id, span_id = new_traceparent()
+    job_id = post(base, key, tp)
+    assert wait_terminal(base, job_id)["status"] == "SUCCEEDED"
+    assert daemon.terminate() == 0
+    return job_id, trace_id, span_id
+
+
 async def receive_one(endpoint_url: str, queue_names: dict[str, str]) -> tuple[str, dict[str, str]]:
-    settings = SqsSettings(
-        endpoint_url=endpoint_url,
-        jobs_queue=queue_names["jobs_queue"],
-        tasks_queue=queue_names["tasks_queue"],
-        create_queues=False,
-    )
-    async with SqsQueues(settings, endpoint_url) as queues:
+    async with queues_named(endpoint_url, queue_names) as queues:
         for _ in range(10):
             got = await queues.receive("jobs", 1, 1)
             if got:
@@ -194,10 +198,7 @@ def test_spans_of_the_api_relay_and_consumer_reach_the_otlp_receiver(
             "OTEL_SERVICE_NAME": "outboxd-test",
         }
     )
-    tp, trace_id, span_id = new_traceparent()
-    job_id = post(base, "otel-1", tp)
-    assert wait_terminal(base, job_id)["status"] == "SUCCEEDED"
-    assert daemon.terminate() == 0  # flushes what is buffered
+    job_id, trace_id, span_id = one_traced_job(daemon, base, "otel-1")
     spans = lt.call(lambda: list(receiver.spans))
     ours = [s for s in spans if s["trace_id"] == trace_id]
     names = {s["name"] for s in ours}
@@ -226,10 +227,7 @@ def test_without_an_endpoint_no_span_is_sent(
     receiver, lt = otlp
     daemon = spawn_daemon(pipeline_config())
     base = daemon.start()
-    tp, trace_id, _ = new_traceparent()
-    job_id = post(base, "otel-off", tp)
-    assert wait_terminal(base, job_id)["status"] == "SUCCEEDED"
-    assert daemon.terminate() == 0
+    job_id, trace_id, _ = one_traced_job(daemon, base, "otel-off")
     assert lt.call(lambda: receiver.requests) == 0
     lines = [e for e in daemon.events() if e.get("job_id") == job_id]
     assert {e.get("trace_id") for e in lines} == {trace_id}

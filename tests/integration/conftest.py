@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from testkit.fakes.ai import FakeAI
+from testkit.fakes.portal import FakePortal, sample_student
+from testkit.moto import MotoServer
 
+from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics
+from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing, generate_token, hash_token
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory
+from tests.support import consumer_rig, held
+from tests.support.ai import AI_KEY
+from tests.support.config import merge
 
 Client = TestClient[Any, Any]
 
@@ -43,3 +53,133 @@ async def two_role_api(
     await client.start_server()
     yield client, user_token, admin_token
     await client.close()
+
+
+@pytest_asyncio.fixture
+async def make_api(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> AsyncIterator[held.Api]:
+    """The API in-process with its held requests (no queue: jobs stay QUEUED), its `api`
+    section as given; tests/support/held.py speaks to it."""
+    made: list[held.Client] = []
+    stops: list[asyncio.Event] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def factory(**api: Any) -> held.Client:
+        settings = make_settings(api=api)
+        deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
+        assert deps.waits is not None
+        stop = asyncio.Event()
+        stops.append(stop)
+        tasks.append(asyncio.create_task(deps.waits.run(stop)))
+        http: TestClient[Any, Any] = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+        await http.start_server()
+        client = held.Client(http, deps.waits, stop)
+        made.append(client)
+        return client
+
+    yield factory
+    for stop in stops:
+        stop.set()
+    for c in made:
+        await c.http.close()
+    for t in tasks:
+        await t
+
+
+@pytest_asyncio.fixture
+async def make_rig(
+    make_settings: SettingsFactory,
+    moto_server: MotoServer,
+    queue_names: dict[str, str],
+    store: SqlStore,
+    keys: KeyRing,
+) -> AsyncIterator[consumer_rig.RigFactory]:
+    """The consumer's rig (tests/support/consumer_rig.py) on the test's store and queues,
+    with the fake portal knowing the sample student and a broken one; keyword sections
+    override the small test settings."""
+    rigs: list[consumer_rig.Rig] = []
+    opened: list[SqsQueues] = []
+    portal = FakePortal([sample_student(), consumer_rig.broken_student()])
+    await portal.start()
+
+    async def factory(**sections: dict[str, Any]) -> consumer_rig.Rig:
+        base: dict[str, dict[str, Any]] = {
+            "sqs": {
+                "endpoint_url": moto_server.endpoint_url,
+                **queue_names,
+                "wait_time_s": 1,
+                "visibility_timeout_s": 3,
+                "max_receive_count": 3,
+            },
+            # The DLQ sweep runs once when a consumer starts; the tests call it themselves.
+            "consumer": {
+                "max_concurrency": 4,
+                "heartbeat_s": 1.0,
+                "backoff_base_s": 0,
+                "dlq_sweep_s": 3600,
+            },
+            "relay": {"publish_timeout_s": 3.0},
+            "scrapers": {
+                "suwon": {
+                    "portal_base_url": portal.portal_base_url,
+                    "info_base_url": portal.info_base_url,
+                    "timeout_s": 5.0,
+                    "min_interval_s": 0.0,
+                }
+            },
+        }
+        for name, values in sections.items():
+            base[name] = merge(base.get(name, {}), values)
+        settings = make_settings(**base)
+        queues = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
+        await queues.start()
+        opened.append(queues)
+        rig = consumer_rig.Rig(
+            settings=settings,
+            store=store,
+            keys=keys,
+            queues=queues,
+            portal=portal,
+            receiver=consumer_rig.RecordingReceiver(queues),
+            publisher=consumer_rig.BodyRecordingPublisher(queues),
+        )
+        rigs.append(rig)
+        return rig
+
+    try:
+        yield factory
+        for rig in rigs:
+            await rig.close()
+        for q in opened:
+            await q.close()
+    finally:
+        await portal.stop()
+
+
+@pytest.fixture
+def settings(
+    make_settings: SettingsFactory, moto_server: MotoServer, queue_names: dict[str, str]
+) -> Settings:
+    """Settings on the session's moto with this test's own queues (short polls)."""
+    return make_settings(
+        sqs={"endpoint_url": moto_server.endpoint_url, **queue_names, "wait_time_s": 0}
+    )
+
+
+@pytest_asyncio.fixture
+async def queues(settings: Settings) -> AsyncIterator[SqsQueues]:
+    """This test's queues, created and started (a module may bring its own)."""
+    q = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
+    await q.start()
+    try:
+        yield q
+    finally:
+        await q.close()
+
+
+@pytest_asyncio.fixture
+async def ai() -> AsyncIterator[FakeAI]:
+    """The fake AI in-process, on support/ai.py's key."""
+    async with FakeAI(api_key=AI_KEY) as server:
+        yield server

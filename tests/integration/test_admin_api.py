@@ -16,45 +16,20 @@ from structlog.testing import capture_logs
 
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
+from tests.support.api import assert_problem, walk
+from tests.support.db import sql
 from tests.support.ops import (
     db_counts,
+    dead_jobs_of_every_kind,
     fail,
     kill_at_publish,
     kill_in_processing,
     kill_task_at_publish,
-    sql,
     submit_job,
     succeed,
 )
 
 Client = TestClient[Any, Any]
-
-
-async def problem_of(resp: Any, status: int, code: str) -> dict[str, Any]:
-    assert resp.status == status, await resp.text()
-    assert resp.content_type == "application/problem+json"
-    body: dict[str, Any] = await resp.json()
-    assert body["code"] == code, body
-    assert body["status"] == status
-    return body
-
-
-async def walk(api: Client, path: str, limit: int, **query: str) -> list[list[dict[str, Any]]]:
-    """Every page of a keyset-paginated listing."""
-    pages: list[list[dict[str, Any]]] = []
-    cursor: str | None = None
-    while True:
-        params = {"limit": str(limit), **query}
-        if cursor is not None:
-            params["cursor"] = cursor
-        resp = await api.get(path, params=params)
-        assert resp.status == 200, await resp.text()
-        body = await resp.json()
-        pages.append(body["items"])
-        cursor = body["nextCursor"]
-        if cursor is None:
-            return pages
-        assert len(pages) < 100, "pagination does not end"
 
 
 # ------------------------------------------------------------------ outbox listing
@@ -141,7 +116,7 @@ async def test_rows_added_between_pages_do_not_shift_the_walk(
 )
 async def test_outbox_list_rejects_bad_parameters(api: Client, query: dict[str, str]) -> None:
     resp = await api.get("/v1/admin/outbox", params=query)
-    body = await problem_of(resp, 400, "C01")
+    body = await assert_problem(resp, 400, "C01")
     assert body["errors"][0]["field"] in query
 
 
@@ -169,7 +144,7 @@ async def test_redrive_dead_outbox_row_back_to_pending_and_job_queued(
     assert shown["status"] == "QUEUED" and shown["error"] is None
 
     # Now PENDING: a second redrive is refused.
-    await problem_of(await api.post(f"/v1/admin/outbox/{dead.id}/redrive"), 409, "C11")
+    await assert_problem(await api.post(f"/v1/admin/outbox/{dead.id}/redrive"), 409, "C11")
 
 
 async def test_redrive_dead_task_row(api: Client, store: SqlStore) -> None:
@@ -191,14 +166,14 @@ async def test_redrive_of_a_non_dead_outbox_row_is_409(
     pending = await submit_job(store, keys, key="p")
     row = await store.latest_relay_row_for_job(pending.id)
     assert row is not None
-    await problem_of(await api.post(f"/v1/admin/outbox/{row.id}/redrive"), 409, "C11")
+    await assert_problem(await api.post(f"/v1/admin/outbox/{row.id}/redrive"), 409, "C11")
     sent_job = await succeed(store, (await submit_job(store, keys, key="s")).id)
     sent = await store.latest_relay_row_for_job(sent_job.id)
     assert sent is not None and sent.status == "SENT"
-    await problem_of(await api.post(f"/v1/admin/outbox/{sent.id}/redrive"), 409, "C11")
+    await assert_problem(await api.post(f"/v1/admin/outbox/{sent.id}/redrive"), 409, "C11")
     # Nothing changed.
     assert (await store.get_relay_row(row.id)) == row
-    await problem_of(await api.post(f"/v1/admin/outbox/{uuid.uuid4()}/redrive"), 404, "C04")
+    await assert_problem(await api.post(f"/v1/admin/outbox/{uuid.uuid4()}/redrive"), 404, "C04")
 
 
 # ------------------------------------------------------------------ job redrive
@@ -244,7 +219,7 @@ async def test_job_redrive_of_a_dead_job(
     assert fresh is not None and fresh.sealed is not None
 
     # QUEUED now: redriving again is a state error.
-    await problem_of(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
+    await assert_problem(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
 
 
 async def test_job_redrive_of_non_dead_jobs_is_409(
@@ -255,10 +230,10 @@ async def test_job_redrive_of_non_dead_jobs_is_409(
     failed = await fail(store, (await submit_job(store, keys, key="f")).id)
     for job in (queued, succeeded, failed):
         before = await store.get_job(job.id)
-        body = await problem_of(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
+        body = await assert_problem(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
         assert before is not None and before.status in body["detail"]
         assert await store.get_job(job.id) == before
-    await problem_of(await api.post(f"/v1/admin/jobs/{uuid.uuid4()}/redrive"), 404, "C04")
+    await assert_problem(await api.post(f"/v1/admin/jobs/{uuid.uuid4()}/redrive"), 404, "C04")
 
 
 async def test_job_redrive_after_credentials_were_erased_is_409(
@@ -269,7 +244,7 @@ async def test_job_redrive_after_credentials_were_erased_is_409(
     # outbox.prune past security.dead_retention_s erases a DEAD job's ciphertext.
     counts = await store.prune(finished_before=0, dead_before=time.time() + 60, batch=100)
     assert counts["dead_credentials"] == 1
-    body = await problem_of(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
+    body = await assert_problem(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
     assert "credentials" in body["detail"]
     fresh = await store.get_job(job.id)
     assert fresh is not None and fresh.status == "DEAD"
@@ -298,7 +273,9 @@ async def test_a_superseded_row_is_history_not_a_dead_letter(
     stats = await (await api.get("/v1/admin/stats")).json()
     assert "DEAD" not in stats["tables"]["relay_outbox"]
     # It cannot be revived beside the fresh row (the job would be published twice).
-    body = await problem_of(await api.post(f"/v1/admin/outbox/{dead_row.id}/redrive"), 409, "C11")
+    body = await assert_problem(
+        await api.post(f"/v1/admin/outbox/{dead_row.id}/redrive"), 409, "C11"
+    )
     assert "newer outbox row" in body["detail"]
 
 
@@ -308,15 +285,8 @@ async def test_a_superseded_row_is_history_not_a_dead_letter(
 async def test_bulk_redrive_of_every_dead_job(
     api: Client, store: SqlStore, keys: KeyRing, db_url: str
 ) -> None:
-    erased = await submit_job(store, keys, key="e")
-    await kill_in_processing(store, erased.id)
-    # outbox.prune erases a DEAD job's credentials after security.dead_retention_s.
-    assert (await store.prune(0, time.time() + 60, 100))["dead_credentials"] == 1
-    at_publish = [await submit_job(store, keys, key=f"p{i}") for i in range(3)]
-    for job in at_publish:
-        await kill_at_publish(store, job.id)
-    in_processing = await submit_job(store, keys, key="w")
-    await kill_in_processing(store, in_processing.id)
+    dead = await dead_jobs_of_every_kind(store, keys, at_publish=3)
+    erased, at_publish, in_processing = dead.erased, dead.at_publish, dead.in_processing
     queued = await submit_job(store, keys, key="q")
     await kill_in_processing(store, (await submit_job(store, keys, key="late")).id)
 
@@ -402,7 +372,7 @@ async def test_bulk_redrive_refuses_bad_bodies(
 ) -> None:
     dead = await submit_job(store, keys)
     await kill_at_publish(store, dead.id)
-    await problem_of(await api.post("/v1/admin/jobs/redrive", json=body), 400, "C01")
+    await assert_problem(await api.post("/v1/admin/jobs/redrive", json=body), 400, "C01")
     assert (await store.get_job(dead.id)).status == "DEAD"  # type: ignore[union-attr]
 
 
@@ -477,7 +447,7 @@ async def test_enqueue_task_and_dedup(api: Client, store: SqlStore) -> None:
 async def test_enqueue_task_rejects_bad_bodies(
     api: Client, store: SqlStore, body: dict[str, Any]
 ) -> None:
-    await problem_of(await api.post("/v1/admin/tasks", json=body), 400, "C01")
+    await assert_problem(await api.post("/v1/admin/tasks", json=body), 400, "C01")
     assert (await store.list_tasks(None, 10, None)).items == []
 
 
@@ -522,9 +492,9 @@ async def test_list_tasks_with_pagination_and_type_filter(api: Client, store: Sq
     assert {i["taskId"] for i in noops} == set(ids)
     prunes = [i for p in await walk(api, "/v1/admin/tasks", 3, type="outbox.prune") for i in p]
     assert [i["taskId"] for i in prunes] == [prune_id]
-    await problem_of(await api.get("/v1/admin/tasks", params={"cursor": "%%%"}), 400, "C01")
-    await problem_of(await api.get("/v1/admin/tasks", params={"limit": "-1"}), 400, "C01")
-    await problem_of(await api.get("/v1/admin/tasks", params={"typ": "noop"}), 400, "C01")
+    await assert_problem(await api.get("/v1/admin/tasks", params={"cursor": "%%%"}), 400, "C01")
+    await assert_problem(await api.get("/v1/admin/tasks", params={"limit": "-1"}), 400, "C01")
+    await assert_problem(await api.get("/v1/admin/tasks", params={"typ": "noop"}), 400, "C01")
 
 
 # ------------------------------------------------------------------ roles
@@ -551,9 +521,9 @@ async def test_admin_routes_are_403_for_a_user_token(
         as_user = await client.request(
             method, path, json=body, headers={"Authorization": f"Bearer {user_token}"}
         )
-        await problem_of(as_user, 403, "C03")
+        await assert_problem(as_user, 403, "C03")
         anonymous = await client.request(method, path, json=body)
-        await problem_of(anonymous, 401, "C02")
+        await assert_problem(anonymous, 401, "C02")
         assert anonymous.headers["WWW-Authenticate"].startswith("Bearer")
     # Refused requests changed nothing.
     assert (await store.get_relay_row(row.id)).status == "DEAD"  # type: ignore[union-attr]

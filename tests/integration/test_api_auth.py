@@ -16,6 +16,7 @@ from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
+from tests.support.api import assert_problem
 from tests.support.db import raw_count
 
 URL = "/v1/portal-link-jobs"
@@ -184,13 +185,6 @@ async def _dead_job(client: Client, store: SqlStore, key: str) -> str:
     return job_id
 
 
-async def _problem(resp: Any, status: int, code: str) -> None:
-    text = await resp.text()
-    assert resp.status == status, text
-    assert resp.content_type == "application/problem+json"
-    assert json.loads(text)["code"] == code
-
-
 @pytest.mark.parametrize(
     "host",
     [
@@ -215,12 +209,12 @@ async def test_no_tokens_refuses_a_foreign_host_421(
         job_id = await _dead_job(client, store, "k-host")
         for path in ("/v1/admin/jobs", f"/v1/jobs/{job_id}", "/ui/", "/healthz", "/nope"):
             resp = await client.get(path, headers={"Host": host})
-            await _problem(resp, 421, "C03")
+            await assert_problem(resp, 421, "C03")
             assert job_id not in await resp.text()
         resp = await client.post(
             f"/v1/admin/jobs/{job_id}/redrive", headers={"Host": host, "Origin": f"http://{host}"}
         )
-        await _problem(resp, 421, "C03")
+        await assert_problem(resp, 421, "C03")
         job = await store.get_job(job_id)
         assert job is not None and job.status == "DEAD"
     finally:
@@ -287,7 +281,7 @@ async def test_no_tokens_refuses_a_cross_origin_state_change_403(
         ]:
             extra = kwargs.pop("headers", {})
             resp = await client.post(path, headers={**sent, **extra}, **kwargs)
-            await _problem(resp, 403, "C03")
+            await assert_problem(resp, 403, "C03")
         job = await store.get_job(job_id)
         assert job is not None and job.status == "DEAD"
         assert {t: await raw_count(db_url, t) for t in before} == before

@@ -20,46 +20,21 @@ from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics
-from outboxd.security import KeyRing, hash_token
+from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
+from tests.support.api import ADMIN, ALICE, BOB, TOKENS, assert_problem, bearer
 from tests.support.db import raw_count
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-jobs"}
-PROBLEM_FIELDS = {"type", "title", "status", "detail", "code", "requestId"}
 
 Client = TestClient[Any, Any]
 ClientFactory = Callable[..., Awaitable[Client]]
-
-ALICE, BOB, ADMIN = "tok-alice-" + "a" * 20, "tok-bob-" + "b" * 20, "tok-admin-" + "c" * 20
-TOKENS = [
-    {"sha256": hash_token(ALICE), "user": "alice", "role": "user"},
-    {"sha256": hash_token(BOB), "user": "bob", "role": "user"},
-    {"sha256": hash_token(ADMIN), "user": "root", "role": "admin"},
-]
-
-
-def bearer(token: str, **extra: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", **extra}
 
 
 async def assert_nothing_stored(db_url: str) -> None:
     assert await raw_count(db_url, "jobs") == 0
     assert await raw_count(db_url, "relay_outbox") == 0
-
-
-async def assert_problem(resp: Any, status: int, code: str) -> dict[str, Any]:
-    text = await resp.text()
-    assert resp.status == status, text
-    assert resp.content_type == "application/problem+json", resp.content_type
-    body: dict[str, Any] = json.loads(text)
-    assert set(body) >= PROBLEM_FIELDS, body
-    assert body["status"] == status
-    assert body["code"] == code
-    assert body["type"].startswith("urn:outboxd:problem:")
-    assert body["title"] and body["detail"]
-    assert body["requestId"] == resp.headers["X-Request-Id"]
-    return body
 
 
 @pytest_asyncio.fixture

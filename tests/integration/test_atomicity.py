@@ -9,47 +9,18 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from outboxd.storage.store import SqlStore
-from tests.support.db import raw_count, raw_db
+from tests.support.db import OUTBOX_FAULT, install_outbox_fault, raw_count, remove_outbox_fault
 
 URL = "/v1/portal-link-jobs"
 SECRET = "pw-atomicity-7f3a9c"
 BODY = {"portal": "suwon", "username": "20201234", "password": SECRET}
-MARKER = "injected-outbox-fault"
-
-
-async def install_fault(db_url: str) -> None:
-    """A trigger that makes every insert into relay_outbox fail inside the transaction."""
-    async with raw_db(db_url) as db:
-        if db.url.startswith("sqlite:///"):
-            await db.execute(
-                "CREATE TRIGGER fail_outbox BEFORE INSERT ON relay_outbox "
-                f"BEGIN SELECT RAISE(ABORT, '{MARKER}'); END"
-            )
-            return
-        await db.execute(
-            "CREATE OR REPLACE FUNCTION fail_outbox() RETURNS trigger LANGUAGE plpgsql AS "
-            f"$$ BEGIN RAISE EXCEPTION '{MARKER}'; END $$"
-        )
-        await db.execute(
-            "CREATE TRIGGER fail_outbox BEFORE INSERT ON relay_outbox "
-            "FOR EACH ROW EXECUTE FUNCTION fail_outbox()"
-        )
-
-
-async def remove_fault(db_url: str) -> None:
-    async with raw_db(db_url) as db:
-        if db.url.startswith("sqlite:///"):
-            await db.execute("DROP TRIGGER fail_outbox")
-            return
-        await db.execute("DROP TRIGGER fail_outbox ON relay_outbox")
-        await db.execute("DROP FUNCTION fail_outbox()")
 
 
 async def test_outbox_insert_failure_leaves_no_job(
     api: TestClient[Any, Any], store: SqlStore, db_url: str, tmp_path: Path
 ) -> None:
     """A failing outbox insert rolls back the job: 5xx problem+json, no row; later the key works."""
-    await install_fault(db_url)
+    await install_outbox_fault(db_url)
     try:
         resp = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-atomic"})
         text = await resp.text()
@@ -59,7 +30,7 @@ async def test_outbox_insert_failure_leaves_no_job(
         assert {"type", "title", "status", "detail", "code", "requestId"} <= set(problem)
         assert problem["status"] == resp.status
         assert SECRET not in text and "20201234" not in text
-        assert MARKER not in text  # driver messages stay in the logs
+        assert OUTBOX_FAULT not in text  # driver messages stay in the logs
         assert await raw_count(db_url, "jobs") == 0
         assert await raw_count(db_url, "relay_outbox") == 0
 
@@ -68,7 +39,7 @@ async def test_outbox_insert_failure_leaves_no_job(
         assert 500 <= again.status < 600
         assert await raw_count(db_url, "jobs") == 0
     finally:
-        await remove_fault(db_url)
+        await remove_outbox_fault(db_url)
 
     ok = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-atomic"})
     assert ok.status == 202, await ok.text()

@@ -18,31 +18,21 @@ import pytest
 import pytest_asyncio
 from testkit.fakes.ai import FakeAI
 
-from outboxd.config import ClaimerSettings, ClassifierSettings
+from outboxd.config import ClaimerSettings
 from outboxd.observability import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
-from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore
 from outboxd.workers.claimer import Claimer
+from tests.support.ai import AI_KEY, classifier_for
 from tests.support.clock import Clock
 from tests.support.db import raw_execute, raw_rows
-
-KEY_ENV = "CLAIMER_TEST_AI_KEY"
-KEY = "sk-claimer-test-5e1d"
-
-
-@pytest_asyncio.fixture
-async def ai() -> AsyncIterator[FakeAI]:
-    async with FakeAI(api_key=KEY) as server:
-        yield server
+from tests.support.ops import register_website
+from tests.support.waits import eventually
 
 
 @pytest_asyncio.fixture
 async def classifier(ai: FakeAI) -> AsyncIterator[OpenAIClassifier]:
-    settings = ClassifierSettings(
-        provider="openai", base_url=ai.base_url, model="m", api_key_env=KEY_ENV, timeout_s=5.0
-    )
-    client = OpenAIClassifier(settings, {KEY_ENV: KEY})
+    client = classifier_for(ai)
     yield client
     await client.close()
 
@@ -63,13 +53,6 @@ def make_claimer(store: SqlStore, classifier: OpenAIClassifier) -> MakeClaimer:
         return Claimer(store, classifier, ClaimerSettings(**base), Metrics(), clock=clock)
 
     return make
-
-
-async def register(store: SqlStore, domain: str, at: float | None = None) -> str:
-    service = WebsiteService(store, clock=(lambda: at) if at is not None else time.time)
-    website, created = await service.register(domain, None)
-    assert created
-    return website.id
 
 
 async def work(db_url: str, domain: str) -> dict[str, Any]:
@@ -95,12 +78,13 @@ async def run_until(claimer: Claimer, done: Callable[[], Any], deadline_s: float
     """Run the claimer's own loop until `await done()` is true (bounded), then stop it."""
     stop = asyncio.Event()
     task = asyncio.create_task(claimer.run(stop))
+
+    async def finished() -> bool:
+        assert not task.done(), "the claimer loop ended by itself"
+        return bool(await done())
+
     try:
-        deadline = time.monotonic() + deadline_s
-        while not await done():
-            assert time.monotonic() < deadline, "the claimer did not finish in time"
-            assert not task.done(), "the claimer loop ended by itself"
-            await asyncio.sleep(0.05)
+        await eventually(finished, deadline_s, what="the claimer to finish")
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -123,7 +107,7 @@ async def test_each_website_is_classified_once_at_the_fixed_pace(
     ai.categories_by_domain.update(expected)
     ai.delay_s = 0.02
     for domain in expected:
-        await register(store, domain)
+        await register_website(store, domain)
     claimer = make_claimer(fixed_delay_s=0.2)
 
     async def all_done() -> bool:
@@ -152,8 +136,8 @@ async def test_each_website_is_classified_once_at_the_fixed_pace(
 async def test_429_pauses_this_claimer_for_retry_after_without_spending_an_attempt(
     store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
-    await register(store, "first.example", at=1.0)
-    await register(store, "second.example", at=2.0)
+    await register_website(store, "first.example", at=1.0)
+    await register_website(store, "second.example", at=2.0)
     ai.rate_limit_next_n(1, retry_after_s=1.0)
     claimer = make_claimer(fixed_delay_s=0.05, retry_delay_s=0.5)
 
@@ -181,7 +165,7 @@ async def test_429_gives_the_row_back_with_its_attempt_count_unchanged(
 ) -> None:
     clock = Clock(100.0)
     claimer = make_claimer(clock)
-    await register(store, "limited.example", at=1.0)
+    await register_website(store, "limited.example", at=1.0)
 
     ai.rate_limit_next_n(1, retry_after_s=30.0)
     assert await claimer.tick() == "rate_limited"
@@ -215,7 +199,7 @@ async def test_claim_order_fresh_then_due_retries_then_stale_processing(
     clock = Clock(1000.0)
     claimer = make_claimer(clock, retry_delay_s=10.0, processing_timeout_s=30.0)
     for i, domain in enumerate(("a.example", "b.example", "c.example", "d.example"), start=1):
-        await register(store, domain, at=float(i))
+        await register_website(store, domain, at=float(i))
 
     async def tick_at(now: float) -> str:
         clock.now = now
@@ -235,7 +219,7 @@ async def test_claim_order_fresh_then_due_retries_then_stale_processing(
     assert await tick_at(19.9) == "idle"  # a is due at 20, c at 22, b stale at 41
     assert [c.domain for c in ai.calls] == ["a.example", "c.example", "d.example"]
 
-    await register(store, "e.example", at=50.0)
+    await register_website(store, "e.example", at=50.0)
     outcomes = [await tick_at(t) for t in (60.0, 61.0, 62.0, 63.0, 64.0)]
     assert outcomes == ["completed"] * 4 + ["idle"]
     # Never tried first (e, though newest), then retries oldest attempt first (a, c),
@@ -252,8 +236,8 @@ async def test_retries_wait_retry_delay_and_stale_rows_wait_processing_timeout(
 ) -> None:
     clock = Clock(100.0)
     claimer = make_claimer(clock, retry_delay_s=10.0, processing_timeout_s=30.0)
-    await register(store, "retry.example", at=1.0)
-    await register(store, "stale.example", at=2.0)
+    await register_website(store, "retry.example", at=1.0)
+    await register_website(store, "stale.example", at=2.0)
     ai.fail_next_n(1)
     assert await claimer.tick() == "retry"
     assert await store.claim_work(101.0, 10.0, 30.0) is not None  # its holder dies
@@ -271,7 +255,7 @@ async def test_a_provider_that_always_fails_ends_the_row_failed_after_max_attemp
 ) -> None:
     clock = Clock(100.0)
     claimer = make_claimer(clock, retry_delay_s=10.0, max_attempts=3)
-    await register(store, "down.example", at=1.0)
+    await register_website(store, "down.example", at=1.0)
     ai.always_fail = True
 
     outcomes = []
@@ -282,7 +266,7 @@ async def test_a_provider_that_always_fails_ends_the_row_failed_after_max_attemp
     row = await work(db_url, "down.example")
     assert (row["status"], row["attempt_count"], row["category"]) == ("FAILED", 3, None)
     assert "500" in row["last_error"]
-    assert KEY not in row["last_error"]
+    assert AI_KEY not in row["last_error"]
     assert calls_per_domain(ai) == {"down.example": 3}
     website = await store.get_website("down.example")
     assert website is not None
@@ -303,20 +287,20 @@ async def test_failing_rows_go_to_the_back_while_newer_rows_are_served(
         clock.now = now
         return await claimer.tick()
 
-    await register(store, "odd.example", at=1.0)
+    await register_website(store, "odd.example", at=1.0)
     assert await tick_at(10.0) == "retry"
     row = await work(db_url, "odd.example")
     assert (row["status"], row["attempt_count"], row["category"]) == ("PENDING", 1, None)
     assert "outside categories" in row["last_error"]
     assert row["attempted_at"] == 10.0
 
-    await register(store, "new1.example", at=15.0)
+    await register_website(store, "new1.example", at=15.0)
     assert await tick_at(25.0) == "completed"  # odd is due, but new1 was never tried
-    await register(store, "x.example", at=26.0)
+    await register_website(store, "x.example", at=26.0)
     assert await tick_at(27.0) == "retry"  # x fresh, fails
     assert await tick_at(28.0) == "retry"  # odd, attempt 2: now behind x in the retry line
-    await register(store, "new2.example", at=29.0)
-    await register(store, "new3.example", at=30.0)
+    await register_website(store, "new2.example", at=29.0)
+    await register_website(store, "new3.example", at=30.0)
     assert await tick_at(40.0) == "completed"  # new2
     assert await tick_at(41.0) == "completed"  # new3
     assert await tick_at(42.0) == "retry"  # x (attempted 27) before odd (attempted 28)
@@ -342,7 +326,7 @@ async def test_a_website_that_has_a_category_is_not_sent_to_the_provider(
     store: SqlStore, ai: FakeAI, make_claimer: MakeClaimer, db_url: str
 ) -> None:
     claimer = make_claimer(Clock(100.0))
-    await register(store, "known.example", at=1.0)
+    await register_website(store, "known.example", at=1.0)
     await raw_execute(
         db_url, "UPDATE websites SET category = 'news' WHERE domain = 'known.example'"
     )
@@ -357,7 +341,7 @@ async def test_a_stale_holders_late_outcome_cannot_overwrite_the_new_holders(
     store: SqlStore,
     db_url: str,
 ) -> None:
-    await register(store, "slow.example", at=1.0)
+    await register_website(store, "slow.example", at=1.0)
     stale = await store.claim_work(100.0, 10.0, 30.0)
     assert stale is not None and stale.status == "PROCESSING"
 
@@ -390,14 +374,12 @@ async def test_a_claimer_whose_row_was_taken_over_reports_lost_and_changes_nothi
     """The claimer's own path: its call ends after another instance reclaimed the row."""
     clock = Clock(100.0)
     claimer = make_claimer(clock, processing_timeout_s=1.0)
-    await register(store, "race.example", at=1.0)
+    await register_website(store, "race.example", at=1.0)
     ai.categories_by_domain["race.example"] = "news"
     ai.delay_s = 0.5
     tick = asyncio.create_task(claimer.tick())
-    deadline = time.monotonic() + 5
-    while not ai.requests:  # the call is in flight; the row is PROCESSING since t=100
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    # The call is in flight; the row is PROCESSING since t=100.
+    await eventually(lambda: ai.requests, 5, what="the call in flight")
     other = await store.claim_work(200.0, 10.0, 1.0)
     assert other is not None
     assert await tick == "lost"
@@ -410,7 +392,7 @@ async def test_a_claimer_whose_row_was_taken_over_reports_lost_and_changes_nothi
 async def test_concurrent_claims_never_hand_out_one_row_twice(store: SqlStore, db_url: str) -> None:
     """What lets several instances share the table: a row goes to exactly one claimer."""
     for i in range(10):
-        await register(store, f"site{i}.example", at=float(i))
+        await register_website(store, f"site{i}.example", at=float(i))
     for _ in range(3):
         claimed = await asyncio.gather(*(store.claim_work(100.0, 10.0, 30.0) for _ in range(15)))
         got = [row.id for row in claimed if row is not None]

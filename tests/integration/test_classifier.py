@@ -26,10 +26,9 @@ from outboxd.scrapers.classifier import (
     build_classifier,
     parse_retry_after,
 )
+from tests.support.ai import AI_KEY, AI_KEY_ENV, ai_settings
+from tests.support.waits import eventually
 
-KEY_ENV = "OUTBOXD_TEST_AI_KEY"
-# Distinctive so a leak is unmistakable in any message.
-SECRET = "sk-test-9f3c1a7e5b2d4c68"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,28 +36,12 @@ def rules_settings(*rules: ClassifierRule) -> ClassifierSettings:
     return ClassifierSettings(provider="rules", rules=rules)
 
 
-def ai_settings(ai: FakeAI, timeout_s: float = 5.0) -> ClassifierSettings:
-    return ClassifierSettings(
-        provider="openai",
-        base_url=ai.base_url,
-        model="test-model",
-        api_key_env=KEY_ENV,
-        timeout_s=timeout_s,
-    )
-
-
-@pytest_asyncio.fixture
-async def ai() -> AsyncIterator[FakeAI]:
-    async with FakeAI(api_key=SECRET) as server:
-        yield server
-
-
 @pytest_asyncio.fixture
 async def make_client() -> AsyncIterator[Callable[..., OpenAIClassifier]]:
     made: list[OpenAIClassifier] = []
 
-    def make(settings: ClassifierSettings, key: str = SECRET) -> OpenAIClassifier:
-        client = OpenAIClassifier(settings, {KEY_ENV: key})
+    def make(settings: ClassifierSettings, key: str = AI_KEY) -> OpenAIClassifier:
+        client = OpenAIClassifier(settings, {AI_KEY_ENV: key})
         made.append(client)
         return client
 
@@ -279,7 +262,7 @@ async def test_openai_connection_refused_is_provider_unavailable(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     settings = ClassifierSettings(
-        provider="openai", base_url=f"http://127.0.0.1:{port}/v1", api_key_env=KEY_ENV
+        provider="openai", base_url=f"http://127.0.0.1:{port}/v1", api_key_env=AI_KEY_ENV
     )
     with pytest.raises(ProviderUnavailable, match="unreachable"):
         await make_client(settings).classify("example.com", None)
@@ -295,7 +278,7 @@ async def test_openai_wrong_key_is_auth_error(
         await client.classify("example.com", None)
     assert not isinstance(info.value, ProviderUnavailable)
     assert "auth failed" in info.value.message
-    assert KEY_ENV in info.value.message
+    assert AI_KEY_ENV in info.value.message
     assert wrong not in info.value.message and wrong not in str(info.value)
     assert ai.calls[-1].status == 401
 
@@ -306,7 +289,7 @@ async def test_api_key_never_in_messages(
     """No failure mode puts the API key into an exception message or the client's repr."""
     client = make_client(ai_settings(ai))
     failures: list[Callable[[], None]] = [
-        lambda: setattr(ai, "answer_override", SECRET),
+        lambda: setattr(ai, "answer_override", AI_KEY),
         lambda: ai.fail_next_n(1, status=500),
         lambda: ai.rate_limit_next_n(1, retry_after_s=1),
     ]
@@ -315,24 +298,24 @@ async def test_api_key_never_in_messages(
         arrange()
         with pytest.raises((ClassificationError, RateLimited)) as info:
             await client.classify("example.com", None)
-        assert SECRET not in str(info.value)
+        assert AI_KEY not in str(info.value)
     ai.answer_override = None
     ai.malformed = True
-    ai.malformed_body = json.dumps({"echo": SECRET}).encode()
+    ai.malformed_body = json.dumps({"echo": AI_KEY}).encode()
     with pytest.raises(ClassificationError) as err:
         await client.classify("example.com", None)
-    assert SECRET not in err.value.message
-    assert SECRET not in repr(client)
+    assert AI_KEY not in err.value.message
+    assert AI_KEY not in repr(client)
 
 
 # --- build_classifier --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("env", [{}, {KEY_ENV: ""}, {KEY_ENV: "   "}])
+@pytest.mark.parametrize("env", [{}, {AI_KEY_ENV: ""}, {AI_KEY_ENV: "   "}])
 def test_build_openai_without_key_names_env_var(env: dict[str, str]) -> None:
     """Provider openai with its key variable unset or blank fails at build time naming it."""
-    settings = ClassifierSettings(provider="openai", api_key_env=KEY_ENV)
-    with pytest.raises(ValueError, match=KEY_ENV):
+    settings = ClassifierSettings(provider="openai", api_key_env=AI_KEY_ENV)
+    with pytest.raises(ValueError, match=AI_KEY_ENV):
         build_classifier(settings, env)
 
 
@@ -341,7 +324,7 @@ async def test_build_picks_provider(ai: FakeAI) -> None:
     rules = build_classifier(rules_settings(ClassifierRule("other")), {})
     assert isinstance(rules, RulesClassifier)
     assert await rules.classify("example.com", None) == "other"
-    client = build_classifier(ai_settings(ai), {KEY_ENV: SECRET})
+    client = build_classifier(ai_settings(ai), {AI_KEY_ENV: AI_KEY})
     try:
         assert isinstance(client, OpenAIClassifier)
         assert await client.classify("example.com", None) == "technology"
@@ -372,11 +355,11 @@ async def test_fake_records_calls(ai: FakeAI, client: OpenAIClassifier) -> None:
 
 
 async def _wait_for_file(path: Path, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
-    deadline = time.monotonic() + deadline_s
-    while not path.exists():
+    def written() -> bool:
         assert proc.poll() is None, "fake AI exited early"
-        assert time.monotonic() < deadline, f"{path} not written in time"
-        await asyncio.sleep(0.05)
+        return path.exists()
+
+    await eventually(written, deadline_s, what=f"{path} to be written")
 
 
 async def test_fake_standalone_serves_and_records(
@@ -394,7 +377,7 @@ async def test_fake_standalone_serves_and_records(
             "--record-file",
             str(record_file),
             "--api-key",
-            SECRET,
+            AI_KEY,
             "--category",
             "bbc.co.uk=news",
         ],
@@ -403,7 +386,7 @@ async def test_fake_standalone_serves_and_records(
     try:
         await _wait_for_file(port_file, proc, deadline_s=15)
         base_url = json.loads(port_file.read_text())["base_url"]
-        settings = ClassifierSettings(provider="openai", base_url=base_url, api_key_env=KEY_ENV)
+        settings = ClassifierSettings(provider="openai", base_url=base_url, api_key_env=AI_KEY_ENV)
         before = time.time()
         assert await make_client(settings).classify("bbc.co.uk", None) == "news"
         proc.send_signal(signal.SIGTERM)

@@ -28,8 +28,9 @@ from outboxd.services.websites import WebsiteService
 from outboxd.storage.store import SqlStore
 from outboxd.workers.claimer import Claimer
 from tests.conftest import SettingsFactory
-from tests.integration.test_admin_api import problem_of, walk
+from tests.support.api import assert_problem, walk
 from tests.support.ops import kill_at_publish, kill_in_processing, submit_job, succeed
+from tests.support.waits import eventually
 
 Client = TestClient[Any, Any]
 AI_KEY = "sk-console-test-" + "3f9a"
@@ -69,9 +70,9 @@ async def test_jobs_list_by_status_with_keyset_pages(
     queued = await (await api.get("/v1/admin/jobs", params={"status": "QUEUED"})).json()
     assert [i["jobId"] for i in queued["items"]] == [jobs[6].id]
 
-    await problem_of(await api.get("/v1/admin/jobs", params={"status": "dead"}), 400, "C01")
-    await problem_of(await api.get("/v1/admin/jobs", params={"stauts": "DEAD"}), 400, "C01")
-    await problem_of(await api.get("/v1/admin/jobs", params={"cursor": "nope!"}), 400, "C01")
+    await assert_problem(await api.get("/v1/admin/jobs", params={"status": "dead"}), 400, "C01")
+    await assert_problem(await api.get("/v1/admin/jobs", params={"stauts": "DEAD"}), 400, "C01")
+    await assert_problem(await api.get("/v1/admin/jobs", params={"cursor": "nope!"}), 400, "C01")
 
 
 async def test_job_detail_has_its_outbox_rows_and_no_secret(
@@ -95,7 +96,7 @@ async def test_job_detail_has_its_outbox_rows_and_no_secret(
     text = await resp.text()
     assert "pw-alice" not in text and "sealed" not in text
 
-    await problem_of(await api.get("/v1/admin/jobs/no-such-job"), 404, "C04")
+    await assert_problem(await api.get("/v1/admin/jobs/no-such-job"), 404, "C04")
 
 
 # ------------------------------------------------------------------ websites
@@ -129,10 +130,10 @@ async def test_failed_websites_listed_and_sent_back_to_pending(
     website = await store.get_website("broken.example")
     assert website is not None and website.id in claimed
 
-    await problem_of(await api.post("/v1/admin/websites/fine.example/retry"), 409, "C11")
-    await problem_of(await api.post("/v1/admin/websites/nowhere.example/retry"), 404, "C04")
-    await problem_of(await api.post("/v1/admin/websites/not a domain/retry"), 404, "C04")
-    await problem_of(await api.get("/v1/admin/websites", params={"status": "X"}), 400, "C01")
+    await assert_problem(await api.post("/v1/admin/websites/fine.example/retry"), 409, "C11")
+    await assert_problem(await api.post("/v1/admin/websites/nowhere.example/retry"), 404, "C04")
+    await assert_problem(await api.post("/v1/admin/websites/not a domain/retry"), 404, "C04")
+    await assert_problem(await api.get("/v1/admin/websites", params={"status": "X"}), 400, "C01")
 
 
 # ------------------------------------------------------------------ runtime
@@ -210,10 +211,7 @@ async def _pace_through_a_pause(
     stop = asyncio.Event()
     task = asyncio.create_task(claimer.run(stop))
     try:
-        deadline = time.monotonic() + 30
-        while runtime.claimer_pace()[1] is None:
-            assert time.monotonic() < deadline, "the claimer never ticked"
-            await asyncio.sleep(0.05)
+        await eventually(lambda: runtime.claimer_pace()[1] is not None, 30, what="a tick")
         body = await (await client.get("/v1/admin/runtime")).json()
     finally:
         stop.set()
@@ -232,11 +230,11 @@ async def test_console_reads_need_the_admin_role(
     client, user_token, admin_token = two_role_api
     paths = ["/v1/admin/jobs", "/v1/admin/jobs/x", "/v1/admin/websites", "/v1/admin/runtime"]
     for path in paths:
-        await problem_of(await client.get(path), 401, "C02")
+        await assert_problem(await client.get(path), 401, "C02")
         user = {"Authorization": f"Bearer {user_token}"}
-        await problem_of(await client.get(path, headers=user), 403, "C03")
+        await assert_problem(await client.get(path, headers=user), 403, "C03")
     user = {"Authorization": f"Bearer {user_token}"}
-    await problem_of(
+    await assert_problem(
         await client.post("/v1/admin/websites/a.example/retry", headers=user), 403, "C03"
     )
     admin = {"Authorization": f"Bearer {admin_token}"}
@@ -286,9 +284,9 @@ async def test_console_files_are_public_with_strict_headers(
     assert "innerHTML" not in js and "insertAdjacentHTML" not in js and "eval(" not in js
     assert "document.cookie" not in js and "localStorage" not in js
 
-    await problem_of(await client.get("/ui/assets/other.js"), 404, "C04")
-    await problem_of(await client.get("/ui/nowhere"), 404, "C04")
-    await problem_of(await client.get("/ui/jobs/not-a-job-id"), 404, "C04")
+    await assert_problem(await client.get("/ui/assets/other.js"), 404, "C04")
+    await assert_problem(await client.get("/ui/nowhere"), 404, "C04")
+    await assert_problem(await client.get("/ui/jobs/not-a-job-id"), 404, "C04")
 
 
 def _directives(policy: str) -> list[str]:
@@ -313,7 +311,7 @@ async def test_console_errors_carry_the_console_headers(
     console's policy, nosniff and the frame refusal like the pages do."""
     client, _user, admin = two_role_api
     resp = await client.request(method, path, headers={"Authorization": f"Bearer {admin}"})
-    await problem_of(resp, status, code)
+    await assert_problem(resp, status, code)
     policy = _directives(resp.headers["Content-Security-Policy"])
     assert "frame-ancestors 'none'" in policy and "default-src 'self'" in policy
     assert "script-src 'self'" in policy

@@ -11,318 +11,47 @@ is not run twice at once.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from structlog.testing import capture_logs
 from testkit.fakes.portal import (
     SAMPLE_PASSWORD,
     SAMPLE_SNO,
-    Course,
-    FakePortal,
-    Semester,
-    Student,
-    sample_student,
 )
 
-from outboxd.config import Settings
 from outboxd.errors import StorageError
 from outboxd.observability import Metrics
 from outboxd.queue.messages import encode_job, encode_task
 from outboxd.queue.sqs import (
-    BatchResult,
     OutgoingMessage,
     QueueKind,
-    ReceivedMessage,
-    SqsQueues,
 )
-from outboxd.scrapers.suwon import SuwonScraper
-from outboxd.security import KeyRing
 from outboxd.services.admin import AdminService
-from outboxd.storage.ports import JobRecord, LoginFailure, NewPortalJob, TaskRun
+from outboxd.storage.ports import JobRecord, LoginFailure, TaskRun
 from outboxd.storage.store import SqlStore, open_store
-from outboxd.workers.consumer import Consumer
 from outboxd.workers.publishing import message_body
 from outboxd.workers.relay import Relay
-from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.config import merge
+from tests.support.consumer_rig import (
+    BROKEN_PASSWORD,
+    BROKEN_SNO,
+    FINAL,
+    Rig,
+    RigFactory,
+    broken_student,
+)
 from tests.support.db import sql
-from tests.support.moto import MotoServer
 from tests.support.ops import fail, kill_in_processing, kill_task_at_publish, submit_job, succeed
 from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 from tests.support.sqs import read_all, send_to_dlq
 from tests.support.students import it_student
-
-BROKEN_SNO = "20209999"
-BROKEN_PASSWORD = "pw-broken-record"
-
-
-def broken_student(sno: str = BROKEN_SNO, password: str = BROKEN_PASSWORD) -> Student:
-    """A student whose record the info system serves malformed (an unknown semester
-    code): PORTAL_BAD_RESPONSE on every attempt, for this student only."""
-    bad_semester = Semester("2021", "99", 3, 3, 4.0, 90, "1/2")
-    bad_semester.courses.append(Course("X1", "x", 3, "A0", 4.0, "전공선택", "컴퓨터학부"))
-    return it_student(sno, password, "박고장", 2, [bad_semester])
-
-
-FINAL = ("SUCCEEDED", "FAILED", "DEAD")
-
-
-# ---------------------------------------------------------------- test doubles (real classes)
-
-
-class BodyRecordingPublisher:
-    """SqsQueues' send_batch, keeping every body as it was sent (to grep for secrets)."""
-
-    def __init__(self, inner: SqsQueues) -> None:
-        self.inner = inner
-        self.bodies: list[str] = []
-
-    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        self.bodies.extend(m.body for m in messages)
-        return await self.inner.send_batch(kind, messages)
-
-
-class RecordingReceiver:
-    """SqsQueues for the consumer, recording every job message received and deleted."""
-
-    def __init__(self, inner: SqsQueues) -> None:
-        self.inner = inner
-        self.received: list[ReceivedMessage] = []
-        self.deleted: list[str] = []
-
-    async def receive(self, kind: QueueKind, *args: Any, **kwargs: Any) -> list[ReceivedMessage]:
-        got = await self.inner.receive(kind, *args, **kwargs)
-        if kind == "jobs":
-            self.received.extend(got)
-        return got
-
-    async def delete(self, kind: QueueKind, receipt_handle: str, dlq: bool = False) -> None:
-        await self.inner.delete(kind, receipt_handle, dlq)
-        self.deleted.append(receipt_handle)
-
-    async def change_visibility(
-        self, kind: QueueKind, receipt_handle: str, timeout_s: int, dlq: bool = False
-    ) -> None:
-        await self.inner.change_visibility(kind, receipt_handle, timeout_s, dlq)
-
-    async def receive_dlq(
-        self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
-    ) -> list[ReceivedMessage]:
-        return await self.inner.receive_dlq(kind, max_messages, visibility_timeout_s)
-
-    def receives_of(self, job_id: str) -> list[ReceivedMessage]:
-        return [m for m in self.received if json.loads(m.body).get("jobId") == job_id]
-
-
-# ---------------------------------------------------------------- the rig
-
-
-@dataclass
-class Rig:
-    settings: Settings
-    store: SqlStore
-    keys: KeyRing
-    queues: SqsQueues
-    portal: FakePortal
-    receiver: RecordingReceiver
-    publisher: BodyRecordingPublisher
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    scrapers: list[SuwonScraper] = field(default_factory=list)
-    metrics: Metrics = field(default_factory=Metrics)
-
-    def consumer(
-        self, store: SqlStore | None = None, clock: Callable[[], float] = time.time
-    ) -> Consumer:
-        """A consumer on the rig's queues, not running (`start_consumer` runs one)."""
-        scraper = SuwonScraper(self.settings.scrapers.suwon)
-        self.scrapers.append(scraper)
-        return Consumer(
-            store or self.store,
-            self.receiver,
-            scraper,
-            self.keys,
-            self.settings.consumer,
-            self.settings.sqs,
-            self.metrics,
-            self.settings.security.dead_retention_s,
-            clock=clock,
-            portal_settings=self.settings.scrapers.suwon,
-        )
-
-    def start_consumer(self, store: SqlStore | None = None) -> Consumer:
-        consumer = self.consumer(store)
-        self.tasks.append(asyncio.create_task(consumer.run(self.stop)))
-        return consumer
-
-    async def stop_consumers(self) -> None:
-        """Stop every consumer started so far (new ones may be started after)."""
-        self.stop.set()
-        for t in self.tasks:
-            await asyncio.wait_for(t, 15)
-        self.tasks.clear()
-        self.stop = asyncio.Event()
-
-    async def create(self, username: str, password: str, user: str = "alice") -> tuple[str, str]:
-        """A job and its outbox row, committed as the API does: (job id, outbox id)."""
-        job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
-        canonical = {"portal": "suwon", "username": username, "password": password}
-        sealed = self.keys.seal_json(
-            {"username": username, "password": password}, associated_data=job_id
-        )
-        await self.store.create_portal_job(
-            NewPortalJob(
-                job_id=job_id,
-                outbox_id=outbox_id,
-                user_id=user,
-                idempotency_key=f"key-{job_id}",
-                fingerprint=self.keys.fingerprint(canonical),
-                portal="suwon",
-                key_id=sealed.key_id,
-                sealed=sealed.ciphertext,
-            ),
-            now=time.time(),
-        )
-        return job_id, outbox_id
-
-    async def submit(self, username: str, password: str, user: str = "alice") -> str:
-        """Create and publish a job through the relay's request path; the job id."""
-        job_id, outbox_id = await self.create(username, password, user)
-        relay = Relay(self.store, self.publisher, self.settings.relay, Metrics())
-        assert await relay.publish_now(outbox_id)
-        return job_id
-
-    async def run_sample_job(self, timeout_s: float = 25) -> tuple[str, JobRecord]:
-        """The sample student's job submitted, then waited for until it ends: id and row."""
-        job_id = await self.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
-        return job_id, await self.wait_status(job_id, *FINAL, timeout_s=timeout_s)
-
-    async def job(self, job_id: str) -> JobRecord:
-        job = await self.store.get_job(job_id)
-        assert job is not None
-        return job
-
-    async def wait_status(self, job_id: str, *statuses: str, timeout_s: float = 25) -> JobRecord:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            job = await self.job(job_id)
-            if job.status in statuses:
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} is {job.status}, wanted {statuses}: {job}")
-            await asyncio.sleep(0.1)
-
-    async def wait_until(
-        self, what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 15
-    ) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not await check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}")
-            await asyncio.sleep(0.1)
-
-    async def wait_queue_empty(self, dlq: int = 0) -> None:
-        async def empty() -> bool:
-            d = await self.queues.depth("jobs")
-            return (d.visible, d.in_flight, d.dlq_visible) == (0, 0, dlq)
-
-        await self.wait_until(f"the jobs queue to be empty with {dlq} in the DLQ", empty)
-
-    async def close(self) -> None:
-        self.stop.set()
-        for t in self.tasks:
-            # A consumer still running after 15 s is cancelled; its CancelledError must not
-            # escape the fixture's teardown (that left later tests of the worker on this
-            # test's tmp_path and servers).
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(t, 15)
-        for s in self.scrapers:
-            await s.close()
-
-
-RigFactory = Callable[..., Awaitable[Rig]]
-
-
-@pytest_asyncio.fixture
-async def portal() -> AsyncIterator[FakePortal]:
-    async with FakePortal([sample_student(), broken_student()]) as p:
-        yield p
-
-
-@pytest_asyncio.fixture
-async def make_rig(
-    make_settings: SettingsFactory,
-    moto_server: MotoServer,
-    queue_names: dict[str, str],
-    store: SqlStore,
-    keys: KeyRing,
-    portal: FakePortal,
-) -> AsyncIterator[RigFactory]:
-    """Builds the rig once per test; keyword sections override the small test settings."""
-    rigs: list[Rig] = []
-    opened: list[SqsQueues] = []
-
-    async def factory(**sections: dict[str, Any]) -> Rig:
-        base: dict[str, dict[str, Any]] = {
-            "sqs": {
-                "endpoint_url": moto_server.endpoint_url,
-                **queue_names,
-                "wait_time_s": 1,
-                "visibility_timeout_s": 3,
-                "max_receive_count": 3,
-            },
-            # The DLQ sweep runs once when a consumer starts; the tests call it themselves.
-            "consumer": {
-                "max_concurrency": 4,
-                "heartbeat_s": 1.0,
-                "backoff_base_s": 0,
-                "dlq_sweep_s": 3600,
-            },
-            "relay": {"publish_timeout_s": 3.0},
-            "scrapers": {
-                "suwon": {
-                    "portal_base_url": portal.portal_base_url,
-                    "info_base_url": portal.info_base_url,
-                    "timeout_s": 5.0,
-                    "min_interval_s": 0.0,
-                }
-            },
-        }
-        for name, values in sections.items():
-            base[name] = merge(base.get(name, {}), values)
-        settings = make_settings(**base)
-        queues = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
-        await queues.start()
-        opened.append(queues)
-        rig = Rig(
-            settings=settings,
-            store=store,
-            keys=keys,
-            queues=queues,
-            portal=portal,
-            receiver=RecordingReceiver(queues),
-            publisher=BodyRecordingPublisher(queues),
-        )
-        rigs.append(rig)
-        return rig
-
-    yield factory
-    for rig in rigs:
-        await rig.close()
-    for q in opened:
-        await q.close()
-
+from tests.support.waits import eventually
 
 # ---------------------------------------------------------------- tests
 
@@ -383,9 +112,8 @@ async def test_wrong_password_fails_after_exactly_one_login(make_rig: RigFactory
     assert job.error_code == "PORTAL_AUTH_FAILED"
     assert job.error_message and wrong not in job.error_message
     assert job.sealed is None and job.key_id is None and job.result is None
+    # The message is deleted: no delivery is left that could log in again.
     await rig.wait_queue_empty()
-    # Longer than a poll: a retry would have logged in again by now.
-    await asyncio.sleep(1.5)
     assert rig.portal.login_attempts == {SAMPLE_SNO: 1}
     assert len(rig.receiver.receives_of(job_id)) == 1
     assert (await rig.job(job_id)).status == "FAILED"
@@ -464,7 +192,7 @@ async def test_a_duplicate_delivery_of_a_finished_job_is_deleted_without_running
     async def duplicate_seen() -> bool:
         return len(rig.receiver.receives_of(job_id)) == 2
 
-    await rig.wait_until("the duplicate to be received", duplicate_seen)
+    await eventually(duplicate_seen, 15, what="the duplicate to be received")
     await rig.wait_queue_empty()
     assert rig.receiver.receives_of(job_id)[1].receipt_handle in rig.receiver.deleted
     assert len(rig.portal.requests) == requests_before
@@ -500,12 +228,10 @@ async def test_a_job_whose_lease_is_held_elsewhere_is_not_run_until_it_expires(
     assert await relay.publish_now(outbox_id)
     rig.start_consumer()
 
-    async def seen() -> bool:
-        return len(rig.receiver.receives_of(job_id)) >= 1
-
-    await rig.wait_until("the message to be received", seen)
-    await asyncio.sleep(max(0.0, held.lease_until - time.time() - 0.5))
+    # The consumer found the job busy: it put the message back until the lease runs out.
+    [(_, back_in_s)] = await eventually(lambda: rig.receiver.visibility_changes, 15)
     assert rig.portal.requests == [], "the job ran while another worker held its lease"
+    assert 1 <= back_in_s <= 3
 
     job = await rig.wait_status(job_id, *FINAL)
     assert job.status == "SUCCEEDED", job
@@ -618,7 +344,7 @@ async def test_a_rejected_login_after_a_takeover_does_not_delete_the_message(
     async def run_started() -> bool:
         return bool(rig.portal.requests) and (await rig.job(job_id)).attempts == 1
 
-    await rig.wait_until("the first run to reach the portal", run_started)
+    await eventually(run_started, 15, what="the first run to reach the portal")
     # Another run takes the job over, as one would once this run's lease ran out.
     other = await rig.store.start_job_run(job_id, time.time() + 100, 10.0)
     assert other is not None and other.attempts == 2
@@ -630,9 +356,7 @@ async def test_a_rejected_login_after_a_takeover_does_not_delete_the_message(
         )
 
     # The stale run is done once its message comes back: it was not deleted.
-    await rig.wait_until(
-        "the message to be received again", login_answered_and_message_back, timeout_s=20
-    )
+    await eventually(login_answered_and_message_back, 20, what="the message to be received again")
     first = rig.receiver.receives_of(job_id)[0]
     assert first.receipt_handle not in rig.receiver.deleted
     job = await rig.job(job_id)
@@ -662,6 +386,7 @@ async def test_a_rejection_page_with_an_error_status_fails_after_one_login(
     assert len(rig.receiver.receives_of(job_id)) == 1
 
 
+@pytest.mark.real_clock  # SQS visibility and the lease: the first lease must really run out
 async def test_the_heartbeat_renews_the_job_lease_so_a_duplicate_does_not_run_the_job(
     make_rig: RigFactory,
 ) -> None:
@@ -675,14 +400,19 @@ async def test_the_heartbeat_renews_the_job_lease_so_a_duplicate_does_not_run_th
     async def run_started() -> bool:
         return (await rig.job(job_id)).attempts == 1
 
-    await rig.wait_until("the run to start", run_started)
+    await eventually(run_started, 15, what="the run to start")
     first = await rig.job(job_id)
     assert first.lease_until is not None
-    await asyncio.sleep(max(0.0, first.lease_until + 0.5 - time.time()))  # past the first lease
+    end_of_first = first.lease_until
 
-    running = await rig.job(job_id)
+    async def renewed_past_the_first_lease() -> JobRecord | None:
+        job = await rig.job(job_id)
+        now = time.time()
+        live = job.lease_until is not None and job.lease_until > now
+        return job if now > end_of_first + 0.5 and live else None
+
+    running = await eventually(renewed_past_the_first_lease, 15)
     assert running.status == "RUNNING" and running.attempts == 1, running
-    assert running.lease_until is not None and running.lease_until > time.time()
     row = await rig.store.latest_relay_row_for_job(job_id)
     assert row is not None
     await rig.queues.send_batch("jobs", [OutgoingMessage("dup", message_body(row))])

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
@@ -27,8 +27,9 @@ from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store
+from tests.conftest import postgres_only
 from tests.support.db import raw_count
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, via_proxy
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-down"}
@@ -45,13 +46,6 @@ class Outage:
     up: Callable[[], Awaitable[None]]
     count_direct: Callable[[str], Awaitable[int]]
     proxy: TcpProxy | None
-
-
-def via_proxy(dsn: str, port: int) -> str:
-    parts = urlsplit(dsn)
-    netloc = parts.netloc.rsplit("@", 1)
-    creds = netloc[0] + "@" if len(netloc) == 2 else ""
-    return urlunsplit(parts._replace(netloc=f"{creds}127.0.0.1:{port}"))
 
 
 @pytest_asyncio.fixture
@@ -198,7 +192,8 @@ async def test_readyz_reports_the_database_while_down(outage: Outage) -> None:
 PARTITION_BOUND_S = 10.0 + 2 * ACQUIRE_TIMEOUT_S + 3.0
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.slow
+@postgres_only
 async def test_network_partition_is_bounded_and_heals(outage: Outage) -> None:
     """A database that goes silent (no RST) still answers 503 C09 in bounded time, then heals."""
     assert outage.proxy is not None

@@ -33,6 +33,7 @@ from outboxd.services.portal_jobs import (
 from outboxd.storage.db import Op, Query, Row, fetch
 from outboxd.storage.ports import NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore, open_store
+from tests.conftest import postgres_only
 from tests.support.db import raw_count, raw_db
 from tests.support.group_crash import portal_job, warm_connections
 
@@ -120,7 +121,7 @@ async def test_one_group_over_twenty_keys_replays_consistently(
         await service.submit("u1", "one-3", PortalLinkRequest("suwon", "someone-else", "pw"))
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_an_intake_statement_past_its_deadline_writes_nothing(
     store: SqlStore, db_url: str
 ) -> None:

@@ -15,7 +15,10 @@ from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory
-from tests.integration.test_api_jobs import ALICE, BOB, BODY, TOKENS, URL, bearer
+from tests.support.api import ALICE, BOB, TOKENS, bearer
+
+URL = "/v1/portal-link-jobs"
+BODY = {"portal": "suwon", "username": "20201234", "password": "pw-jobs"}
 
 
 async def test_alice_and_bob_replaying_one_key_and_body_each_get_their_own_job(

@@ -8,21 +8,21 @@ rows by an unsent status (DEAD, the operator's usual question) reads that index.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import dataclasses
 import os
 import uuid
 from collections.abc import Generator, Sequence
 from typing import Any
 
-import pytest
-
 from outboxd.ids import new_id
 from outboxd.storage.db import Op, Query, Row, execute, fetch
 from outboxd.storage.postgres import PostgresDatabase
 from outboxd.storage.store import SqlStore
+from tests.conftest import postgres_only
 from tests.support.db import raw_db
 from tests.support.group_crash import portal_job
+from tests.support.waits import eventually
 
 
 async def _plan(store: SqlStore, name: str, params: dict[str, Any]) -> str:
@@ -108,7 +108,7 @@ async def test_no_index_on_jobs_reads_the_status(store: SqlStore, db_url: str) -
     assert not [t for t in texts if "status" in t], texts
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_a_jobs_way_to_running_and_its_outbox_claim_write_no_index(
     store: SqlStore, db_url: str
 ) -> None:
@@ -151,15 +151,18 @@ async def _young(store: SqlStore, first: Sequence[str] = ()) -> set[str]:
     among them: each pooled connection reports its writes' counts to the server within
     about ten seconds of going idle. (Other tables may qualify too: the worker's database
     is emptied between tests, and what earlier tests wrote counts as change.)"""
-    deadline = asyncio.get_running_loop().time() + 30
     analyzed = set(first)
-    while not analyzed >= OURS and asyncio.get_running_loop().time() < deadline:
-        analyzed |= set(await store.db.analyze_young_tables())  # type: ignore[attr-defined]
-        await asyncio.sleep(0.2)
+
+    async def ours_analyzed() -> bool:
+        analyzed.update(await store.db.analyze_young_tables())  # type: ignore[attr-defined]
+        return analyzed >= OURS
+
+    with contextlib.suppress(AssertionError):  # the callers say what was missing
+        await eventually(ours_analyzed, 30, interval=0.2)
     return analyzed
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_a_young_database_has_its_grown_tables_analyzed(store: SqlStore, db_url: str) -> None:
     """Tables that changed by more than their size since their last ANALYZE (a new
     database, before autovacuum's first pass or with autovacuum off) are analyzed; once
@@ -177,7 +180,7 @@ async def test_a_young_database_has_its_grown_tables_analyzed(store: SqlStore, d
     assert not OURS & set(again)
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_the_store_analyzes_young_tables_by_itself_after_its_first_writes(
     store: SqlStore, db_url: str
 ) -> None:
@@ -193,7 +196,7 @@ async def test_the_store_analyzes_young_tables_by_itself_after_its_first_writes(
     assert await _young(store, task.result()) >= OURS
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_young_tables_this_role_may_not_analyze_are_left_out(
     store: SqlStore, db_url: str
 ) -> None:
@@ -204,14 +207,15 @@ async def test_young_tables_this_role_may_not_analyze_are_left_out(
         await store.create_portal_job(portal_job("guest", i), 1000.0)
     role = f"outboxd_guest_{uuid.uuid4().hex[:8]}"
     async with raw_db(db_url) as db:
-        deadline = asyncio.get_running_loop().time() + 30
-        while asyncio.get_running_loop().time() < deadline:  # stats reach the server late
+
+        async def counted() -> bool:  # stats reach the server late
             young = await db.scalar(
                 "SELECT n_mod_since_analyze FROM pg_stat_user_tables WHERE relname = 'jobs'"
             )
-            if young >= 120:
-                break
-            await asyncio.sleep(0.2)
+            return bool(young >= 120)
+
+        with contextlib.suppress(AssertionError):  # as before: the test goes on regardless
+            await eventually(counted, 30, interval=0.2)
         await db.execute(f'CREATE ROLE "{role}" LOGIN')
     try:
         user, _, host = db_url.partition("://")[2].partition("@")
@@ -227,7 +231,7 @@ async def test_young_tables_this_role_may_not_analyze_are_left_out(
             await db.execute(f'DROP ROLE "{role}"')
 
 
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_a_relay_round_claims_a_whole_page_of_outbox_rows_in_place(
     store: SqlStore, db_url: str
 ) -> None:

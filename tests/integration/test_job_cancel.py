@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
+from testkit.moto import MotoServer
 
 from outboxd.errors import InvalidState
 from outboxd.observability import Metrics
@@ -31,9 +32,9 @@ from tests.conftest import SettingsFactory
 from tests.integration.conftest import Client
 
 # The consumer's rig and fake portal, as fixtures of this module too.
-from tests.integration.test_consumer import RigFactory, make_rig, portal  # noqa: F401
+from tests.support.consumer_rig import RigFactory
 from tests.support.db import raw_rows
-from tests.support.moto import MotoServer
+from tests.support.waits import eventually
 
 LINK = {"portal": "suwon", "username": SAMPLE_SNO, "password": SAMPLE_PASSWORD}
 
@@ -138,7 +139,7 @@ async def test_who_may_cancel_and_what_cannot_be(
 
 
 async def test_a_running_job_stops_before_its_next_portal_request(
-    make_rig: RigFactory,  # noqa: F811
+    make_rig: RigFactory,
     store: SqlStore,
     db_url: str,
 ) -> None:
@@ -150,7 +151,7 @@ async def test_a_running_job_stops_before_its_next_portal_request(
     async def a_request_in_flight() -> bool:
         return len(rig.portal.requests) >= 2 and rig.portal._in_flight == 1
 
-    await rig.wait_until("the job's second portal request in flight", a_request_in_flight)
+    await eventually(a_request_in_flight, 15, what="the job's second portal request in flight")
     job, outcome = await store.cancel_job(job_id, time.time(), "owner")
     seen_at_cancel = len(rig.portal.requests)
     assert (outcome, job.status, job.cancel_requested) == ("requested", "RUNNING", True)
@@ -158,11 +159,10 @@ async def test_a_running_job_stops_before_its_next_portal_request(
 
     done = await rig.wait_status(job_id, "CANCELLED", "SUCCEEDED", "FAILED", "DEAD")
     assert done.status == "CANCELLED"
-    await asyncio.sleep(0.8)  # longer than a request: one more would have shown by now
+    await rig.wait_queue_empty()  # the message was deleted: the run is over
     assert len(rig.portal.requests) == seen_at_cancel, rig.portal.requests[seen_at_cancel:]
     assert await sealed_of(db_url, job_id) == [{"sealed": None, "key_id": None}]
     assert done.result is None and done.finished_at is not None
-    await rig.wait_queue_empty()  # the message was deleted
     timeline = await event_types(store, job_id)
     assert timeline[-2:] == [("cancel_requested", "RUNNING"), ("cancelled", "CANCELLED")]
     assert [t for t, _ in timeline].count("started") == 1
@@ -171,7 +171,7 @@ async def test_a_running_job_stops_before_its_next_portal_request(
 
 
 async def test_a_job_waiting_on_the_queue_is_cancelled_and_its_message_deleted_unrun(
-    make_rig: RigFactory,  # noqa: F811
+    make_rig: RigFactory,
     store: SqlStore,
     db_url: str,
 ) -> None:
@@ -183,7 +183,7 @@ async def test_a_job_waiting_on_the_queue_is_cancelled_and_its_message_deleted_u
     assert await sealed_of(db_url, job_id) == [{"sealed": None, "key_id": None}]
 
     rig.start_consumer()
-    await rig.wait_until("the message received", _received(rig, job_id))
+    await eventually(_received(rig, job_id), 15, what="the message received")
     await rig.wait_queue_empty()
     assert rig.portal.requests == []  # nothing ran
     assert (await rig.job(job_id)).status == "CANCELLED"
@@ -195,7 +195,7 @@ async def test_a_job_waiting_on_the_queue_is_cancelled_and_its_message_deleted_u
 
 
 async def test_a_requested_cancel_whose_worker_died_ends_at_the_next_receive(
-    make_rig: RigFactory,  # noqa: F811
+    make_rig: RigFactory,
     store: SqlStore,
 ) -> None:
     """The holder died with the job leased: the cancel is only requested; once the lease is

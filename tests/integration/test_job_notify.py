@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
-import pytest
 
 from outboxd.storage.changes import JobChanges
 from outboxd.storage.store import JOB_CHANNEL, SqlStore, open_store
 from outboxd.workers.job_changes import JobChangeFeed
+from tests.conftest import postgres_only
 from tests.support.db import raw_rows
 from tests.support.group_crash import portal_job
+from tests.support.held import listening
+from tests.support.waits import eventually
 
 
 def test_only_this_process_commits_are_told_to_others() -> None:
@@ -48,18 +49,18 @@ async def test_a_commit_notifies_each_changed_job_after_it(
     running = asyncio.create_task(feed.run(stop))
     try:
         await listener.add_listener(JOB_CHANNEL, lambda *args: heard.append(args[3]))
-        await _until(lambda: _listeners(db_url), 2)
+        await listening(db_url, n=2)
         intake = await store.create_portal_job(portal_job("notify", 0), time.time())
         job_id = intake.job.id
         await store.cancel_job(job_id, time.time(), "admin")
         assert store.notifier is not None and other.notifier is not None
         await store.notifier.drain()
         # The other store's feed heard both; had it told on, its notifier would send now.
-        await _until(lambda: _count(other_heard), 2)
+        await eventually(lambda: len(other_heard) >= 2, 5, what="the other store's feed")
         await other.notifier.drain()
         # A marker sent last: every notification sent before it has arrived with it.
         await listener.execute("SELECT pg_notify($1, 'marker')", JOB_CHANNEL)
-        await _until(lambda: _count(heard), 3)
+        await eventually(lambda: len(heard) >= 3, 5, what="the notifications and the marker")
         assert heard == [job_id, job_id, "marker"], heard
     finally:
         stop.set()
@@ -68,27 +69,7 @@ async def test_a_commit_notifies_each_changed_job_after_it(
         await listener.close()
 
 
-async def _count(seen: list[str]) -> int:
-    return len(seen)
-
-
-async def _listeners(db_url: str) -> int:
-    rows = await raw_rows(
-        db_url,
-        "SELECT count(*) AS n FROM pg_stat_activity"
-        " WHERE query LIKE 'LISTEN%' AND datname = current_database()",
-    )
-    return int(rows[0]["n"])
-
-
-async def _until(read: Callable[[], Awaitable[int]], at_least: int, timeout_s: float = 5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (seen := await read()) < at_least:
-        assert time.monotonic() < deadline, f"{seen} < {at_least} after {timeout_s} s"
-        await asyncio.sleep(0.01)
-
-
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 async def test_no_write_transaction_notifies(store: SqlStore, db_url: str) -> None:
     """No trigger on the events table: a notifying transaction holds a cluster-wide lock
     until its commit is flushed, which made every job write wait for the others' flushes."""

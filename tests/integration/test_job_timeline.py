@@ -21,7 +21,7 @@ from outboxd.workers.relay import Relay
 from tests.integration.conftest import Client
 
 # The consumer's rig and fake portal, as fixtures of this module too.
-from tests.integration.test_consumer import RigFactory, make_rig, portal  # noqa: F401
+from tests.support.consumer_rig import RigFactory
 from tests.support.db import raw_rows
 
 
@@ -37,7 +37,7 @@ def assert_agrees(events: list[JobEvent], status: str, attempts: int) -> None:
 
 
 async def test_a_retried_dead_and_redriven_job_has_its_whole_timeline(
-    make_rig: RigFactory,  # noqa: F811
+    make_rig: RigFactory,
     store: SqlStore,
     db_url: str,
 ) -> None:

@@ -11,94 +11,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import pytest
-import pytest_asyncio
-from aiohttp.test_utils import TestClient, TestServer
-
-from outboxd.daemon.app import build_api_deps
-from outboxd.http.app import create_app
-from outboxd.observability import Metrics
-from outboxd.security import KeyRing
 from outboxd.services.job_waits import JobWaits
 from outboxd.storage.ports import NewPortalJob
-from outboxd.storage.store import SqlStore, open_store
-from outboxd.workers.job_changes import JobChangeFeed
-from tests.conftest import SettingsFactory
+from outboxd.storage.store import SqlStore
+from tests.conftest import postgres_only
 from tests.support.db import raw_rows
-
-LINK = {"portal": "suwon", "username": "20201234", "password": "pw-waits"}
-
-
-@dataclass
-class Client:
-    """The in-process API, its held requests and the stop Event its daemon would set."""
-
-    http: TestClient[Any, Any]
-    waits: JobWaits
-    stop: asyncio.Event
-
-    async def get(self, path: str, **kw: Any) -> Any:
-        return await self.http.get(path, **kw)
-
-    async def post(self, path: str, **kw: Any) -> Any:
-        return await self.http.post(path, **kw)
-
-
-Api = Callable[..., Awaitable[Client]]
-
-
-@pytest_asyncio.fixture
-async def make_api(
-    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
-) -> AsyncIterator[Api]:
-    """The API in-process (no queue: jobs stay QUEUED), its `api` section as given."""
-    made: list[Client] = []
-    stops: list[asyncio.Event] = []
-    tasks: list[asyncio.Task[None]] = []
-
-    async def factory(**api: Any) -> Client:
-        settings = make_settings(api=api)
-        deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
-        assert deps.waits is not None
-        stop = asyncio.Event()
-        stops.append(stop)
-        tasks.append(asyncio.create_task(deps.waits.run(stop)))
-        http: TestClient[Any, Any] = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
-        await http.start_server()
-        client = Client(http, deps.waits, stop)
-        made.append(client)
-        return client
-
-    yield factory
-    for stop in stops:
-        stop.set()
-    for c in made:
-        await c.http.close()
-    for t in tasks:
-        await t
-
-
-async def new_job(client: Client) -> tuple[str, str]:
-    """A job through the API: its id and its ETag."""
-    resp = await client.post(
-        "/v1/portal-link-jobs", json=LINK, headers={"Idempotency-Key": uuid.uuid4().hex}
-    )
-    assert resp.status == 202
-    job_id = (await resp.json())["jobId"]
-    got = await client.get(f"/v1/jobs/{job_id}")
-    return job_id, got.headers["ETag"]
-
-
-async def held(client: Client, job_id: str, wait: int, etag: str | None = None) -> Any:
-    headers = {"Prefer": f"wait={wait}"}
-    if etag is not None:
-        headers["If-None-Match"] = etag
-    return await client.get(f"/v1/jobs/{job_id}", headers=headers)
+from tests.support.held import Api, another_store, held, listening, new_job, until_held
+from tests.support.waits import Calls, eventually
 
 
 async def test_every_answer_has_an_etag_and_if_none_match_answers_304(make_api: Api) -> None:
@@ -121,7 +42,7 @@ async def test_a_held_request_is_answered_when_its_job_changes(
     client = await make_api()
     job_id, etag = await new_job(client)
     request = asyncio.ensure_future(held(client, job_id, 30, etag))
-    await _until_held(client, 1)
+    await until_held(client, 1)
     started = time.monotonic()
     job, _ = await store.cancel_job(job_id, time.time(), "owner")
     resp = await asyncio.wait_for(request, 10)
@@ -140,11 +61,14 @@ async def test_without_if_none_match_a_request_is_held_until_the_job_finishes(
 ) -> None:
     client = await make_api()
     job_id, _ = await new_job(client)
+    reads = Calls(store, "get_job")
     request = asyncio.ensure_future(held(client, job_id, 30))
-    await _until_held(client, 1)
+    await reads.reach(1)  # the request's own read
     run = await store.start_job_run(job_id, time.time(), 30.0)  # a change, not an end
     assert run is not None
-    await asyncio.sleep(0.3)
+    # The hold read the job again after the change (a RUNNING job): it holds on. Had the
+    # change ended it, the answer below would be that RUNNING job.
+    await reads.reach(2)
     assert not request.done()
     assert await store.finish_job(run, "SUCCEEDED", time.time(), result={}) is not None
     resp = await asyncio.wait_for(request, 10)
@@ -191,7 +115,7 @@ async def test_past_max_waiters_a_request_is_answered_at_once(make_api: Api) -> 
     client = await make_api(max_waiters=2)
     job_id, etag = await new_job(client)
     first = [asyncio.ensure_future(held(client, job_id, 30, etag)) for _ in range(2)]
-    await _until_held(client, 2)
+    await until_held(client, 2)
     extra = await asyncio.wait_for(held(client, job_id, 30, etag), 5)
     assert extra.status == 304 and "Preference-Applied" not in extra.headers
     client.stop.set()
@@ -206,16 +130,13 @@ async def test_another_store_on_the_database_wakes_a_held_request(
     """A second store is another daemon's view of the database: its commits do not reach
     this process's JobChanges, so only the feed (NOTIFY, or the poll) can wake the hold."""
     client = await make_api()
-    feed = JobChangeFeed(store, store.changes)
-    stop = asyncio.Event()
-    running = asyncio.create_task(feed.run(stop))
-    other = await open_store(db_url, tmp_path, 2, 2.0)
-    try:
+    async with another_store(store, db_url, tmp_path) as other:
         job_id, etag = await new_job(client)
-        await asyncio.sleep(0.3)  # the listener is up (Postgres)
+        if store.backend == "postgres":
+            await listening(db_url)
+        reads = Calls(store, "get_job")
         request = asyncio.ensure_future(held(client, job_id, 30, etag))
-        await _until_held(client, 1)
-        await asyncio.sleep(0.2)
+        await reads.reach(1)  # held, and past its own read: only the feed can wake it now
         started = time.monotonic()
         _, outcome = await other.cancel_job(job_id, time.time(), "admin")
         assert outcome == "cancelled"
@@ -224,25 +145,15 @@ async def test_another_store_on_the_database_wakes_a_held_request(
         assert resp.status == 200 and (await resp.json())["status"] == "CANCELLED"
         # The contract's bounds: a notification on Postgres, two polls at most on SQLite.
         assert elapsed < (0.5 if store.backend == "postgres" else 2.0), elapsed
-    finally:
-        stop.set()
-        await running
-        await other.close()
 
 
-@pytest.mark.postgres
+@postgres_only  # LISTEN/NOTIFY; SQLite always polls (the test above)
 async def test_the_listener_survives_losing_its_connection(
     make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
 ) -> None:
-    if store.backend != "postgres":
-        pytest.skip("LISTEN/NOTIFY is Postgres's; SQLite always polls")
     client = await make_api()
-    feed = JobChangeFeed(store, store.changes)
-    stop = asyncio.Event()
-    running = asyncio.create_task(feed.run(stop))
-    other = await open_store(db_url, tmp_path, 2, 2.0)
-    try:
-        await _listening(db_url)
+    async with another_store(store, db_url, tmp_path) as other:
+        await listening(db_url)
         killed = await raw_rows(
             db_url,
             "SELECT pg_terminate_backend(pid) AS killed FROM pg_stat_activity"
@@ -252,68 +163,45 @@ async def test_the_listener_survives_losing_its_connection(
         # While it reconnects, the poll still wakes a hold on another store's change.
         job_id, etag = await new_job(client)
         request = asyncio.ensure_future(held(client, job_id, 30, etag))
-        await _until_held(client, 1)
+        await until_held(client, 1)
         await other.cancel_job(job_id, time.time(), "admin")
         resp = await asyncio.wait_for(request, 10)
         assert resp.status == 200 and (await resp.json())["status"] == "CANCELLED"
         # And it listens again: a notification wakes the next hold within the bound.
-        await _listening(db_url)
+        await listening(db_url)
         job_id, etag = await new_job(client)
+        reads = Calls(store, "get_job")
         request = asyncio.ensure_future(held(client, job_id, 30, etag))
-        await _until_held(client, 1)
-        await asyncio.sleep(0.2)
+        await reads.reach(1)
         started = time.monotonic()
         await other.cancel_job(job_id, time.time(), "admin")
         resp = await asyncio.wait_for(request, 10)
         assert resp.status == 200 and time.monotonic() - started < 0.5
-    finally:
-        stop.set()
-        await running
-        await other.close()
 
 
 async def test_a_held_request_holds_no_database_connection(
     make_api: Api, store: SqlStore, db_url: str
 ) -> None:
-    """Twenty holds on Postgres: every pooled connection is idle (none lent to a held request)."""
-    if store.backend != "postgres":
-        pytest.skip("a pool to look at is Postgres's")
+    """Twenty holds: on Postgres every pooled connection is idle (none lent to a held
+    request); on SQLite the one reader and the one writer still serve others at once."""
     client = await make_api()
     job_id, etag = await new_job(client)
+    reads = Calls(store, "get_job")
     requests = [asyncio.ensure_future(held(client, job_id, 30, etag)) for _ in range(20)]
-    await _until_held(client, 20)
-    pool = store.db._pool  # type: ignore[attr-defined]
-    deadline = time.monotonic() + 10  # a hold registers before its read: let the reads end
-    while pool.get_idle_size() < pool.get_size():
-        assert time.monotonic() < deadline, "a pooled connection stays lent"
-        await asyncio.sleep(0.05)
-    assert client.waits.held == 20 and pool.get_size() <= 5
+    await reads.reach(20)  # a hold registers before its read: let the reads end
+    if store.backend == "postgres":
+        pool = store.db._pool  # type: ignore[attr-defined]
+        await eventually(
+            lambda: pool.get_idle_size() == pool.get_size(), what="every pooled connection idle"
+        )
+        assert pool.get_size() <= 5
+    assert client.waits.held == 20
+    plain = await asyncio.wait_for(client.get(f"/v1/jobs/{job_id}"), 5)  # a read
+    assert plain.status == 200
     assert not any(r.done() for r in requests)
-    await store.cancel_job(job_id, time.time(), "owner")
+    await asyncio.wait_for(store.cancel_job(job_id, time.time(), "owner"), 5)  # a write
     for resp in await asyncio.wait_for(asyncio.gather(*requests), 10):
         assert resp.status == 200
-
-
-async def _until_held(client: Client, n: int) -> None:
-    waits = client.waits
-    deadline = time.monotonic() + 10
-    while waits.held < n:
-        assert time.monotonic() < deadline, f"{waits.held} held, wanted {n}"
-        await asyncio.sleep(0.02)
-
-
-async def _listening(db_url: str) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        rows = await raw_rows(
-            db_url,
-            "SELECT COUNT(*) AS n FROM pg_stat_activity"
-            " WHERE query LIKE 'LISTEN%' AND datname = current_database()",
-        )
-        if rows[0]["n"] >= 1:
-            return
-        assert time.monotonic() < deadline, "the listener did not connect"
-        await asyncio.sleep(0.1)
 
 
 async def test_a_change_between_the_read_and_the_wait_still_wakes_the_hold(

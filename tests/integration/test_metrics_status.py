@@ -23,8 +23,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
+from testkit.moto import MotoServer, free_port
 
-from outboxd.config import ROLES, Settings
+from outboxd.config import ROLES
 from outboxd.daemon.app import build_api_deps
 from outboxd.daemon.readiness import Readiness
 from outboxd.http.app import create_app
@@ -36,9 +37,7 @@ from outboxd.services.gauges import StatsGauges
 from outboxd.storage.ports import TABLE_STATUSES, PaceState, StatusCount
 from outboxd.storage.store import SqlStore, open_database, open_store
 from tests.conftest import SettingsFactory
-from tests.integration.test_db_down import via_proxy
 from tests.support.clock import Clock
-from tests.support.moto import MotoServer, free_port
 from tests.support.ops import (
     db_counts,
     fail,
@@ -50,20 +49,10 @@ from tests.support.ops import (
     succeed,
     write_config,
 )
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, via_proxy
+from tests.support.waits import eventually
 
 Client = TestClient[Any, Any]
-
-
-@pytest_asyncio.fixture
-async def queues(moto_server: MotoServer, queue_names: dict[str, str]) -> AsyncIterator[SqsQueues]:
-    settings = Settings.from_mapping(
-        {"sqs": {"endpoint_url": moto_server.endpoint_url, **queue_names}}, env={}
-    )
-    q = SqsQueues(settings.sqs, moto_server.endpoint_url)
-    await q.start()
-    yield q
-    await q.close()
 
 
 async def serve(
@@ -555,11 +544,13 @@ async def test_metrics_answer_while_the_database_is_down_and_recover(
                 )
 
             await breakable.up()
-            deadline = time.monotonic() + 20
-            while sample(text, "outboxd_stats_refresh_success", source="database") != 1:
-                assert time.monotonic() < deadline, "the gauges never recovered"
-                await asyncio.sleep(0.1)
+
+            async def recovered() -> str | None:
                 text = await (await client.get("/metrics")).text()
+                ok = sample(text, "outboxd_stats_refresh_success", source="database") == 1
+                return text if ok else None
+
+            text = await eventually(recovered, 20, what="the gauges to recover", interval=0.1)
             assert sample(text, "outboxd_rows", table="jobs", status="QUEUED") == 2
             assert sample(text, "outboxd_ready", check="database") == 1
             later = sample(text, "outboxd_stats_last_success_timestamp_seconds", source="database")

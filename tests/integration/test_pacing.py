@@ -8,6 +8,7 @@ claimers and the portal's `ClusterPortalPacing` against the fakes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import sqlite3
@@ -16,21 +17,20 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from testkit.fakes.ai import FakeAI
 
-from outboxd.config import ClaimerSettings, ClassifierSettings, SuwonScraperSettings
+from outboxd.config import ClaimerSettings, SuwonScraperSettings
 from outboxd.observability import Metrics
-from outboxd.scrapers.classifier import OpenAIClassifier
-from outboxd.services.websites import WebsiteService
 from outboxd.storage.ports import PaceSlot, PaceStore
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.claimer import AI_PACE, Claimer
 from outboxd.workers.pacing import PORTAL_PACE, ClusterPortalPacing, DbClock
+from tests.support.ai import classifier_for
 from tests.support.db import raw_rows
-
-KEY_ENV = "PACING_TEST_AI_KEY"
-KEY = "sk-pacing-test-90aa"
+from tests.support.ops import register_website
+from tests.support.waits import consistently, eventually
 
 
 @pytest_asyncio.fixture
@@ -39,19 +39,6 @@ async def other(db_url: str, tmp_path: Path, store: SqlStore) -> AsyncIterator[S
     s = await open_store(db_url, tmp_path, 5, 5.0)
     yield s
     await s.close()
-
-
-@pytest_asyncio.fixture
-async def ai() -> AsyncIterator[FakeAI]:
-    async with FakeAI(api_key=KEY) as server:
-        yield server
-
-
-def classifier_for(ai: FakeAI) -> OpenAIClassifier:
-    settings = ClassifierSettings(
-        provider="openai", base_url=ai.base_url, model="m", api_key_env=KEY_ENV, timeout_s=5.0
-    )
-    return OpenAIClassifier(settings, {KEY_ENV: KEY})
 
 
 def cluster_claimer(store: SqlStore, ai: FakeAI, **settings: Any) -> Claimer:
@@ -66,11 +53,6 @@ def cluster_claimer(store: SqlStore, ai: FakeAI, **settings: Any) -> Claimer:
     return Claimer(store, classifier_for(ai), ClaimerSettings(**base), Metrics(), pace=store)
 
 
-async def register(store: SqlStore, domain: str) -> None:
-    _website, created = await WebsiteService(store).register(domain, None)
-    assert created
-
-
 async def categories(store: SqlStore, domains: list[str]) -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for d in domains:
@@ -82,6 +64,7 @@ async def categories(store: SqlStore, domains: list[str]) -> dict[str, str | Non
 # --- the pace table ---------------------------------------------------------------------------
 
 
+@pytest.mark.real_clock  # another writer holds SQLite's write lock for a while
 async def test_a_slot_is_decided_once_the_write_lock_is_held(
     store: SqlStore, backend: str, db_url: str
 ) -> None:
@@ -154,12 +137,12 @@ async def test_session_leases_hold_the_limit_expire_and_come_back(
     states = {s.name: s for s in await store.pace_states(time.time())}
     assert states["p"].sessions == 2
     # b's holder dies: its lease ends by itself.
-    deadline = time.monotonic() + 10
-    c = None
-    while c is None:
-        assert time.monotonic() < deadline, "the expired lease never came back"
-        await asyncio.sleep(0.1)
-        c = await store.lease_take("p", "c", 2, 30.0, time.time)
+    c = await eventually(
+        lambda: store.lease_take("p", "c", 2, 30.0, time.time),
+        10,
+        what="the expired lease to come back",
+        interval=0.1,
+    )
     assert c.slot == b.slot
     assert not await other.lease_release(b)  # no longer b's to give back
     assert not await other.lease_renew(b, 30.0, time.time)
@@ -176,15 +159,13 @@ async def run_claimers(claimers: list[Claimer], done: Any, deadline_s: float = 4
     stop = asyncio.Event()
     tasks = [asyncio.create_task(c.run(stop)) for c in claimers]
     try:
-        deadline = time.monotonic() + deadline_s
-        while not await done():
-            assert time.monotonic() < deadline, "the claimers did not finish in time"
-            await asyncio.sleep(0.05)
+        await eventually(done, deadline_s, what="the claimers to finish")
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 15)
 
 
+@pytest.mark.real_clock  # idle for a while: no slot may be taken meanwhile
 async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
     store: SqlStore, other: SqlStore, ai: FakeAI
 ) -> None:
@@ -193,15 +174,20 @@ async def test_two_cluster_claimers_keep_one_pace_and_idle_ones_take_no_slot(
     # Idle: nothing to classify for a while. No slot may be taken.
     stop = asyncio.Event()
     idle = [asyncio.create_task(c.run(stop)) for c in claimers]
-    await asyncio.sleep(4 * delay)
+
+    async def no_slot_taken() -> bool:
+        state = await store.pace_state(AI_PACE, time.time())
+        assert state is None or state.last_at is None, state
+        return True
+
+    await consistently(no_slot_taken, 4 * delay, interval=0.1)
     stop.set()
     await asyncio.wait_for(asyncio.gather(*idle), 10)
-    state = await store.pace_state(AI_PACE, time.time())
-    assert state is None or state.last_at is None, state
+    await no_slot_taken()
 
     domains = [f"site{i}.example" for i in range(8)]
     for d in domains:
-        await register(store, d)
+        await register_website(store, d)
 
     async def done() -> bool:
         return all(v is not None for v in (await categories(store, domains)).values())
@@ -238,7 +224,7 @@ async def test_a_cluster_claimer_woken_late_skips_its_slot(store: SqlStore, ai: 
     fixed_delay_s), a cluster claimer does not call the provider then, which would crowd the
     next slot's holder: it takes the next slot and calls at that one."""
     delay = 1.0
-    await register(store, "late.example")
+    await register_website(store, "late.example")
     await store.pace_take(AI_PACE, delay, time.time)  # the claimer's slot is a delay ahead
     claimer = cluster_claimer(store, ai, fixed_delay_s=delay)
     late = LateOnce(0.3)
@@ -261,7 +247,7 @@ async def test_a_429_pauses_both_cluster_claimers(
     claimers = [cluster_claimer(db, ai, fixed_delay_s=delay) for db in (store, other)]
     domains = [f"r{i}.example" for i in range(4)]
     for d in domains:
-        await register(store, d)
+        await register_website(store, d)
     ai.rate_limit_next_n(1, 2.0)
 
     async def done() -> bool:
@@ -285,14 +271,16 @@ async def test_a_stop_while_waiting_for_a_slot_gives_the_row_back_unspent(
     # Another instance holds the next ten slots of 0.5 s: this one's slot is 5 s away.
     for _ in range(10):
         await other.pace_take(AI_PACE, 0.5, time.time)
-    await register(store, "waiting.example")
+    await register_website(store, "waiting.example")
     claimer = cluster_claimer(store, ai, fixed_delay_s=0.5)
     stop = asyncio.Event()
     task = asyncio.create_task(claimer.run(stop))
-    deadline = time.monotonic() + 10
-    while (await store.get_website("waiting.example")).work_status != "PROCESSING":  # type: ignore[union-attr]
-        assert time.monotonic() < deadline, "the row was never claimed"
-        await asyncio.sleep(0.05)
+
+    async def claimed() -> bool:
+        website = await store.get_website("waiting.example")
+        return website is not None and website.work_status == "PROCESSING"
+
+    await eventually(claimed, 10, what="the row to be claimed")
     stopped_at = time.monotonic()
     stop.set()
     await asyncio.wait_for(task, 10)
@@ -337,6 +325,7 @@ async def test_portal_pacing_spaces_requests_and_limits_sessions_across_instance
     assert states["suwon"].sessions == 0  # every session given back
 
 
+@pytest.mark.real_clock  # a scrape that really outlives its session lease
 async def test_a_portal_session_longer_than_its_lease_is_renewed_early_and_never_shared(
     store: SqlStore, other: SqlStore, db_url: str
 ) -> None:
@@ -350,21 +339,20 @@ async def test_a_portal_session_longer_than_its_lease_is_renewed_early_and_never
     margins: list[float] = []
     taken_by_other: list[int] = []
 
-    async def watch(until: float) -> None:
-        while time.monotonic() < until:
-            rows = await raw_rows(
-                db_url, "SELECT expires_at FROM pace_leases WHERE holder = 'slow'"
-            )
-            if rows:
-                margins.append(float(rows[0]["expires_at"]) - time.time())
-            lease = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time)
-            if lease is not None:
-                taken_by_other.append(lease.slot)
-                await other.lease_release(lease)
-            await asyncio.sleep(0.03)
+    async def never_taken_by_another() -> bool:
+        """One look at the slow holder's lease, and another instance trying for one."""
+        rows = await raw_rows(db_url, "SELECT expires_at FROM pace_leases WHERE holder = 'slow'")
+        if rows:
+            margins.append(float(rows[0]["expires_at"]) - time.time())
+        lease = await other.lease_take(PORTAL_PACE, "other", 1, 30.0, time.time)
+        if lease is not None:
+            taken_by_other.append(lease.slot)
+            await other.lease_release(lease)
+        return not taken_by_other
 
     async with slow.session():
-        await watch(time.monotonic() + 3 * slow.lease_s)
+        with contextlib.suppress(AssertionError):  # said below, with what was taken
+            await consistently(never_taken_by_another, 3 * slow.lease_s, interval=0.03)
     assert taken_by_other == [], "another instance took the session of a running scrape"
     assert len(margins) > 20
     # Renewed every third of the lease: at least about two thirds of it always remain.

@@ -15,14 +15,11 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import pytest
-import pytest_asyncio
+from testkit.moto import MotoServer
 
-from outboxd.config import RelaySettings, Settings
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
@@ -32,103 +29,17 @@ from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.relay import Relay, RelayShape, relay_shape
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
-
-FAIL_REASON = "InternalError: simulated per-entry failure"
-
-
-# ---------------------------------------------------------------- helpers
-
-
-class PartialFailurePublisher:
-    """A real publisher in front of SqsQueues: records every batch it is handed and
-    fails (as SQS's `Failed` entries would) the entries `fail` names a reason for."""
-
-    def __init__(
-        self, inner: SqsQueues, fail: Callable[[OutgoingMessage], str | None] | None = None
-    ) -> None:
-        self.inner = inner
-        self.fail = fail
-        self.batches: list[list[OutgoingMessage]] = []
-
-    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        self.batches.append(list(messages))
-        failed: dict[str, str] = {}
-        passing: list[OutgoingMessage] = []
-        for m in messages:
-            reason = self.fail(m) if self.fail is not None else None
-            if reason:
-                failed[m.entry_id] = reason
-            else:
-                passing.append(m)
-        if not passing:
-            return BatchResult(successful={}, failed=failed)
-        result = await self.inner.send_batch(kind, passing)
-        return BatchResult(successful=dict(result.successful), failed={**result.failed, **failed})
-
-    @property
-    def bodies(self) -> list[str]:
-        return [m.body for batch in self.batches for m in batch]
-
-
-async def drain(queues: SqsQueues, kind: QueueKind = "jobs") -> list[tuple[str, str]]:
-    """Every message now in the queue as (MessageId, body), deleting them."""
-    out: list[tuple[str, str]] = []
-    empty = 0
-    while empty < 2:
-        batch = await queues.receive(kind, 10, wait_time_s=0, visibility_timeout_s=30)
-        if not batch:
-            empty += 1
-            continue
-        for m in batch:
-            out.append((m.message_id, m.body))
-            await queues.delete(kind, m.receipt_handle)
-    return out
-
-
-async def all_rows(store: SqlStore) -> list[RelayRow]:
-    page = await store.list_relay_rows(None, 500, None)
-    assert page.next_cursor is None
-    return list(page.items)
-
-
-def assert_no_sent_without_message_id(rows: Sequence[RelayRow]) -> None:
-    bad = [r.id for r in rows if r.status == "SENT" and not r.queue_message_id]
-    assert bad == [], f"rows SENT without a queue message id: {bad}"
-
-
-def relay_settings(**overrides: Any) -> RelaySettings:
-    base: dict[str, Any] = {
-        "interval_s": 0.1,
-        "batch_size": 10,
-        "max_attempts": 3,
-        "backoff_base_s": 10.0,
-        "backoff_max_s": 1000.0,
-        "publish_timeout_s": 2.0,
-    }
-    base.update(overrides)
-    return RelaySettings(**base)
-
-
-@pytest.fixture
-def settings(
-    make_settings: SettingsFactory, moto_server: MotoServer, queue_names: dict[str, str]
-) -> Settings:
-    return make_settings(
-        sqs={"endpoint_url": moto_server.endpoint_url, **queue_names, "wait_time_s": 0}
-    )
-
-
-@pytest_asyncio.fixture
-async def queues(settings: Settings) -> AsyncIterator[SqsQueues]:
-    q = SqsQueues(settings.sqs, settings.sqs.endpoint_url)
-    await q.start()
-    try:
-        yield q
-    finally:
-        await q.close()
-
+from tests.support.relay import (
+    FAIL_REASON,
+    GatedPublisher,
+    PartialFailurePublisher,
+    all_rows,
+    assert_no_sent_without_message_id,
+    drain,
+    relay_settings,
+)
+from tests.support.waits import Calls, eventually
 
 # ---------------------------------------------------------------- tests
 
@@ -316,14 +227,14 @@ async def test_sqs_outage_backs_off_and_queues_are_recreated_when_sqs_returns(
         assert job is not None and job.status == "QUEUED"
 
         moto.start()  # same port, no queues any more
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        async def retried() -> RelayRow | None:
             await relay.relay_once()
             row = await store.get_relay_row(outbox_id)
             assert row is not None
-            if row.status != "RETRYABLE_FAILED":
-                break
-            await asyncio.sleep(0.2)
+            return row if row.status != "RETRYABLE_FAILED" else None
+
+        row = await eventually(retried, 20, interval=0.2)
         assert row.status == "SENT", row
         assert row.queue_message_id
         received = await drain(queues)
@@ -489,20 +400,6 @@ def test_the_daemon_runs_two_lanes_on_postgres_and_larger_rounds_on_sqlite() -> 
     assert relay_shape("sqlite") == RelayShape(lanes=1, batches_per_round=20)
 
 
-class SlowPublisher(PartialFailurePublisher):
-    """Signals when a batch arrives, then takes `delay_s` to send it."""
-
-    def __init__(self, inner: SqsQueues, delay_s: float) -> None:
-        super().__init__(inner)
-        self.delay_s = delay_s
-        self.entered = asyncio.Event()
-
-    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        self.entered.set()
-        await asyncio.sleep(self.delay_s)
-        return await super().send_batch(kind, messages)
-
-
 async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
@@ -510,14 +407,18 @@ async def test_publish_now_reports_a_publish_the_relay_loop_got_to_first(
     publish. SQS is fine and the row goes out: the request must say so (SENT), not
     answer QUEUED, nor 503 C08 with `api.require_dispatch`."""
     job_id, outbox_id = await insert_portal_job(store, time.time(), keys, "pw-race")
-    loop_publisher = SlowPublisher(queues, delay_s=0.5)
+    loop_publisher = GatedPublisher(queues)
     loop = Relay(store, loop_publisher, relay_settings(), Metrics())
     request = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
 
     loop_pass = asyncio.create_task(loop.relay_once())
     await asyncio.wait_for(loop_publisher.entered.wait(), 10)  # the loop holds the row
+    looks = Calls(store, "get_relay_row")
+    published = asyncio.create_task(request.publish_now(outbox_id))
+    await looks.reach(1)  # the request found the row in the loop's hands, mid-publish
+    loop_publisher.gate.set()
 
-    assert await request.publish_now(outbox_id) is True
+    assert await asyncio.wait_for(published, 10) is True
     row = await store.get_relay_row(outbox_id)
     assert row is not None and row.status == "SENT" and row.queue_message_id
     assert await loop_pass == 1

@@ -20,34 +20,18 @@ from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, PortalLinkRequest
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
-from tests.integration.test_relay import (
+from tests.support.clock import Clock
+from tests.support.ops import insert_portal_job
+from tests.support.relay import (
     FAIL_REASON,
+    GatedPublisher,
     PartialFailurePublisher,
     all_rows,
     assert_no_sent_without_message_id,
     drain,
-    queues,
     relay_settings,
-    settings,
 )
-from tests.support.clock import Clock
-from tests.support.ops import insert_portal_job
-
-__all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
-
-
-class GatedPublisher(PartialFailurePublisher):
-    """Holds every batch until `gate` is set; `entered` is set when the first one arrives."""
-
-    def __init__(self, inner: SqsQueues) -> None:
-        super().__init__(inner)
-        self.gate = asyncio.Event()
-        self.entered = asyncio.Event()
-
-    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        self.entered.set()
-        await self.gate.wait()
-        return await super().send_batch(kind, messages)
+from tests.support.waits import eventually
 
 
 def _fails_odd(m: OutgoingMessage) -> str | None:
@@ -333,11 +317,14 @@ async def test_a_shutdown_answers_the_waiting_requests_not_dispatched(
     held = [r for r in await all_rows(store) if r.status == "SENT"]
     assert len(held) == 10 and all(r.queue_message_id for r in held)
     loop = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
-    deadline = asyncio.get_running_loop().time() + 10
-    while any(r.status != "SENT" for r in await all_rows(store)):
-        assert asyncio.get_running_loop().time() < deadline, "rows were left unsent"
+
+    async def all_sent() -> bool:
+        if all(r.status == "SENT" for r in await all_rows(store)):
+            return True
         await loop.relay_once()
-        await asyncio.sleep(0.05)
+        return False
+
+    await eventually(all_sent, 10, what="every row SENT")
     rows = await all_rows(store)
     assert_no_sent_without_message_id(rows)
     received = await drain(queues)

@@ -12,6 +12,7 @@ one `sqs_recovered` after it, no line per row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import pytest_asyncio
 from structlog.testing import capture_logs
+from testkit.moto import MotoServer
 
 from outboxd.config import RelaySettings, Settings
 from outboxd.observability import Metrics
@@ -30,9 +33,10 @@ from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
+from tests.support.relay import drain, relay_settings
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.waits import consistently, eventually
 
 REFUSAL = "InvalidMessageContents: refused by the test"
 MAX_ATTEMPTS = 3
@@ -92,32 +96,23 @@ async def rig(
         await proxy.stop()
 
 
-def relay_settings(**overrides: Any) -> RelaySettings:
-    base: dict[str, Any] = {
-        "interval_s": 0.05,
-        "batch_size": 10,
-        "max_attempts": MAX_ATTEMPTS,
-        "backoff_base_s": 0.1,
-        "backoff_max_s": 0.2,
-        "publish_timeout_s": 1.0,
-    }
-    base.update(overrides)
-    return RelaySettings(**base)
+def outage_settings(**overrides: Any) -> RelaySettings:
+    """Quick: a pass every 0.05 s, backoff 0.1 to 0.2 s, a second to answer."""
+    return relay_settings(
+        **{
+            "interval_s": 0.05,
+            "max_attempts": MAX_ATTEMPTS,
+            "backoff_base_s": 0.1,
+            "backoff_max_s": 0.2,
+            "publish_timeout_s": 1.0,
+            **overrides,
+        }
+    )
 
 
-async def drain(queues: SqsQueues) -> list[str]:
+async def drained_outbox_ids(queues: SqsQueues) -> list[str]:
     """The outbox ids of every message now in the jobs queue (deleted as read)."""
-    out: list[str] = []
-    empty = 0
-    while empty < 2:
-        batch = await queues.receive("jobs", 10, wait_time_s=0, visibility_timeout_s=30)
-        if not batch:
-            empty += 1
-            continue
-        for m in batch:
-            out.append(json.loads(m.body)["outboxId"])
-            await queues.delete("jobs", m.receipt_handle)
-    return out
+    return [json.loads(body)["outboxId"] for _, body in await drain(queues)]
 
 
 async def test_an_outage_spends_no_attempt_and_a_refusal_still_ends_dead(
@@ -127,7 +122,7 @@ async def test_an_outage_spends_no_attempt_and_a_refusal_still_ends_dead(
     made = [await insert_portal_job(store, clock.now, keys, "pw-sqs-down") for _ in range(6)]
     refused_job, refused_row = made[0]
     publisher = RefusingPublisher(rig.queues, {refused_row})
-    relay = Relay(store, publisher, relay_settings(), Metrics(), clock=clock)
+    relay = Relay(store, publisher, outage_settings(), Metrics(), clock=clock)
 
     await rig.proxy.stop()
     with capture_logs() as during:
@@ -156,7 +151,7 @@ async def test_an_outage_spends_no_attempt_and_a_refusal_still_ends_dead(
     with capture_logs() as after:
         assert await relay.relay_once() == len(made)
     assert [e["component"] for e in after if e["event"] == "sqs_recovered"] == ["relay"]
-    sent = await drain(rig.queues)
+    sent = await drained_outbox_ids(rig.queues)
     assert sorted(sent) == sorted(o for _, o in made[1:])
     for job_id, outbox_id in made[1:]:
         row = await store.get_relay_row(outbox_id)
@@ -177,6 +172,7 @@ async def test_an_outage_spends_no_attempt_and_a_refusal_still_ends_dead(
     assert job is not None and job.status == "DEAD" and job.error_code == "RETRIES_EXHAUSTED"
 
 
+@pytest.mark.real_clock  # how often the loop tries during seconds of outage
 async def test_the_loop_backs_off_through_an_outage_and_delivers_when_sqs_returns(
     store: SqlStore, keys: KeyRing, rig: Rig
 ) -> None:
@@ -184,28 +180,30 @@ async def test_the_loop_backs_off_through_an_outage_and_delivers_when_sqs_return
     interval), and once it is back every row goes out without a restart."""
     made = [await insert_portal_job(store, time.time(), keys, "pw-loop") for _ in range(5)]
     publisher = RefusingPublisher(rig.queues, set())
-    relay = Relay(store, publisher, relay_settings(max_attempts=1), Metrics())
+    relay = Relay(store, publisher, outage_settings(max_attempts=1), Metrics())
     stop = asyncio.Event()
     await rig.proxy.stop()
     with capture_logs() as logs:
         loop = asyncio.create_task(relay.run(stop))
         try:
-            await asyncio.sleep(4.0)  # the outage: 80 intervals of 0.05 s
+            # The outage: 80 intervals of 0.05 s, through which the loop keeps running.
+            await consistently(lambda: not loop.done(), 4.0)
             calls_during = publisher.calls
             await rig.proxy.start()
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+
+            async def all_sent() -> bool:
                 rows = [await store.get_relay_row(o) for _, o in made]
-                if all(r is not None and r.status == "SENT" for r in rows):
-                    break
-                await asyncio.sleep(0.2)
+                return all(r is not None and r.status == "SENT" for r in rows)
+
+            with contextlib.suppress(AssertionError):  # the assertions below say what is not
+                await eventually(all_sent, 60, interval=0.2)
         finally:
             stop.set()
             await asyncio.wait_for(loop, 30)
     # relay.max_attempts = 1, and still nothing is DEAD: no outage attempt counted.
     rows = [await store.get_relay_row(o) for _, o in made]
     assert all(r is not None and r.status == "SENT" for r in rows), rows
-    assert sorted(await drain(rig.queues)) == sorted(o for _, o in made)
+    assert sorted(await drained_outbox_ids(rig.queues)) == sorted(o for _, o in made)
     # Backing off: a handful of tries in those 4 s (each one SendMessageBatch), not 80.
     print(f"\nSendMessageBatch tries during a 4 s SQS outage: {calls_during}")
     assert 1 <= calls_during <= 12, calls_during

@@ -12,24 +12,27 @@ the requests' alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import pytest
 import pytest_asyncio
 from aiohttp import web
+from testkit.moto import MotoServer
 
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay, relay_shape
-from tests.integration.test_relay import all_rows, drain, relay_settings
-from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
+from tests.support.relay import all_rows, drain, relay_settings
 from tests.support.sqs_proxy import forward, queues_at, serve
+from tests.support.waits import eventually
 
 
 @dataclass
@@ -78,6 +81,7 @@ async def queues(proxy: SerialSlowProxy) -> AsyncIterator[SqsQueues]:
         yield q
 
 
+@pytest.mark.real_clock  # an SQS that answers slowly, one call at a time
 async def test_a_slow_serial_sqs_gets_every_row_once_from_the_loop_and_the_requests(
     store: SqlStore, keys: KeyRing, proxy: SerialSlowProxy, queues: SqsQueues
 ) -> None:
@@ -101,15 +105,19 @@ async def test_a_slow_serial_sqs_gets_every_row_once_from_the_loop_and_the_reque
     )
     assert shape.lanes * shape.batches_per_round >= 20
 
+    def sent_twice() -> bool:
+        return max(proxy.received.values(), default=0) >= 2
+
+    async def settled() -> bool:
+        """Passes back to back while they publish; then every row SENT, or a row went
+        out twice (the assertions below then say which). Rows backing off: again."""
+        while not sent_twice() and await relay.relay_pass():
+            pass
+        return sent_twice() or all(r.status == "SENT" for r in await all_rows(store))
+
     async def run_loop() -> None:
-        """The relay loop until every row is SENT, or a row went out twice (the
-        assertions below then say which), or 30 s passed."""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and max(proxy.received.values(), default=0) < 2:
-            if await relay.relay_pass() == 0:
-                if all(r.status == "SENT" for r in await all_rows(store)):
-                    return
-                await asyncio.sleep(0.05)  # rows backing off: poll again
+        with contextlib.suppress(AssertionError):  # the assertions below say what is not
+            await eventually(settled, 30)
 
     answers = await asyncio.gather(run_loop(), *(relay.publish_now(o) for _, o in asked))
 

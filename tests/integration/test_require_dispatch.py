@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -19,15 +18,14 @@ from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.queue.embedded import EmbeddedSqs
-from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
+from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
-from tests.integration.test_relay import PartialFailurePublisher, queues, relay_settings, settings
 from tests.support.clock import Clock
-
-__all__ = ["queues", "settings"]  # the fixtures, shared with test_relay
+from tests.support.relay import GatedPublisher, relay_settings
+from tests.support.waits import Calls
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-dispatch"}
@@ -121,23 +119,6 @@ async def test_with_sqs_down_require_dispatch_answers_503_c08_and_202_once_it_is
                 await client.close()
 
 
-class LoopHeldPublisher(PartialFailurePublisher):
-    """Fails every entry. While `hold` is set, a batch waits for `gate` first (`entered`
-    says one is waiting): the relay loop's publish in flight."""
-
-    def __init__(self, inner: SqsQueues) -> None:
-        super().__init__(inner, fail=lambda _m: "ServiceUnavailable")
-        self.hold = False
-        self.gate = asyncio.Event()
-        self.entered = asyncio.Event()
-
-    async def send_batch(self, kind: QueueKind, messages: Sequence[OutgoingMessage]) -> BatchResult:
-        if self.hold:
-            self.entered.set()
-            await self.gate.wait()
-        return await super().send_batch(kind, messages)
-
-
 async def test_a_replay_while_the_relay_loop_fails_its_publish_is_503_c08(
     make_settings: SettingsFactory, store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
@@ -146,7 +127,8 @@ async def test_a_replay_while_the_relay_loop_fails_its_publish_is_503_c08(
     RETRYABLE_FAILED), not "dispatched"."""
     settings = make_settings(api={"require_dispatch": True})
     clock = Clock()
-    pub = LoopHeldPublisher(queues)
+    # Fails every entry; once `hold` is set, the relay loop's publish waits in flight.
+    pub = GatedPublisher(queues, fail=lambda _m: "ServiceUnavailable", hold=False)
     relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
     client = await client_for(build_api_deps(settings, store, keys, Metrics(), queues, relay))
     try:
@@ -161,10 +143,11 @@ async def test_a_replay_while_the_relay_loop_fails_its_publish_is_503_c08(
         held = await store.get_relay_row(row.id)
         assert held is not None and (held.claimed_until or 0) > clock.now
 
+        looks = Calls(store, "get_relay_row")
         replay = asyncio.create_task(post(client, "k-held"))
         # Ordering only (the replay meets the row while it is held); the answer below
         # must be the same if the loop's outcome lands first.
-        await asyncio.sleep(0.3)
+        await looks.reach(1)
         pub.gate.set()
         status, body, headers = await asyncio.wait_for(replay, 10)
         await loop_round

@@ -25,6 +25,7 @@ from outboxd.storage.ports import RelayRow, TaskRun, TaskStore
 from outboxd.storage.store import SqlStore, open_store
 from outboxd.workers.scheduler import Scheduler
 from tests.support.clock import Clock
+from tests.support.waits import consistently
 
 
 def ts(text: str) -> float:
@@ -329,13 +330,14 @@ async def test_cron_and_every_instances_agree_on_fire_times(
         await other.close()
 
 
+@pytest.mark.real_clock  # how many fire in a second of the loop's own clock
 async def test_run_loop_enqueues_on_the_real_clock_and_stops(store: SqlStore) -> None:
     s = Scheduler(SchedulerSettings(jobs=(every("live", 0.2),), tick_s=0.05), TaskService(store))
     stop = asyncio.Event()
     started = time.monotonic()
     with capture_logs() as logs:
         runner = asyncio.create_task(s.run(stop))
-        await asyncio.sleep(1.05)
+        await consistently(lambda: not runner.done(), 1.05)  # it runs until stopped
         stop.set()
         await asyncio.wait_for(runner, 2)
     assert time.monotonic() - started < 3

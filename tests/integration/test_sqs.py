@@ -24,6 +24,7 @@ from outboxd.queue.sqs import (
 )
 from tests.support.sqs import read_all
 from tests.support.sqs_proxy import queue_settings as make_settings
+from tests.support.waits import consistently
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -223,19 +224,22 @@ async def test_read_all_leaves_messages_or_drains(queues: SqsQueues) -> None:
     assert await queues.depth("jobs") == QueueDepth(visible=0, in_flight=0, dlq_visible=0)
 
 
+@pytest.mark.real_clock  # a long poll in flight: nothing signals that moto holds it
 async def test_long_poll_returns_when_a_message_arrives(queues: SqsQueues) -> None:
     """A long poll waits for a message rather than returning empty at once."""
     poll = asyncio.create_task(queues.receive("jobs", 1, wait_time_s=5))
-    await asyncio.sleep(0.3)  # let the poll reach moto before the send
+    # Meanwhile the poll reaches moto, and an empty queue does not answer it.
+    await consistently(lambda: not poll.done(), 0.3)
     await queues.send_batch("jobs", msgs(1))
     got = await asyncio.wait_for(poll, 5)
     assert [m.body for m in got] == ["body-m0"]
 
 
+@pytest.mark.real_clock
 async def test_cancelled_long_poll_stays_cancelled(queues: SqsQueues) -> None:
     """Cancelling a receive (shutdown) raises CancelledError, not QueueError."""
     poll = asyncio.create_task(queues.receive("jobs", 1, wait_time_s=10))
-    await asyncio.sleep(0.2)
+    await consistently(lambda: not poll.done(), 0.2)  # in flight at moto, most likely
     poll.cancel()
     with pytest.raises(asyncio.CancelledError):
         await poll

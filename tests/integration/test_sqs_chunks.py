@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from aiohttp import web
+from testkit.moto import MotoServer
 
 from outboxd.queue.sqs import MAX_MESSAGE_BYTES, OutgoingMessage, QueueError, SqsQueues
-from tests.support.moto import MotoServer
 from tests.support.sqs_proxy import forward, queues_at, serve
 
 

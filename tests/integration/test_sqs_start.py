@@ -21,16 +21,16 @@ import pytest_asyncio
 from aiobotocore.session import AioSession
 from aiohttp import web
 from structlog.testing import capture_logs
+from testkit.moto import MotoServer
 
-from outboxd.config import RelaySettings
 from outboxd.daemon.readiness import Readiness
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import OutgoingMessage, QueueError, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
-from tests.support.moto import MotoServer
 from tests.support.ops import insert_portal_job
+from tests.support.relay import relay_settings
 from tests.support.sqs_proxy import forward, queue_settings, serve
 from tests.support.tcp_proxy import TcpProxy
 
@@ -138,17 +138,6 @@ async def gate(moto_server: MotoServer) -> AsyncIterator[TcpProxy]:
         await proxy.stop()
 
 
-def relay_settings() -> RelaySettings:
-    return RelaySettings(
-        interval_s=0.1,
-        batch_size=10,
-        max_attempts=3,
-        backoff_base_s=10.0,
-        backoff_max_s=1000.0,
-        publish_timeout_s=10.0,
-    )
-
-
 async def test_sqs_unreachable_at_start_every_later_error_names_the_cause(
     gate: TcpProxy, store: SqlStore, keys: KeyRing
 ) -> None:
@@ -175,7 +164,8 @@ async def test_sqs_unreachable_at_start_every_later_error_names_the_cause(
         later.append(checks["sqs"])
 
         _, outbox_id = await insert_portal_job(store, time.time(), keys, "pw")
-        assert await Relay(store, queues, relay_settings(), Metrics()).relay_once() == 1
+        relay = Relay(store, queues, relay_settings(publish_timeout_s=10.0), Metrics())
+        assert await relay.relay_once() == 1
         row = await store.get_relay_row(outbox_id)
         assert row is not None and row.status == "RETRYABLE_FAILED" and row.last_error
         later.append(row.last_error)

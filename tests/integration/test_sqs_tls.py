@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from testkit.moto import MotoServer
 
 from outboxd.queue.control_plane import SqsControlPlane
 from outboxd.queue.failures import REQUEST_RETRY
 from outboxd.queue.message_plane import SqsMessagePlane
 from outboxd.queue.sqs import OutgoingMessage, QueueError, SqsQueues
-from tests.support.moto import MotoServer
 from tests.support.sqs_proxy import queue_settings
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.tls import PrivateCa, make_private_ca

@@ -15,7 +15,7 @@ import pytest
 from outboxd.errors import StorageError
 from outboxd.services.retries import publish_failure
 from outboxd.storage.store import SqlStore
-from tests.integration.test_atomicity import install_fault, remove_fault
+from tests.support.db import install_outbox_fault, remove_outbox_fault
 from tests.support.ops import insert_portal_job
 
 # ---------------------------------------------------------------- relay rows
@@ -224,12 +224,12 @@ async def test_a_redrive_whose_outbox_insert_fails_leaves_the_job_dead(
     dead = await store.mark_job_dead(job_id, ("RETRIES_EXHAUSTED", "x"), 60.0)
     assert dead is not None and dead.status == "DEAD"
 
-    await install_fault(db_url)
+    await install_outbox_fault(db_url)
     try:
         with pytest.raises(StorageError):
             await store.redrive_job(job_id, str(uuid.uuid4()), 70.0)
     finally:
-        await remove_fault(db_url)
+        await remove_outbox_fault(db_url)
 
     job = await store.get_job(job_id)
     assert job is not None

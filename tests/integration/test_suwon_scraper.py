@@ -31,6 +31,7 @@ from yarl import URL
 from outboxd.config import SuwonScraperSettings
 from outboxd.scrapers.suwon import PortalError, SuwonScraper
 from tests.support.records import EXPECTED_RECORD
+from tests.support.waits import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -522,11 +523,12 @@ async def test_fake_runs_standalone_and_stops_on_sigterm(tmp_path: Path) -> None
         cwd=REPO_ROOT,
     )
     try:
-        deadline = time.monotonic() + 10
-        while not port_file.exists():
+
+        def started() -> bool:
             assert proc.returncode is None, "fake portal exited early"
-            assert time.monotonic() < deadline, "fake portal did not start"
-            await asyncio.sleep(0.05)
+            return port_file.exists()
+
+        await eventually(started, 10, what="the fake portal to write its URLs")
         urls = json.loads(port_file.read_text())
         scraper = SuwonScraper(SuwonScraperSettings(min_interval_s=0.0, **urls))
         try:

@@ -13,13 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from outboxd.storage.store import SqlStore, open_store
-from outboxd.workers.job_changes import JobChangeFeed
-from tests.integration.test_job_waits import Api, Client, _until_held, held, make_api, new_job
-
-__all__ = ["make_api"]  # the fixture, used by name
+from outboxd.storage.store import SqlStore
+from tests.support.held import Api, Client, another_store, held, listening, new_job, until_held
+from tests.support.waits import Calls, eventually
 
 JOBS = "/v1/admin/jobs"
 
@@ -44,7 +40,7 @@ async def test_a_listing_has_an_etag_and_a_new_job_ends_its_wait(make_api: Api) 
     assert quick.status == 200 and "Preference-Applied" not in quick.headers
 
     request = asyncio.ensure_future(held_view(client, JOBS, etag))
-    await _until_held(client, 1)
+    await until_held(client, 1)
     job_id, _ = await new_job(client)  # this process's intake
     resp = await asyncio.wait_for(request, 10)
     assert resp.status == 200 and resp.headers["Preference-Applied"] == "wait=30"
@@ -67,10 +63,13 @@ async def test_a_change_that_leaves_the_page_as_it_was_does_not_end_the_wait(
     page = await client.get(JOBS, params={"status": "CANCELLED"})
     assert (await page.json())["items"] == []
     etag = page.headers["ETag"]
+    reads = Calls(store, "list_jobs")
     request = asyncio.ensure_future(held_view(client, JOBS, etag, status="CANCELLED"))
-    await _until_held(client, 1)
+    await reads.reach(1)  # the request's own read
     job_id, _ = await new_job(client)  # QUEUED: not on this page
-    await asyncio.sleep(2.5)  # past the view's settle: the page was read again, unchanged
+    # Past the view's settle the page was read again, unchanged: the hold holds on. Had
+    # the change ended it, the answer below would be the empty page.
+    await reads.reach(2)
     assert not request.done()
     await store.cancel_job(job_id, time.time(), "admin")
     resp = await asyncio.wait_for(request, 10)
@@ -82,30 +81,17 @@ async def test_holds_of_one_listing_share_their_reads(make_api: Api, store: SqlS
     client = await make_api()
     await new_job(client)
     etag = (await client.get(JOBS, params={"limit": "5"})).headers["ETag"]
-    reads = 0
-    list_jobs = store.list_jobs
-
-    async def counted(*args: Any, **kw: Any) -> Any:
-        nonlocal reads
-        reads += 1
-        return await list_jobs(*args, **kw)
-
-    store.list_jobs = counted  # type: ignore[method-assign]
-    try:
-        requests = [
-            asyncio.ensure_future(held_view(client, JOBS, etag, limit="5")) for _ in range(10)
-        ]
-        await _until_held(client, 10)
-        await asyncio.sleep(0.2)
-        own_reads = reads  # each request's read before its wait
-        for _ in range(5):  # a burst of changes
-            await new_job(client)
-        for resp in await asyncio.wait_for(asyncio.gather(*requests), 10):
-            assert resp.status == 200
-        # Ten holds, five changes: a few reads for all of them, not one per hold and change.
-        assert own_reads == 10 and reads - own_reads <= 3, (own_reads, reads)
-    finally:
-        del store.list_jobs
+    reads = Calls(store, "list_jobs")
+    requests = [asyncio.ensure_future(held_view(client, JOBS, etag, limit="5")) for _ in range(10)]
+    await until_held(client, 10)
+    await reads.reach(10)
+    own_reads = reads.count  # each request's read before its wait
+    for _ in range(5):  # a burst of changes
+        await new_job(client)
+    for resp in await asyncio.wait_for(asyncio.gather(*requests), 10):
+        assert resp.status == 200
+    # Ten holds, five changes: a few reads for all of them, not one per hold and change.
+    assert own_reads == 10 and reads.count - own_reads <= 3, (own_reads, reads.count)
 
 
 async def test_stats_answer_a_weak_etag_and_wait_for_a_job(make_api: Api) -> None:
@@ -117,7 +103,7 @@ async def test_stats_answer_a_weak_etag_and_wait_for_a_job(make_api: Api) -> Non
     timed_out = await held_view(client, "/v1/admin/stats", etag, wait=1)
     assert (timed_out.status, timed_out.headers["ETag"]) == (304, etag)
     request = asyncio.ensure_future(held_view(client, "/v1/admin/stats", etag))
-    await _until_held(client, 1)
+    await until_held(client, 1)
     await new_job(client)
     resp = await asyncio.wait_for(request, 10)
     assert resp.status == 200 and resp.headers["ETag"] != etag
@@ -130,26 +116,22 @@ async def test_another_store_on_the_database_ends_a_held_listing(
     """Another daemon's change reaches this one only through the feed: a notification on
     Postgres, the poll of the newest event on SQLite."""
     client = await make_api()
-    feed = JobChangeFeed(store, store.changes)
-    stop = asyncio.Event()
-    running = asyncio.create_task(feed.run(stop))
-    other = await open_store(db_url, tmp_path, 2, 2.0)
-    try:
+    async with another_store(store, db_url, tmp_path, poll_s=0.2) as other:
         job_id, _ = await new_job(client)
-        await asyncio.sleep(0.3)  # the listener is up (Postgres)
+        if store.backend == "postgres":
+            await listening(db_url)
         etag = (await client.get(JOBS)).headers["ETag"]
+        reads = Calls(store, "list_jobs")
         request = asyncio.ensure_future(held_view(client, JOBS, etag))
-        await _until_held(client, 1)
-        await asyncio.sleep(1.5)  # a poll or two with nothing new: the hold stays
+        await reads.reach(1)  # the request's own read
+        if store.backend == "sqlite":
+            # The first poll with the listing held wakes it (nothing new): read, the hold stays.
+            await reads.reach(2)
         assert not request.done()
         await other.cancel_job(job_id, time.time(), "admin")
         resp = await asyncio.wait_for(request, 15)
         assert resp.status == 200
         assert (await resp.json())["items"][0]["status"] == "CANCELLED"
-    finally:
-        stop.set()
-        await running
-        await other.close()
 
 
 async def test_job_and_view_holds_share_max_waiters_and_the_stop_answers_them(
@@ -160,7 +142,7 @@ async def test_job_and_view_holds_share_max_waiters_and_the_stop_answers_them(
     etag = (await client.get(JOBS)).headers["ETag"]
     on_job = asyncio.ensure_future(held(client, job_id, 30, job_etag))
     on_list = asyncio.ensure_future(held_view(client, JOBS, etag))
-    await _until_held(client, 2)
+    await until_held(client, 2)
     extra = await asyncio.wait_for(held_view(client, JOBS, etag), 5)
     assert extra.status == 304 and "Preference-Applied" not in extra.headers
     client.stop.set()
@@ -170,19 +152,21 @@ async def test_job_and_view_holds_share_max_waiters_and_the_stop_answers_them(
 
 
 async def test_a_held_listing_holds_no_database_connection(make_api: Api, store: SqlStore) -> None:
-    if store.backend != "postgres":
-        pytest.skip("a pool to look at is Postgres's")
+    """As a held job request: on Postgres every pooled connection idle, on SQLite the one
+    reader and the one writer free for others."""
     client = await make_api()
     await new_job(client)
     etag = (await client.get(JOBS)).headers["ETag"]
+    reads = Calls(store, "list_jobs")
     requests = [asyncio.ensure_future(held_view(client, JOBS, etag)) for _ in range(20)]
-    await _until_held(client, 20)
-    pool = store.db._pool  # type: ignore[attr-defined]
-    deadline = time.monotonic() + 10  # a hold registers before its read: let the reads end
-    while pool.get_idle_size() < pool.get_size():
-        assert time.monotonic() < deadline, "a pooled connection stays lent"
-        await asyncio.sleep(0.05)
+    await reads.reach(20)  # a hold registers before its read: let the reads end
+    if store.backend == "postgres":
+        pool = store.db._pool  # type: ignore[attr-defined]
+        await eventually(
+            lambda: pool.get_idle_size() == pool.get_size(), what="every pooled connection idle"
+        )
+    assert (await asyncio.wait_for(client.get(JOBS), 5)).status == 200  # a read
     assert not any(r.done() for r in requests)
-    await new_job(client)
+    await asyncio.wait_for(new_job(client), 5)  # a write
     for resp in await asyncio.wait_for(asyncio.gather(*requests), 10):
         assert resp.status == 200

@@ -19,6 +19,7 @@ from outboxd.observability import Metrics
 from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory
+from tests.support.api import assert_problem
 from tests.support.db import raw_count, raw_scalar
 
 Client = TestClient[Any, Any]
@@ -33,17 +34,8 @@ async def counts(db_url: str) -> tuple[int, int]:
 async def rejected_fields(api: Client, payload: Any) -> list[str]:
     """POST `payload`: a 400 C01 problem; the fields it names."""
     resp = await api.post("/v1/websites", json=payload)
-    assert resp.status == 400
-    body = await resp.json()
-    assert_problem(body, 400, "C01")
+    body = await assert_problem(resp, 400, "C01")
     return [e["field"] for e in body["errors"]]
-
-
-def assert_problem(body: dict[str, Any], status: int, code: str) -> None:
-    assert body["status"] == status
-    assert body["code"] == code
-    for key in ("type", "title", "detail", "requestId"):
-        assert key in body, body
 
 
 async def test_new_website_is_201_with_a_pending_classification(
@@ -117,10 +109,7 @@ async def test_invalid_domain_is_400_c01_naming_domain_and_stores_nothing(
     api: Client, store: SqlStore, domain: str, db_url: str
 ) -> None:
     resp = await api.post("/v1/websites", json={"domain": domain})
-    assert resp.status == 400, await resp.text()
-    assert resp.content_type == "application/problem+json"
-    body = await resp.json()
-    assert_problem(body, 400, "C01")
+    body = await assert_problem(resp, 400, "C01")
     assert [e["field"] for e in body["errors"]] == ["domain"]
     assert await counts(db_url) == (0, 0)
 
@@ -162,9 +151,7 @@ async def test_get_returns_the_same_body_in_any_spelling(api: Client) -> None:
 async def test_get_unknown_is_404_c04(api: Client, domain: str) -> None:
     await api.post("/v1/websites", json={"domain": "known.example"})
     resp = await api.get(f"/v1/websites/{domain}")
-    assert resp.status == 404
-    assert resp.content_type == "application/problem+json"
-    assert_problem(await resp.json(), 404, "C04")
+    await assert_problem(resp, 404, "C04")
 
 
 async def test_registration_lookup_and_retry_share_the_domain_rule(

@@ -233,9 +233,8 @@ def _kill_group(proc: subprocess.Popen[str], grace_s: float = 10.0) -> None:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             break
-        deadline = time.monotonic() + wait_s
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait_s)
     # Whatever pytest left behind in its group (a stuck daemon) goes too.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)

@@ -49,6 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
+
 from tests.reliability.harness import (
     CONNECTION_ERRORS,
     JOB_TERMINAL,
@@ -63,8 +66,7 @@ from tests.reliability.harness import (
     student_number,
     write_keys_file,
 )
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
+from tests.support.waits import eventually_sync
 
 Kind = Literal["job", "site"]
 
@@ -241,6 +243,16 @@ class Loader:
         self._thread = threading.Thread(target=self._schedule, daemon=True)
         self._run_tag = uuid.uuid4().hex[:8]
 
+    def accepted_since(self, at: float, kind: Kind | None = None) -> list[Item]:
+        """Items accepted at wall time `at` or later (of one kind, or any)."""
+        return [
+            i
+            for i in list(self.items)
+            if i.accepted_at is not None
+            and i.accepted_at >= at
+            and (kind is None or i.kind == kind)
+        ]
+
     def pause(self) -> None:
         """No new submissions (those in flight go on)."""
         self._running.clear()
@@ -259,11 +271,10 @@ class Loader:
         counters = {"job": 0, "site": 0}
         rates: dict[Kind, float] = {"job": self.params.job_rate, "site": self.params.site_rate}
         next_at = {k: time.monotonic() for k in rates}
-        while not self._stop.is_set():
+        while not self._stop.wait(0.01):  # a tick; stop_and_drain() ends it at once
             now = time.monotonic()
             if not self._running.is_set():
                 next_at = {k: now for k in rates}
-                time.sleep(0.02)
                 continue
             for kind, rate in rates.items():
                 if rate > 0 and now >= next_at[kind]:
@@ -273,7 +284,6 @@ class Loader:
                     item = Item(kind, n, f"chaos-{self._run_tag}-{kind}-{n}")
                     self.items.append(item)
                     self._futures.append(self._pool.submit(self._submit, item))
-            time.sleep(0.01)
 
     def _submit(self, item: Item) -> None:
         rng = random.Random(item.key)
@@ -281,10 +291,13 @@ class Loader:
         path = "/v1/portal-link-jobs" if item.kind == "job" else "/v1/websites"
         headers = {"Idempotency-Key": item.key} if item.kind == "job" else {}
         ok_codes = (202,) if item.kind == "job" else (200, 201)
+        retry_in = 0.0
         while time.monotonic() < deadline:
+            # A careful client: a pause before each retry (none before the first try).
+            time.sleep(retry_in)
             base = self.cluster.pick(rng)
-            if base is None:
-                time.sleep(0.05)
+            if base is None:  # every daemon is down
+                retry_in = 0.05
                 continue
             item.tries += 1
             started = time.monotonic()
@@ -293,7 +306,7 @@ class Loader:
             except CONNECTION_ERRORS as exc:
                 item.last = f"{type(exc).__name__}"
                 self._failed(started, item.last)
-                time.sleep(0.1)
+                retry_in = 0.1
                 continue
             if resp.status in ok_codes:
                 body = resp.json()
@@ -306,7 +319,7 @@ class Loader:
             item.last = f"HTTP {resp.status}: {resp.text[:200]}"
             self._failed(started, f"HTTP {resp.status} {_code(resp.text)}")
             if resp.status >= 500:  # a careful client retries a 5xx with the same key
-                time.sleep(0.2)
+                retry_in = 0.2
                 continue
             item.state = "rejected"
             return
@@ -380,17 +393,17 @@ def run_chaos(params: ChaosParams, fakes: Fakes, log: Any = print) -> ChaosRepor
         loader = Loader(cluster, params)
         started = time.monotonic()
         loader.start()
-        for cycle in range(params.cycles):
-            time.sleep(rng.uniform(*params.up_s))
-            i = rng.randrange(len(daemons))
+        for up_s, i, down_s in _kill_plan(rng, params, len(daemons)):
+            time.sleep(up_s)  # load runs
+            if i is None:
+                break
             cluster.mark_down(i)
             daemons[i].kill()  # SIGKILL: no cleanup at all
             report.kills += 1
-            time.sleep(rng.uniform(*params.down_s))
+            time.sleep(down_s)
             cluster.mark_up(i, daemons[i].start())
-            if (cycle + 1) % 10 == 0:
-                log(f"chaos: {cycle + 1} kills, {len(loader.items)} submitted")
-        time.sleep(rng.uniform(*params.up_s))
+            if report.kills % 10 == 0:
+                log(f"chaos: {report.kills} kills, {len(loader.items)} submitted")
         loader.stop_and_drain()
         report.load_s = time.monotonic() - started
 
@@ -414,6 +427,20 @@ def run_chaos(params: ChaosParams, fakes: Fakes, log: Any = print) -> ChaosRepor
     return report
 
 
+def _kill_plan(
+    rng: random.Random, params: ChaosParams, daemons: int
+) -> list[tuple[float, int | None, float]]:
+    """The seed's chaos: per cycle, how long the load runs, which daemon is then killed
+    and how long it stays down; last, the load running on with no kill."""
+    plan: list[tuple[float, int | None, float]] = []
+    for _ in range(params.cycles):
+        up_s = rng.uniform(*params.up_s)
+        i = rng.randrange(daemons)
+        plan.append((up_s, i, rng.uniform(*params.down_s)))
+    plan.append((rng.uniform(*params.up_s), None, 0.0))
+    return plan
+
+
 def settle_and_count(
     report: ChaosReport,
     items: list[Item],
@@ -428,11 +455,14 @@ def settle_and_count(
     domains = {i.ref for i in accepted if i.kind == "site" and i.ref}
     q_started = time.monotonic()
     snap = _terminal_snapshot(db)
-    while not _quiescent(snap, job_ids, domains):
-        if time.monotonic() - q_started > report.params.quiesce_timeout_s:
-            break
-        time.sleep(0.5)
+
+    def quiescent() -> bool:
+        nonlocal snap
         snap = _terminal_snapshot(db)
+        return _quiescent(snap, job_ids, domains)
+
+    with contextlib.suppress(AssertionError):  # not quiescent: the counts say what is not
+        eventually_sync(quiescent, report.params.quiesce_timeout_s, interval=0.5)
     report.quiesce_s = time.monotonic() - q_started
     with contextlib.suppress(Exception):
         stats = http("GET", base, "/v1/admin/stats").json()

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
 from tests.reliability.harness import Db, Fakes, daemon_config, new_daemon, write_keys_file
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
 
 MakeDaemon = Callable[..., DaemonProcess]
 

@@ -1,5 +1,5 @@
 """Shared pieces of the reliability suite (its fixtures are in conftest.py); the acceptance
-tests use `Db`, `http`, `merge` and `wait_until` too.
+tests use `Db` and `http` too.
 
 - `Fakes`: the strict fake portal (with as many students as needed, each job its own
   student) and the fake AI, both on one background event loop, recording every effect
@@ -7,7 +7,6 @@ tests use `Db`, `http`, `merge` and `wait_until` too.
 - `daemon_config`: a daemon configuration with small timings, so recovery is quick;
 - `http`: a plain synchronous HTTP client for loopback daemons; `raw_post` and
   `raw_request_settings` for properties over raw requests;
-- `wait_until`: polling with a deadline;
 - `Db`: reads of the daemons' database with a driver of our own (never the store under
   test), from synchronous code;
 - `log_events`: the JSON log lines of daemon processes.
@@ -31,17 +30,18 @@ from typing import Any, TypeVar
 import asyncpg
 from aiohttp import web
 from hypothesis import HealthCheck, settings
+from testkit.daemon import DaemonProcess
 from testkit.fakes.ai import FakeAI
 from testkit.fakes.portal import INFO_COOKIE, Course, FakePortal, Semester, Student, Totals
 
 from outboxd.security import generate_key
 from outboxd.storage.db import sqlite_path
 from tests.support.config import merge
-from tests.support.daemon import DaemonProcess
 from tests.support.db import COUNTED, RawDb, raw_rows
 from tests.support.loop_thread import LoopThread
 from tests.support.responses import Response
 from tests.support.students import it_student
+from tests.support.waits import eventually_sync
 
 AI_KEY_ENV = "RELIABILITY_AI_KEY"
 AI_KEY = "sk-reliability-5150"
@@ -292,6 +292,13 @@ def http(
         conn.close()
 
 
+def register_website(base: str, domain: str) -> dict[str, Any]:
+    """POST /v1/websites for a new domain (201): the website."""
+    resp = http("POST", base, "/v1/websites", {"domain": domain})
+    assert resp.status == 201, resp.text
+    return dict(resp.json())
+
+
 def raw_post(path: str, body: bytes, extra: bytes = b"") -> bytes:
     """A whole POST request as bytes (JSON body, `extra` header lines), closing after."""
     return (
@@ -311,17 +318,6 @@ def raw_request_settings(examples: int) -> settings:
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-
-
-def wait_until(what: str, check: Any, timeout_s: float, poll_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
 
 
 # ------------------------------------------------------------------ the database, read directly
@@ -352,24 +348,30 @@ class Db:
                 if "no such table" in str(exc):
                     return []
                 raise
-        for attempt in range(5):
+
+        lost: list[BaseException] = []
+
+        def attempt() -> list[list[dict[str, Any]]] | None:
             try:
                 if self._raw is None:
                     self._raw = self._run(RawDb(self.url).open())
-                return self._run(self._raw.rows(query, *args))
+                return [self._run(self._raw.rows(query, *args))]
             except asyncpg.UndefinedTableError:
-                return []
+                return [[]]
             except (
                 OSError,
                 asyncpg.PostgresConnectionError,
                 asyncpg.InterfaceError,
                 asyncpg.AdminShutdownError,
-            ):
+            ) as exc:
                 self._raw = None  # terminated under us: a new one next time
-                if attempt == 4:
-                    raise
-                time.sleep(0.2)
-        raise AssertionError("unreachable")
+                lost.append(exc)
+                return None
+
+        try:
+            return eventually_sync(attempt, 1.0, what="a connection", interval=0.2)[0]
+        except AssertionError:
+            raise lost[-1] from None
 
     def scalar(self, query: str, *args: Any) -> Any:
         rows = self.rows(query, *args)

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testkit.moto import MotoServer
 
 from tests.reliability.chaos import ChaosParams, ChaosReport, run_chaos
 from tests.reliability.harness import Fakes
-from tests.support.moto import MotoServer
 
-pytestmark = pytest.mark.slow
+# Kills on a random schedule in seconds, under a load whose clients pause between retries.
+pytestmark = [pytest.mark.slow, pytest.mark.real_clock]
 
 CYCLES = int(os.environ.get("OUTBOXD_CHAOS_CYCLES", "10"))
 

@@ -17,14 +17,14 @@ In both: the website ends COMPLETED with its category, never a call after that.
 from __future__ import annotations
 
 import signal
-import time
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
 
 from tests.reliability.conftest import MakeDaemon
-from tests.reliability.harness import Db, Fakes, http, wait_until
-from tests.support.daemon import DaemonProcess
+from tests.reliability.harness import Db, Fakes, http
+from tests.support.waits import consistently_sync, eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -77,21 +77,24 @@ def crash_at(point: str, daemon: DaemonProcess, db: Db, fakes: Fakes) -> dict[st
 
 def finish_after_restart(daemon: DaemonProcess, db: Db) -> tuple[str, dict[str, Any]]:
     base = daemon.start()  # unarmed, same database
-    row = wait_until(
-        "the website classified",
+    row = eventually_sync(
         lambda: (r := work_row(db))["status"] == "COMPLETED" and r,
-        timeout_s=PROCESSING_TIMEOUT_S + 15,
-        poll_s=0.1,
+        PROCESSING_TIMEOUT_S + 15,
+        what="the website classified",
     )
     return base, row
 
 
 def assert_nothing_more_happens(daemon: DaemonProcess, db: Db, fakes: Fakes, calls: int) -> None:
-    """A further processing timeout later: still COMPLETED, written once, no new call."""
-    time.sleep(PROCESSING_TIMEOUT_S + 0.5)
-    row = work_row(db)
-    assert (row["status"], row["version"]) == ("COMPLETED", 1), row
-    assert len(calls_for(fakes)) == calls
+    """For a further processing timeout: still COMPLETED, written once, no new call."""
+
+    def unchanged() -> bool:
+        row = work_row(db)
+        assert (row["status"], row["version"]) == ("COMPLETED", 1), row
+        assert len(calls_for(fakes)) == calls
+        return True
+
+    consistently_sync(unchanged, PROCESSING_TIMEOUT_S + 0.5, interval=0.25)
     classified = [
         e for e in daemon.events() if e["event"] == "website_classified" and e["domain"] == DOMAIN
     ]
@@ -99,6 +102,7 @@ def assert_nothing_more_happens(daemon: DaemonProcess, db: Db, fakes: Fakes, cal
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.real_clock  # nothing more happens for a processing timeout
 def test_crash_during_claim(daemon: DaemonProcess, db: Db, fakes: Fakes) -> None:
     held = crash_at("during_claim", daemon, db, fakes)
     assert calls_for(fakes) == []  # it died before calling the provider
@@ -124,6 +128,7 @@ def test_crash_during_claim(daemon: DaemonProcess, db: Db, fakes: Fakes) -> None
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.real_clock  # nothing more happens for a processing timeout
 def test_crash_after_classify_before_complete(daemon: DaemonProcess, db: Db, fakes: Fakes) -> None:
     held = crash_at("after_classify_before_complete", daemon, db, fakes)
     first = calls_for(fakes)

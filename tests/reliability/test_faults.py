@@ -29,12 +29,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
 from outboxd.storage.db import sqlite_path
+from tests.conftest import postgres_only, sqlite_only
 from tests.reliability.chaos import ChaosParams, ChaosReport, Cluster, Loader, settle_and_count
 from tests.reliability.conftest import MakeDaemon
 from tests.reliability.harness import (
@@ -46,12 +49,10 @@ from tests.reliability.harness import (
     http,
     log_events,
     student_number,
-    wait_until,
 )
-from tests.support.daemon import DaemonProcess
 from tests.support.loop_thread import LoopThread
-from tests.support.moto import MotoServer
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, via_proxy
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -112,9 +113,13 @@ def under_load(
     cluster.start_all()
     loader = Loader(cluster, p)
     loader.start()
-    time.sleep(1.5)  # warm: work in flight when the fault starts
+    # Warm: work accepted, and more in flight, when the fault starts.
+    eventually_sync(lambda: len(loader.accepted_since(0)) >= 5, 30, what="load accepted")
     span = fault(loader)
-    time.sleep(1.5)
+    # More load, and the daemon taking it again, after the fault.
+    eventually_sync(
+        lambda: len(loader.accepted_since(span[1])) >= 5, 30, what="load accepted after the fault"
+    )
     loader.stop_and_drain()
     report = ChaosReport(p, label="fault run")
     db = Db(rig.db_url)
@@ -158,18 +163,12 @@ def client_window(
     return window
 
 
-def via_proxy(dsn: str, port: int) -> str:
-    parts = urlsplit(dsn)
-    netloc = parts.netloc.rsplit("@", 1)
-    creds = netloc[0] + "@" if len(netloc) == 2 else ""
-    return urlunsplit(parts._replace(netloc=f"{creds}127.0.0.1:{port}"))
-
-
 # ------------------------------------------------------------------ Postgres
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.real_clock  # backends killed every 0.15 s for three seconds
+@postgres_only
 def test_postgres_backends_killed_mid_transaction(rig: Rig) -> None:
     daemon = rig.daemon()
     killed = Counter[str]()
@@ -211,7 +210,8 @@ def test_postgres_backends_killed_mid_transaction(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.real_clock  # under_load: clients that pause between retries
+@postgres_only
 def test_postgres_stopped_and_started(rig: Rig) -> None:
     with LoopThread() as lt:
         upstream = urlsplit(rig.db_url)
@@ -220,14 +220,18 @@ def test_postgres_stopped_and_started(rig: Rig) -> None:
         daemon = rig.daemon(db_url=via_proxy(rig.db_url, port))
         ready: list[tuple[float, int]] = []
 
-        def fault(_loader: Loader) -> tuple[float, float]:
+        def fault(loader: Loader) -> tuple[float, float]:
             start = time.time()
             lt.run(proxy.stop())
-            base = _loader.cluster.any_base()
-            end_at = time.monotonic() + 3.0
-            while time.monotonic() < end_at:
+            base = loader.cluster.any_base()
+
+            def shown() -> bool:
+                """/readyz sampled; the outage lasts until clients and /readyz have seen it."""
                 ready.append((time.time(), http("GET", base, "/readyz").status))
-                time.sleep(0.25)
+                failed = [t for t, _lat, _what in loader.failures if t >= start]
+                return len(ready) >= 4 and len(failed) >= 3
+
+            eventually_sync(shown, 30, what="the outage seen by the clients", interval=0.25)
             lt.run(proxy.start())
             return start, time.time()
 
@@ -240,14 +244,15 @@ def test_postgres_stopped_and_started(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@postgres_only
 def test_a_pool_of_one_held_by_slow_statements(rig: Rig) -> None:
-    """pool_size = 1 and a statement that waits 3 s on a lock: every other request is
-    503 C09 after the acquire timeout, none hangs; afterwards everything goes through."""
+    """pool_size = 1 and a statement that waits on a lock (held until the other requests
+    have been refused): every other request is 503 C09 after the acquire timeout, none
+    hangs; afterwards everything goes through."""
     daemon = rig.daemon(storage={"pool_size": 1, "acquire_timeout_s": 1.0})
     base = daemon.start()
-    lock_s = 3.0
-    locked = threading.Event()
+    locked, refused = threading.Event(), threading.Event()
+    held: list[float] = []
 
     async def hold_lock() -> None:
         conn = await asyncpg.connect(rig.db_url, timeout=5)
@@ -255,9 +260,17 @@ def test_a_pool_of_one_held_by_slow_statements(rig: Rig) -> None:
             async with conn.transaction():
                 await conn.execute("LOCK TABLE jobs IN EXCLUSIVE MODE")
                 locked.set()
-                await asyncio.sleep(lock_s)
+                since = time.monotonic()
+                await asyncio.get_running_loop().run_in_executor(None, refused.wait, 10.0)
+                held.append(time.monotonic() - since)
         finally:
             await conn.close()
+
+    def post(key: str) -> Resp:
+        answer = _post_job(base, key, timeout_s=30)
+        if answer.status == 503:
+            refused.set()
+        return answer
 
     holder = threading.Thread(target=asyncio.run, args=(hold_lock(),))
     holder.start()
@@ -265,8 +278,9 @@ def test_a_pool_of_one_held_by_slow_statements(rig: Rig) -> None:
     keys = [f"pool-{i}" for i in range(20)]
     started = time.monotonic()
     with ThreadPoolExecutor(len(keys)) as pool:
-        answers = list(pool.map(lambda k: _post_job(base, k, timeout_s=30), keys))
+        answers = list(pool.map(post, keys))
     holder.join()
+    [lock_s] = held
     took = [a.elapsed_s for a in answers]
     statuses = Counter(a.status for a in answers)
     print(
@@ -285,6 +299,7 @@ def test_a_pool_of_one_held_by_slow_statements(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.real_clock  # under_load: clients that pause between retries
 def test_sqs_stopped_and_started(rig: Rig, tmp_path: Path) -> None:
     sqs = MotoServer(tmp_path / "private-moto.log")
     sqs.start()
@@ -296,11 +311,17 @@ def test_sqs_stopped_and_started(rig: Rig, tmp_path: Path) -> None:
             # Stopped with nothing on the queue: what a restart does to messages waiting
             # there is test_messages_on_the_queue_survive_an_sqs_restart.
             loader.pause()
-            wait_until("the queue drained", lambda: _all_terminal(db, loader), 30)
+            eventually_sync(lambda: _all_terminal(db, loader), 30, what="the queue drained")
             start = time.time()
             sqs.stop()
             loader.resume()
-            time.sleep(3.0)
+
+            def queued_meanwhile() -> bool:
+                """Down until jobs accepted meanwhile show it (QUEUED, not SENT)."""
+                jobs = loader.accepted_since(start, "job")
+                return len([i for i in jobs if i.dispatch != "SENT"]) >= 3
+
+            eventually_sync(queued_meanwhile, 30, what="jobs accepted while SQS is down")
             sqs.restart()
             return start, time.time()
 
@@ -326,6 +347,7 @@ def test_sqs_stopped_and_started(rig: Rig, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.real_clock  # under_load: clients that pause between retries
 def test_portal_and_ai_slow_resetting_and_answering_garbage(rig: Rig) -> None:
     daemon = rig.daemon()
     phases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
@@ -337,13 +359,19 @@ def test_portal_and_ai_slow_resetting_and_answering_garbage(rig: Rig) -> None:
     normal_ai: dict[str, Any] = {"delay_s": 0.0, "reset_connections": False, "malformed": False}
     spans: dict[str, tuple[float, float]] = {}
 
+    def retried_since(t0: float) -> bool:
+        """The portal and the AI fault both showed as a retry in the log since `t0`."""
+        since = {e["event"] for e in log_events([daemon]) if e.get("ts", 0) >= t0}
+        return {"job_retry_scheduled", "classification_retry_scheduled"} <= since
+
     def fault(_loader: Loader) -> tuple[float, float]:
         start = time.time()
         for name, portal, ai in phases:
             t0 = time.time()
             rig.fakes.set_portal(**{**normal_portal, **portal})
             rig.fakes.set_ai(**{**normal_ai, **ai})
-            time.sleep(1.5)
+            # The phase lasts until both fakes' misbehaviour showed.
+            eventually_sync(lambda t0=t0: retried_since(t0), 30, what=name, interval=0.2)
             spans[name] = (t0, time.time())
         rig.fakes.set_portal(**normal_portal)
         rig.fakes.set_ai(**normal_ai)
@@ -367,6 +395,7 @@ def test_portal_and_ai_slow_resetting_and_answering_garbage(rig: Rig) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.real_clock  # on SQLite another writer holds the file for a moment
 def test_many_concurrent_writers(rig: Rig, backend: str) -> None:
     """50 POSTs at once (a short acquire timeout): each 202 or 503 C09, none half
     written; a client retrying its 503s gets every job accepted once and run once.
@@ -387,7 +416,7 @@ def test_many_concurrent_writers(rig: Rig, backend: str) -> None:
             other = sqlite3.connect(sqlite_path(rig.db_url, Path.cwd()), isolation_level=None)
             other.execute("BEGIN IMMEDIATE")
             barrier.wait()
-            time.sleep(0.4)
+            time.sleep(0.4)  # another writer, for a moment
             other.execute("ROLLBACK")
             other.close()
         else:
@@ -446,18 +475,18 @@ def _whole_and_finished(rig: Rig, base: str, keys: list[str], answers: list[Resp
             print(f"503 for a job that had committed: {committed_503}")
         job_ids = {}
         for key in keys:  # the client retries its 503s with the same key
-            resp = wait_until(f"{key} accepted", lambda k=key: _accepted(base, k), 20)
+            resp = eventually_sync(lambda k=key: _accepted(base, k), 20, what=f"{key} accepted")
             job_ids[key] = resp.json()["jobId"]
             if key in rows:
                 assert job_ids[key] == rows[key]["id"], "a retry made a second job"
         assert db.scalar("SELECT COUNT(*) AS n FROM jobs") == len(keys)
-        wait_until(
-            "every job to succeed",
+        eventually_sync(
             lambda: (
                 db.scalar("SELECT COUNT(*) AS n FROM jobs WHERE status = 'SUCCEEDED'") == len(keys)
             ),
             60,
-            0.5,
+            what="every job to succeed",
+            interval=0.5,
         )
         logins = rig.fakes.logins()
         assert all(len(v) == 1 for v in logins.values()), "a job ran twice"
@@ -484,7 +513,7 @@ def _all_terminal(db: Db, loader: Loader) -> bool:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("backend", ["sqlite"])
+@sqlite_only
 def test_messages_on_the_queue_survive_an_sqs_restart(rig: Rig, tmp_path: Path) -> None:
     sqs = MotoServer(tmp_path / "private-moto.log")
     sqs.start()
@@ -495,25 +524,24 @@ def test_messages_on_the_queue_survive_an_sqs_restart(rig: Rig, tmp_path: Path) 
         keys = [f"writer-{i}" for i in range(4)]
         answers = [_post_job(base, k) for k in keys]
         assert all(a.status == 202 and a.json()["dispatch"]["status"] == "SENT" for a in answers)
-        wait_until(
-            "the first job running",
+        eventually_sync(
             lambda: any(e["event"] == "job_started" for e in log_events([daemon])),
             15,
-            0.05,
+            what="the first job running",
         )
         sqs.stop()
         sqs.restart()
         rig.fakes.set_portal(delay_s=0.0)
         db = Db(rig.db_url)
         try:
-            wait_until(
-                "all four jobs to finish after SQS came back",
+            eventually_sync(
                 lambda: (
                     db.scalar("SELECT COUNT(*) AS n FROM jobs WHERE status = 'SUCCEEDED'")
                     == len(keys)
                 ),
                 15,
-                0.5,
+                what="all four jobs to finish after SQS came back",
+                interval=0.5,
             )
         finally:
             print(
@@ -590,7 +618,8 @@ async def test_a_storage_error_after_the_commit_still_answers_202(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.real_clock  # a race with the pool, won or lost by a millisecond
+@postgres_only
 async def test_a_connection_killed_in_the_pool_is_storage_unavailable(db_url: str) -> None:
     from outboxd.errors import StorageUnavailable
     from outboxd.storage.db import Op, Query, fetch

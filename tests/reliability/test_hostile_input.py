@@ -16,14 +16,12 @@ import hashlib
 import json
 import os
 import urllib.parse
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outboxd.config import Settings
 from tests.reliability.harness import raw_request_settings
 from tests.support.live_api import LiveApi
 
@@ -33,19 +31,14 @@ EXAMPLES = int(os.environ.get("OUTBOXD_HOSTILE_EXAMPLES", "200"))
 
 
 @pytest.fixture
-def live(db_url: str, make_settings: Callable[..., Settings], tmp_path: Path) -> Iterator[LiveApi]:
+def live(make_live_api: Callable[..., LiveApi]) -> LiveApi:
     def entry(token: str, user: str, role: str) -> dict[str, str]:
         return {"sha256": hashlib.sha256(token.encode()).hexdigest(), "user": user, "role": role}
 
-    settings = make_settings(
+    return make_live_api(
         server={"max_body_bytes": 16384, "read_timeout_s": 10.0},
         auth={"tokens": [entry(USER_TOKEN, "alice", "user"), entry(ADMIN_TOKEN, "root", "admin")]},
     )
-    api = LiveApi(db_url, settings, tmp_path)
-    try:
-        yield api
-    finally:
-        api.close()
 
 
 # ------------------------------------------------------------------ atoms

@@ -563,6 +563,7 @@ def machine_for(db_url: str, base_dir: Path) -> type[RuleBasedStateMachine]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_outbox_state_machine(db_url: str, tmp_path: Path) -> None:
     from hypothesis.stateful import run_state_machine_as_test
 

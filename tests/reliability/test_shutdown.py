@@ -19,15 +19,24 @@ from collections.abc import Generator
 from typing import Any
 
 import pytest
+from testkit.daemon import DaemonProcess
+from testkit.moto import MotoServer
 
-from outboxd.config import SqsSettings
-from outboxd.queue.sqs import QueueDepth, SqsQueues
+from outboxd.queue.sqs import QueueDepth
 from outboxd.storage.db import Op, Query, fetch
 from outboxd.storage.postgres import PostgresDatabase
+from tests.conftest import sqlite_only
 from tests.reliability.conftest import MakeDaemon
-from tests.reliability.harness import Db, Fakes, http, log_events, student_number, wait_until
-from tests.support.daemon import DaemonProcess
-from tests.support.moto import MotoServer
+from tests.reliability.harness import (
+    Db,
+    Fakes,
+    http,
+    log_events,
+    register_website,
+    student_number,
+)
+from tests.support.sqs import queues_named
+from tests.support.waits import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -44,11 +53,6 @@ def submit(base: str, n: int) -> str:
     return str(resp.json()["jobId"])
 
 
-def register(base: str, domain: str) -> None:
-    resp = http("POST", base, "/v1/websites", {"domain": domain})
-    assert resp.status == 201, resp.text
-
-
 def started(daemon: DaemonProcess, job_id: str) -> list[dict[str, Any]]:
     return [
         e for e in log_events([daemon]) if e["event"] == "job_started" and e["job_id"] == job_id
@@ -60,25 +64,21 @@ def work_in_flight(daemon: DaemonProcess, db: Db, jobs: range, domain: str) -> l
     the job ids once every job runs and the website is claimed."""
     base = daemon.start()
     job_ids = [submit(base, i) for i in jobs]
-    register(base, domain)
-    wait_until("the jobs running", lambda: all(started(daemon, j) for j in job_ids), 15, 0.05)
-    wait_until(
-        "the website claimed",
+    register_website(base, domain)
+    eventually_sync(lambda: all(started(daemon, j) for j in job_ids), 15, what="the jobs running")
+    eventually_sync(
         lambda: db.scalar("SELECT status FROM work_outbox") == "PROCESSING",
         15,
-        0.05,
+        what="the website claimed",
     )
     return job_ids
 
 
 def queue_depth(moto_server: MotoServer, queue_names: dict[str, str]) -> QueueDepth:
     """The jobs queue's depth, read with a client of the test's own."""
-    settings = SqsSettings(
-        endpoint_url=moto_server.endpoint_url, create_queues=False, **queue_names
-    )
 
     async def read() -> QueueDepth:
-        async with SqsQueues(settings, moto_server.endpoint_url) as q:
+        async with queues_named(moto_server.endpoint_url, queue_names) as q:
             return await q.depth("jobs")
 
     return asyncio.run(read())
@@ -161,23 +161,22 @@ def test_sigterm_releases_what_cannot_finish_and_a_restart_picks_it_up(
     fakes.set_ai(delay_s=0.0)
     restart = time.monotonic()
     base = daemon.start()
-    t_start = wait_until(
-        "the job picked up again",
+    t_start = eventually_sync(
         lambda: len(started(daemon, job_id)) >= 2 and time.monotonic(),
         visibility_s,
-        0.05,
+        what="the job picked up again",
     )
     print(f"picked up {t_start - restart:.2f}s after the restart (visibility {visibility_s}s)")
-    wait_until(
-        "the job to succeed",
+    eventually_sync(
         lambda: db.scalar("SELECT status FROM jobs WHERE id = ?", job_id) == "SUCCEEDED",
         20,
+        what="the job to succeed",
     )
     # The classification cut short is finished too (after its processing timeout at most).
-    wait_until(
-        "the website classified",
+    eventually_sync(
         lambda: db.scalar("SELECT status FROM work_outbox") == "COMPLETED",
         processing_timeout_s + 10,
+        what="the website classified",
     )
     assert db.scalar("SELECT version FROM websites") == 1
     assert http("GET", base, f"/v1/jobs/{job_id}").json()["error"] is None
@@ -185,7 +184,7 @@ def test_sigterm_releases_what_cannot_finish_and_a_restart_picks_it_up(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("backend", ["sqlite"])
+@sqlite_only
 def test_a_second_sigterm_exits_at_once_and_nothing_is_lost(
     make_daemon: MakeDaemon, fakes: Fakes, db: Db
 ) -> None:
@@ -198,10 +197,14 @@ def test_a_second_sigterm_exits_at_once_and_nothing_is_lost(
     )
     base = daemon.start()
     job_id = submit(base, 2)
-    wait_until("the job running", lambda: started(daemon, job_id), 15, 0.05)
+    eventually_sync(lambda: started(daemon, job_id), 15, what="the job running")
     assert daemon.proc is not None
     daemon.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    eventually_sync(
+        lambda: any(e["event"] == "shutdown_requested" for e in daemon.events()),
+        10,
+        what="the first SIGTERM handled",
+    )
     t0 = time.monotonic()
     daemon.proc.send_signal(signal.SIGTERM)
     code = daemon.wait_exit(timeout_s=10)
@@ -213,10 +216,10 @@ def test_a_second_sigterm_exits_at_once_and_nothing_is_lost(
 
     fakes.set_portal(delay_s=0.0)
     daemon.start()
-    wait_until(
-        "the job to succeed after a restart",
+    eventually_sync(
         lambda: db.scalar("SELECT status FROM jobs WHERE id = ?", job_id) == "SUCCEEDED",
         30,
+        what="the job to succeed after a restart",
     )
     assert daemon.terminate() == 0
 
@@ -226,8 +229,10 @@ async def test_closing_the_postgres_pool_waits_for_nothing(pg_database: str) -> 
     db = PostgresDatabase(pg_database, 5, 2.0)
     await db.open()
     done = asyncio.Event()
+    begun = asyncio.Event()
 
     def body() -> Generator[Op, Any, Any]:
+        begun.set()  # in the transaction, on its connection
         return (yield fetch(Query("slow", "SELECT pg_sleep(0.05)", ()), {}))
 
     async def short_transaction() -> None:
@@ -235,7 +240,7 @@ async def test_closing_the_postgres_pool_waits_for_nothing(pg_database: str) -> 
         done.set()
 
     task = asyncio.create_task(short_transaction())
-    await asyncio.sleep(0.01)  # the transaction holds its connection now
+    await asyncio.wait_for(begun.wait(), 5)  # the transaction holds its connection now
     started = time.monotonic()
     await db.close()
     took = time.monotonic() - started

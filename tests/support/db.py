@@ -133,3 +133,37 @@ async def raw_counts(db_url: str, tables: tuple[str, ...] = COUNTED) -> dict[str
     """Row counts of `tables` (by default every table a request can write)."""
     async with raw_db(db_url) as db:
         return await db.counts(tables)
+
+
+# ---------------------------------------------------------------- a fault in the database
+
+# The error every insert into relay_outbox raises while the fault is installed.
+OUTBOX_FAULT = "injected-outbox-fault"
+
+
+async def install_outbox_fault(db_url: str) -> None:
+    """A trigger that makes every insert into relay_outbox fail inside the transaction."""
+    async with raw_db(db_url) as db:
+        if db.url.startswith("sqlite:///"):
+            await db.execute(
+                "CREATE TRIGGER fail_outbox BEFORE INSERT ON relay_outbox "
+                f"BEGIN SELECT RAISE(ABORT, '{OUTBOX_FAULT}'); END"
+            )
+            return
+        await db.execute(
+            "CREATE OR REPLACE FUNCTION fail_outbox() RETURNS trigger LANGUAGE plpgsql AS "
+            f"$$ BEGIN RAISE EXCEPTION '{OUTBOX_FAULT}'; END $$"
+        )
+        await db.execute(
+            "CREATE TRIGGER fail_outbox BEFORE INSERT ON relay_outbox "
+            "FOR EACH ROW EXECUTE FUNCTION fail_outbox()"
+        )
+
+
+async def remove_outbox_fault(db_url: str) -> None:
+    async with raw_db(db_url) as db:
+        if db.url.startswith("sqlite:///"):
+            await db.execute("DROP TRIGGER fail_outbox")
+            return
+        await db.execute("DROP TRIGGER fail_outbox ON relay_outbox")
+        await db.execute("DROP FUNCTION fail_outbox()")

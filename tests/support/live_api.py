@@ -25,6 +25,7 @@ from outboxd.storage.store import SqlStore, open_store
 from tests.support.db import raw_counts
 from tests.support.loop_thread import LoopThread
 from tests.support.responses import Response
+from tests.support.waits import eventually_sync
 
 RawResponse = Response  # headers by lower-case name
 
@@ -100,13 +101,13 @@ class LiveApi:
         return out
 
     def wait_for_event(self, name: str, timeout_s: float = 20.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for e in self.events():
-                if e.get("event") == name:
-                    return e
-            time.sleep(0.05)
-        raise AssertionError(f"no {name} in the log: {self.logs.getvalue()[-2000:]}")
+        def logged() -> dict[str, Any] | None:
+            return next((e for e in self.events() if e.get("event") == name), None)
+
+        try:
+            return eventually_sync(logged, timeout_s, what=f"{name} in the log")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self.logs.getvalue()[-2000:]}") from None
 
     def close(self) -> None:
         try:

@@ -13,16 +13,17 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
 from outboxd.services.retries import publish_failure
+from outboxd.services.websites import WebsiteService
 from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore
-from tests.support.db import sql as sql
-from tests.support.db import sql_sync as sql_sync
+from tests.support.db import sql
 
 TABLES = ("jobs", "relay_outbox", "work_outbox", "task_runs")
 
@@ -152,7 +153,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_config(tmp_path: Path, config: dict[str, Any]) -> Path:
-    from tests.support.daemon import dump_toml
+    from testkit.daemon import dump_toml
 
     path = tmp_path / f"cli-{uuid.uuid4().hex[:6]}.toml"
     path.write_text(dump_toml(config))
@@ -176,3 +177,34 @@ def run_cli(
         cwd=cwd,
         check=False,
     )
+
+
+async def register_website(store: SqlStore, domain: str, at: float | None = None) -> str:
+    """A new website (PENDING classification) straight through the service, registered
+    at epoch `at` (now by default): its id."""
+    service = WebsiteService(store, clock=(lambda: at) if at is not None else time.time)
+    website, created = await service.register(domain, None)
+    assert created
+    return website.id
+
+
+@dataclass
+class DeadJobs:
+    """DEAD jobs as a bulk redrive meets them (`dead_jobs_of_every_kind`)."""
+
+    erased: JobRecord  # died in processing, its credentials since erased: not redrivable
+    at_publish: list[JobRecord]  # died at publish: their relay rows DEAD
+    in_processing: JobRecord  # died in processing: its relay row SENT
+
+
+async def dead_jobs_of_every_kind(store: SqlStore, keys: KeyRing, at_publish: int) -> DeadJobs:
+    erased = await submit_job(store, keys, key="e")
+    await kill_in_processing(store, erased.id)
+    # outbox.prune erases a DEAD job's credentials after security.dead_retention_s.
+    assert (await store.prune(0, time.time() + 60, 100))["dead_credentials"] == 1
+    published = [await submit_job(store, keys, key=f"p{i}") for i in range(at_publish)]
+    for job in published:
+        await kill_at_publish(store, job.id)
+    in_processing = await submit_job(store, keys, key="w")
+    await kill_in_processing(store, in_processing.id)
+    return DeadJobs(erased, published, in_processing)

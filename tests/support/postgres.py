@@ -70,8 +70,14 @@ async def _truncate(dsn: str) -> None:
     try:
         rows = await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
         present = [t for t in TABLES if t in {r["tablename"] for r in rows}]
-        if present:
-            await conn.execute(f"TRUNCATE {', '.join(present)} CASCADE")
+        # Only the tables with rows: a TRUNCATE costs a new file per table, rows or not.
+        written = present and await conn.fetch(
+            " UNION ALL ".join(
+                f"SELECT '{t}' AS t WHERE EXISTS (SELECT 1 FROM {t})" for t in present
+            )
+        )
+        if written:
+            await conn.execute(f"TRUNCATE {', '.join(r['t'] for r in written)} CASCADE")
     finally:
         await conn.close()
 

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.daemon import listening_url
+from testkit.daemon import listening_url
+
+from tests.support.waits import eventually_sync
 
 
 @dataclass
@@ -67,13 +69,8 @@ class NotifyListener:
         return [d for d in self.received if line in d.lines]
 
     def wait_for(self, line: str, timeout_s: float = 20) -> Datagram:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            got = self.with_line(line)
-            if got:
-                return got[0]
-            time.sleep(0.02)
-        raise AssertionError(f"no {line} within {timeout_s} s; got {self.received}")
+        got = eventually_sync(lambda: self.with_line(line), timeout_s, what=line, interval=0.02)
+        return got[0]
 
     def close(self) -> None:
         self._stop.set()

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
+from outboxd.config import SqsSettings
 from outboxd.queue.sqs import MAX_BATCH_ENTRIES, QueueKind, ReceivedMessage, SqsQueues
+
+
+@asynccontextmanager
+async def queues_named(
+    endpoint_url: str, queue_names: Mapping[str, str]
+) -> AsyncIterator[SqsQueues]:
+    """A client of the test's own on the queues `queue_names` (as a daemon made them at
+    `endpoint_url`), never creating any."""
+    settings = SqsSettings(endpoint_url=endpoint_url, create_queues=False, **queue_names)
+    async with SqsQueues(settings, endpoint_url) as queues:
+        yield queues
 
 
 async def read_all(

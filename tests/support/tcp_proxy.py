@@ -10,6 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl as _ssl
+from urllib.parse import urlsplit, urlunsplit
+
+
+def via_proxy(dsn: str, port: int) -> str:
+    """`dsn` (a Postgres URL) pointed at a proxy on loopback `port` instead."""
+    parts = urlsplit(dsn)
+    netloc = parts.netloc.rsplit("@", 1)
+    creds = netloc[0] + "@" if len(netloc) == 2 else ""
+    return urlunsplit(parts._replace(netloc=f"{creds}127.0.0.1:{port}"))
 
 
 class TcpProxy:
