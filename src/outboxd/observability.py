@@ -183,20 +183,11 @@ def log_request(
 ) -> None:
     """One structured line per HTTP request (event `http_request`, level info; `quiet`:
     debug, for the probes and scrapes that come every few seconds)."""
-    if quiet:
-        _access_log.debug(
-            "http_request",
-            request_id=request_id,
-            method=method,
-            route=route,
-            status=status,
-            duration_ms=duration_ms,
-        )
-        return
     line = _request_line
-    if line is None or not line.current():
-        # Not configured by configure_logging (tests, capture_logs): the usual path.
-        _access_log.info(
+    if quiet or line is None or not line.current():
+        # Probes and scrapes at debug; not configured by configure_logging (tests,
+        # capture_logs): the usual path.
+        (_access_log.debug if quiet else _access_log.info)(
             "http_request",
             request_id=request_id,
             method=method,

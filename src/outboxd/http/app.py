@@ -8,7 +8,6 @@ no SQL and no business rule lives on this side.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import itertools
 import time
 import uuid
@@ -18,6 +17,7 @@ from typing import Any, Final
 import structlog
 from aiohttp import web
 
+from outboxd.config import is_loopback_host
 from outboxd.errors import StorageError, StorageUnavailable
 from outboxd.http import console, inputs, models
 from outboxd.http.deps import DEPS, OPENAPI_JSON, PRINCIPAL, REQUEST_ID, ApiDeps
@@ -248,13 +248,7 @@ def _loopback_authority(authority: str) -> bool:
         name, _, port = authority.rpartition(":")
     if port and not (port.isascii() and port.isdigit()):
         return False
-    name = name.lower().removesuffix(".")
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(name.lower().removesuffix("."))
 
 
 def _authenticate(request: web.Request, tokens: TokenVerifier) -> Principal:
