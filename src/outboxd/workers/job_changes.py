@@ -68,7 +68,11 @@ class JobChangeFeed:
                     await self._listen(conn, stop)
             except StorageError as exc:
                 failures += 1
-                log.warning("job_listener_lost", error=exc, failures=failures)
+                # One warning an outage (the database's own outage lines say the rest); the
+                # reconnect attempts that follow are debug, and `job_listener_restored` ends it.
+                (log.warning if failures == 1 else log.debug)(
+                    "job_listener_lost", error=exc, failures=failures
+                )
             if stop.is_set():
                 break
             # Not listening: poll until the next attempt.
