@@ -17,7 +17,6 @@ import contextlib
 import re
 from collections.abc import Iterator, Mapping
 from contextvars import Token
-from types import TracebackType
 from typing import Any, Final
 
 import structlog
@@ -89,12 +88,7 @@ class _TraceContext:
         )
         return self.traceparent
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         structlog.contextvars.reset_contextvars(**self._tokens)
 
 

@@ -197,9 +197,14 @@ class Claimer:
             log.info("claimer_slot_missed", late_ms=round(late_s * 1000))
 
 
+# How late after its slot a call may still start: this share of the slot, capped.
+_LATE_SHARE = 0.05
+_LATE_MAX_S = 0.05
+
+
 def late_limit(delay_s: float) -> float:
-    """How late after its slot a call may still start: 5 % of the slot, at most 50 ms."""
-    return min(0.05, delay_s * 0.05)
+    """How late after its slot a call may still start (`_LATE_SHARE`, `_LATE_MAX_S`)."""
+    return min(_LATE_MAX_S, delay_s * _LATE_SHARE)
 
 
 # How long before its slot a cluster claimer looks whether a 429 paused the pace.
