@@ -7,12 +7,13 @@
 -- ---------------------------------------------------------------- jobs
 
 -- name: insert_job
+-- Without RETURNING, as insert_relay_row: the store knows what it wrote and builds the
+-- records itself (storage/store/records.py `accepted_job`, `new_relay_row`).
 INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
                   key_id, sealed, created_at, updated_at, traceparent)
 VALUES (:id, :kind, :portal, :user_id, :idempotency_key, :fingerprint, 'QUEUED',
         :key_id, :sealed, :now, :now, :traceparent)
-ON CONFLICT (user_id, idempotency_key) DO NOTHING
-RETURNING *;
+ON CONFLICT (user_id, idempotency_key) DO NOTHING;
 
 -- name: insert_relay_row
 -- :claimed_until set: the row is inserted claimed (attempt 1, leased) by the request that
@@ -20,8 +21,7 @@ RETURNING *;
 INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id, created_at,
                           claimed_until, attempt_count, traceparent)
 VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :now, :dedup_id, :now,
-        :claimed_until, :attempt_count, :traceparent)
-RETURNING *;
+        :claimed_until, :attempt_count, :traceparent);
 
 -- name: select_job
 SELECT * FROM jobs WHERE id = :id;

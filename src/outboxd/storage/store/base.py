@@ -4,7 +4,7 @@ the steps transaction bodies are made of."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from outboxd.storage.changes import JobChanges
 from outboxd.storage.db import Database, Op, Query, Row, execute, fetch
@@ -17,7 +17,7 @@ from outboxd.storage.ports import (
     decode_cursor,
     encode_cursor,
 )
-from outboxd.storage.store.records import dump, job_record, relay_record
+from outboxd.storage.store.records import dump, job_record, new_relay_row, relay_record
 
 T = TypeVar("T")
 
@@ -88,7 +88,7 @@ class StoreBase:
     def _insert_relay(
         self,
         outbox_id: str,
-        kind: str,
+        kind: Literal["job", "task"],
         job_id: str | None,
         task_id: str | None,
         dedup_id: str,
@@ -96,22 +96,24 @@ class StoreBase:
         claimed_until: float | None = None,
         traceparent: str | None = None,
     ) -> Generator[Op, Any, RelayRow]:
-        row = yield from self._one(
-            "insert_relay_row",
+        row = new_relay_row(
+            outbox_id, kind, job_id, task_id, dedup_id, now, claimed_until, traceparent
+        )
+        yield execute(
+            self.q["insert_relay_row"],
             {
-                "id": outbox_id,
-                "kind": kind,
-                "job_id": job_id,
-                "task_id": task_id,
-                "dedup_id": dedup_id,
+                "id": row.id,
+                "kind": row.kind,
+                "job_id": row.job_id,
+                "task_id": row.task_id,
+                "dedup_id": row.dedup_id,
                 "now": now,
-                "claimed_until": claimed_until,
-                "attempt_count": 0 if claimed_until is None else 1,
-                "traceparent": traceparent,
+                "claimed_until": row.claimed_until,
+                "attempt_count": row.attempt_count,
+                "traceparent": row.traceparent,
             },
         )
-        assert row is not None
-        return relay_record(row)
+        return row
 
     async def _record(
         self,

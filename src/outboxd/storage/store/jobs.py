@@ -27,7 +27,13 @@ from outboxd.storage.ports import (
     redriven_event,
 )
 from outboxd.storage.store.base import StoreBase
-from outboxd.storage.store.records import dump, job_event_record, job_record, relay_record
+from outboxd.storage.store.records import (
+    accepted_job,
+    dump,
+    job_event_record,
+    job_record,
+    relay_record,
+)
 
 # How often a cancel looks at a job that others keep changing before it answers 503.
 _CANCEL_LOOKS = 3
@@ -36,7 +42,7 @@ _CANCEL_LOOKS = 3
 class SqlJobs(StoreBase):
     async def create_portal_job(self, new: NewPortalJob, now: float) -> JobIntake:
         def body() -> Generator[Op, Any, JobIntake]:
-            inserted = yield from self._one(
+            inserted = yield from self._count(
                 "insert_job",
                 {
                     "id": new.job_id,
@@ -51,7 +57,8 @@ class SqlJobs(StoreBase):
                     "traceparent": new.traceparent,
                 },
             )
-            if inserted is not None:
+            if inserted:
+                job = accepted_job(new, now)
                 outbox = yield from self._insert_relay(
                     new.outbox_id,
                     "job",
@@ -66,12 +73,12 @@ class SqlJobs(StoreBase):
                     self.q["insert_job_event"],
                     {
                         **self._event_params(NewEvent("accepted", now)),
-                        "job_id": new.job_id,
-                        "ev_status": inserted["status"],
-                        "ev_attempt": inserted["attempts"],
+                        "job_id": job.id,
+                        "ev_status": job.status,
+                        "ev_attempt": job.attempts,
                     },
                 )
-                return JobIntake(job=job_record(inserted), outbox=outbox, created=True)
+                return JobIntake(job=job, outbox=outbox, created=True)
             row = yield from self._one(
                 "select_job_by_key",
                 {"user_id": new.user_id, "idempotency_key": new.idempotency_key},

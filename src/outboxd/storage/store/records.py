@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from outboxd.storage.db import Row
 from outboxd.storage.ports import (
     JobEvent,
     JobRecord,
+    NewPortalJob,
     PaceState,
     RelayRow,
     TaskRun,
@@ -53,6 +54,67 @@ def job_record(r: Row) -> JobRecord:
         version=int(r["version"]),
         cancel_requested=bool(r["cancel_requested"]),
         traceparent=r["traceparent"],
+    )
+
+
+def accepted_job(new: NewPortalJob, now: float) -> JobRecord:
+    """The job row `insert_job` writes, as the database holds it (its defaults included):
+    intake answers from what it wrote instead of reading the row back with RETURNING, the
+    most expensive part of the insert on SQLite (tests/integration/test_intake_records.py
+    checks the two agree)."""
+    return JobRecord(
+        id=new.job_id,
+        kind="portal_link",
+        portal=new.portal,
+        user_id=new.user_id,
+        idempotency_key=new.idempotency_key,
+        fingerprint=new.fingerprint,
+        status="QUEUED",
+        attempts=0,
+        key_id=new.key_id,
+        sealed=new.sealed,
+        lease_until=None,
+        progress=None,
+        error_code=None,
+        error_message=None,
+        result=None,
+        created_at=now,
+        updated_at=now,
+        finished_at=None,
+        version=0,
+        cancel_requested=False,
+        traceparent=new.traceparent,
+    )
+
+
+def new_relay_row(
+    outbox_id: str,
+    kind: Literal["job", "task"],
+    job_id: str | None,
+    task_id: str | None,
+    dedup_id: str,
+    now: float,
+    claimed_until: float | None,
+    traceparent: str | None,
+) -> RelayRow:
+    """The outbox row `insert_relay_row` writes, as the database holds it (see
+    `accepted_job`). Inserted claimed (`claimed_until`), it counts as attempt 1."""
+    return RelayRow(
+        id=outbox_id,
+        kind=kind,
+        job_id=job_id,
+        task_id=task_id,
+        status="PENDING",
+        attempt_count=0 if claimed_until is None else 1,
+        next_attempt_at=now,
+        last_error=None,
+        queue_message_id=None,
+        dedup_id=dedup_id,
+        created_at=now,
+        sent_at=None,
+        claimed_until=claimed_until,
+        version=0,
+        traceparent=traceparent,
     )
 
 
