@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+import pytest
 
 from outboxd.storage.changes import JobChanges
 from outboxd.storage.store import JOB_CHANNEL, SqlStore, open_store
@@ -79,3 +81,39 @@ async def test_no_write_transaction_notifies(store: SqlStore, db_url: str) -> No
         " AND tgrelid IN ('job_events'::regclass, 'jobs'::regclass, 'relay_outbox'::regclass)",
     )
     assert triggers == []
+
+
+@postgres_only
+@pytest.mark.real_clock  # commits spread over real time, a few milliseconds apart
+async def test_commits_in_quick_succession_share_notify_statements(
+    store: SqlStore, db_url: str
+) -> None:
+    """One statement at once, and the ids that follow it gather a moment: forty commits
+    2 ms apart (longer than a round trip here, so without the pause each would have a
+    statement of its own) are told in a handful of statements, every id once, in order."""
+    assert store.notifier is not None
+    heard: list[str] = []
+    statements = 0
+    read = store.db.read
+
+    async def counted_read(body: Any) -> Any:  # the real database, counted
+        nonlocal statements
+        statements += 1
+        return await read(body)
+
+    listener = await asyncpg.connect(db_url)
+    try:
+        await listener.add_listener(JOB_CHANNEL, lambda *args: heard.append(args[3]))
+        store.db.read = counted_read  # type: ignore[method-assign]
+        ids = [f"job-{i}" for i in range(40)]
+        for job_id in ids:
+            store.notifier([job_id])
+            await asyncio.sleep(0.002)  # the next request's commit
+        await store.notifier.drain()
+        await listener.execute("SELECT pg_notify($1, 'marker')", JOB_CHANNEL)
+        await eventually(lambda: "marker" in heard, 5, what="the notifications and the marker")
+        assert heard == [*ids, "marker"]
+        assert 1 <= statements <= 15, statements
+    finally:
+        store.db.read = read  # type: ignore[method-assign]
+        await listener.close()
