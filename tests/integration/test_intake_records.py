@@ -1,7 +1,7 @@
 """What intake answers is what it committed.
 
 The intake statements return nothing (no RETURNING): the store builds the job and outbox
-records from what it wrote (`records.accepted_job`, `records.new_relay_row`). These tests
+records from what it wrote (`records.inserted_job`, `records.inserted_relay_row`). These tests
 read the rows back and compare, on both backends, alone and in a group, so a column added
 with a default, or a default changed, cannot leave the two apart unnoticed."""
 

@@ -8,7 +8,7 @@
 
 -- name: insert_job
 -- Without RETURNING, as insert_relay_row: the store knows what it wrote and builds the
--- records itself (storage/store/records.py `accepted_job`, `new_relay_row`).
+-- records itself (storage/store/records.py `inserted_job`, `inserted_relay_row`).
 INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
                   key_id, sealed, created_at, updated_at, traceparent)
 VALUES (:id, :kind, :portal, :user_id, :idempotency_key, :fingerprint, 'QUEUED',

@@ -17,7 +17,7 @@ from outboxd.storage.ports import (
     decode_cursor,
     encode_cursor,
 )
-from outboxd.storage.store.records import dump, job_record, new_relay_row, relay_record
+from outboxd.storage.store.records import dump, inserted_relay_row, job_record, relay_record
 
 T = TypeVar("T")
 
@@ -96,24 +96,20 @@ class StoreBase:
         claimed_until: float | None = None,
         traceparent: str | None = None,
     ) -> Generator[Op, Any, RelayRow]:
-        row = new_relay_row(
-            outbox_id, kind, job_id, task_id, dedup_id, now, claimed_until, traceparent
-        )
-        yield execute(
-            self.q["insert_relay_row"],
-            {
-                "id": row.id,
-                "kind": row.kind,
-                "job_id": row.job_id,
-                "task_id": row.task_id,
-                "dedup_id": row.dedup_id,
-                "now": now,
-                "claimed_until": row.claimed_until,
-                "attempt_count": row.attempt_count,
-                "traceparent": row.traceparent,
-            },
-        )
-        return row
+        params = {
+            "id": outbox_id,
+            "kind": kind,
+            "job_id": job_id,
+            "task_id": task_id,
+            "dedup_id": dedup_id,
+            "now": now,
+            "claimed_until": claimed_until,
+            # Inserted claimed, by the request that publishes it right after the commit.
+            "attempt_count": 0 if claimed_until is None else 1,
+            "traceparent": traceparent,
+        }
+        yield execute(self.q["insert_relay_row"], params)
+        return inserted_relay_row(params)
 
     async def _record(
         self,

@@ -28,8 +28,8 @@ from outboxd.storage.ports import (
 )
 from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import (
-    accepted_job,
     dump,
+    inserted_job,
     job_event_record,
     job_record,
     relay_record,
@@ -42,23 +42,20 @@ _CANCEL_LOOKS = 3
 class SqlJobs(StoreBase):
     async def create_portal_job(self, new: NewPortalJob, now: float) -> JobIntake:
         def body() -> Generator[Op, Any, JobIntake]:
-            inserted = yield from self._count(
-                "insert_job",
-                {
-                    "id": new.job_id,
-                    "kind": "portal_link",
-                    "portal": new.portal,
-                    "user_id": new.user_id,
-                    "idempotency_key": new.idempotency_key,
-                    "fingerprint": new.fingerprint,
-                    "key_id": new.key_id,
-                    "sealed": new.sealed,
-                    "now": now,
-                    "traceparent": new.traceparent,
-                },
-            )
-            if inserted:
-                job = accepted_job(new, now)
+            params = {
+                "id": new.job_id,
+                "kind": "portal_link",
+                "portal": new.portal,
+                "user_id": new.user_id,
+                "idempotency_key": new.idempotency_key,
+                "fingerprint": new.fingerprint,
+                "key_id": new.key_id,
+                "sealed": new.sealed,
+                "now": now,
+                "traceparent": new.traceparent,
+            }
+            if (yield from self._count("insert_job", params)):
+                job = inserted_job(params)
                 outbox = yield from self._insert_relay(
                     new.outbox_id,
                     "job",

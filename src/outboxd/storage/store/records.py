@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from outboxd.storage.db import Row
 from outboxd.storage.ports import (
     JobEvent,
     JobRecord,
-    NewPortalJob,
     PaceState,
     RelayRow,
     TaskRun,
@@ -57,65 +56,37 @@ def job_record(r: Row) -> JobRecord:
     )
 
 
-def accepted_job(new: NewPortalJob, now: float) -> JobRecord:
-    """The job row `insert_job` writes, as the database holds it (its defaults included):
-    intake answers from what it wrote instead of reading the row back with RETURNING, the
-    most expensive part of the insert on SQLite (tests/integration/test_intake_records.py
-    checks the two agree)."""
-    return JobRecord(
-        id=new.job_id,
-        kind="portal_link",
-        portal=new.portal,
-        user_id=new.user_id,
-        idempotency_key=new.idempotency_key,
-        fingerprint=new.fingerprint,
-        status="QUEUED",
-        attempts=0,
-        key_id=new.key_id,
-        sealed=new.sealed,
-        lease_until=None,
-        progress=None,
-        error_code=None,
-        error_message=None,
-        result=None,
-        created_at=now,
-        updated_at=now,
-        finished_at=None,
-        version=0,
-        cancel_requested=False,
-        traceparent=new.traceparent,
+# What a new row holds in the columns its insert leaves to the table (the migrations' defaults).
+_NEW_JOB: dict[str, Any] = {
+    "status": "QUEUED",
+    "attempts": 0,
+    "version": 0,
+    "cancel_requested": False,
+    **dict.fromkeys(
+        ("lease_until", "progress", "error_code", "error_message", "result", "finished_at")
+    ),
+}
+_NEW_RELAY_ROW: dict[str, Any] = {
+    "status": "PENDING",
+    "version": 0,
+    **dict.fromkeys(("last_error", "queue_message_id", "sent_at")),
+}
+
+
+def inserted_job(params: Mapping[str, Any]) -> JobRecord:
+    """The job row `insert_job` wrote with `params`, as the database holds it: intake answers
+    from what it wrote instead of reading the row back with RETURNING, the most expensive
+    part of the insert on SQLite (tests/integration/test_intake_records.py checks the two
+    agree)."""
+    return job_record(
+        {**_NEW_JOB, **params, "created_at": params["now"], "updated_at": params["now"]}
     )
 
 
-def new_relay_row(
-    outbox_id: str,
-    kind: Literal["job", "task"],
-    job_id: str | None,
-    task_id: str | None,
-    dedup_id: str,
-    now: float,
-    claimed_until: float | None,
-    traceparent: str | None,
-) -> RelayRow:
-    """The outbox row `insert_relay_row` writes, as the database holds it (see
-    `accepted_job`). Inserted claimed (`claimed_until`), it counts as attempt 1."""
-    return RelayRow(
-        id=outbox_id,
-        kind=kind,
-        job_id=job_id,
-        task_id=task_id,
-        status="PENDING",
-        attempt_count=0 if claimed_until is None else 1,
-        next_attempt_at=now,
-        last_error=None,
-        queue_message_id=None,
-        dedup_id=dedup_id,
-        created_at=now,
-        sent_at=None,
-        claimed_until=claimed_until,
-        version=0,
-        traceparent=traceparent,
-    )
+def inserted_relay_row(params: Mapping[str, Any]) -> RelayRow:
+    """The outbox row `insert_relay_row` wrote with `params` (see `inserted_job`)."""
+    now = params["now"]
+    return relay_record({**_NEW_RELAY_ROW, **params, "next_attempt_at": now, "created_at": now})
 
 
 def job_event_record(r: Row) -> JobEvent:
