@@ -198,6 +198,16 @@ async def register_website(store: SqlStore, domain: str, at: float | None = None
     return website.id
 
 
+async def jobs_in_each_status(store: SqlStore, keys: KeyRing) -> None:
+    """Two QUEUED jobs and one each SUCCEEDED, FAILED and DEAD (its relay row DEAD too),
+    for the reports that count rows by status."""
+    await submit_job(store, keys, key="q1")
+    await submit_job(store, keys, key="q2")
+    await succeed(store, (await submit_job(store, keys, key="s")).id)
+    await fail(store, (await submit_job(store, keys, key="f")).id)
+    await kill_at_publish(store, (await submit_job(store, keys, key="d")).id)
+
+
 @dataclass
 class DeadJobs:
     """DEAD jobs as a bulk redrive meets them (`dead_jobs_of_every_kind`)."""
