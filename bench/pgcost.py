@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testkit.records import CS101_RECORD
+
 from bench.common import (
     Bench,
     Results,
@@ -53,18 +55,7 @@ RESULT: dict[str, Any] = {
             "gpa": 4.1,
             "percentile": 91.5,
             "rank": "6/33",
-            "courses": [
-                {
-                    "code": f"CS{n}{c:02d}",
-                    "title": "자료구조",
-                    "credits": 3,
-                    "grade": "A+",
-                    "gradePoints": 4.5,
-                    "category": "전공필수",
-                    "department": "컴퓨터학부",
-                }
-                for c in range(6)
-            ],
+            "courses": [{**CS101_RECORD, "code": f"CS{n}{c:02d}"} for c in range(6)],
         }
         for n in range(8)
     ],

@@ -3,6 +3,8 @@ one-line `ConfigError`s naming the key (called by `Settings.from_mapping`)."""
 
 from __future__ import annotations
 
+from functools import reduce
+from typing import Any
 from urllib.parse import urlsplit
 
 from outboxd.config import ROLES, ConfigError, Settings, is_loopback_host
@@ -14,21 +16,31 @@ def validate(s: Settings) -> None:
         if not cond:
             raise ConfigError(f"config: {key}: {why}")
 
+    # The plain bounds name each key once: the value checked is the one the message names.
+    def value(key: str) -> Any:
+        return reduce(getattr, key.split("."), s)
+
+    def positive(*keys: str) -> None:
+        for key in keys:
+            need(value(key) > 0, key, "must be positive")
+
+    def at_least_one(*keys: str) -> None:
+        for key in keys:
+            need(value(key) >= 1, key, "must be at least 1")
+
+    def not_negative(*keys: str, why: str = "must not be negative") -> None:
+        for key in keys:
+            need(value(key) >= 0, key, why)
+
     need(0 <= s.server.port <= 65535, "server.port", "must be 0-65535 (0: any free port)")
     need(s.server.max_body_bytes >= 256, "server.max_body_bytes", "must be at least 256")
-    need(s.server.read_timeout_s > 0, "server.read_timeout_s", "must be positive")
-    need(s.server.keepalive_timeout_s > 0, "server.keepalive_timeout_s", "must be positive")
-    need(s.server.max_connections >= 1, "server.max_connections", "must be at least 1")
-    need(s.server.write_timeout_s > 0, "server.write_timeout_s", "must be positive")
-    need(
-        s.api.max_active_jobs_per_user >= 0,
+    positive("server.read_timeout_s", "server.keepalive_timeout_s")
+    at_least_one("server.max_connections")
+    positive("server.write_timeout_s")
+    not_negative(
         "api.max_active_jobs_per_user",
-        "must not be negative (0: no cap)",
-    )
-    need(
-        s.api.max_websites_per_user_per_hour >= 0,
         "api.max_websites_per_user_per_hour",
-        "must not be negative (0: no cap)",
+        why="must not be negative (0: no cap)",
     )
     need(
         1024 <= s.server.max_header_bytes <= 1024 * 1024,
@@ -43,11 +55,9 @@ def validate(s: Settings) -> None:
     )
     need(url != "sqlite:///", "storage.url", "names no file")
     need(1 <= s.storage.pool_size <= 200, "storage.pool_size", "must be 1-200")
-    need(s.storage.acquire_timeout_s > 0, "storage.acquire_timeout_s", "must be positive")
-    need(
-        s.storage.start_timeout_s >= 0,
-        "storage.start_timeout_s",
-        "must not be negative (0: wait for the database forever)",
+    positive("storage.acquire_timeout_s")
+    not_negative(
+        "storage.start_timeout_s", why="must not be negative (0: wait for the database forever)"
     )
     endpoint = s.sqs.endpoint_url
     need(
@@ -73,32 +83,32 @@ def validate(s: Settings) -> None:
             f"sqs.{key}",
             "must be 1-75 characters of letters, digits, - and _",
         )
-    need(s.relay.interval_s > 0, "relay.interval_s", "must be positive")
+    positive("relay.interval_s")
     need(1 <= s.relay.batch_size <= 10, "relay.batch_size", "must be 1-10 (SendMessageBatch)")
-    need(s.relay.max_attempts >= 1, "relay.max_attempts", "must be at least 1")
-    need(s.relay.backoff_base_s > 0, "relay.backoff_base_s", "must be positive")
+    at_least_one("relay.max_attempts")
+    positive("relay.backoff_base_s")
     need(
         s.relay.backoff_max_s >= s.relay.backoff_base_s,
         "relay.backoff_max_s",
         f"({s.relay.backoff_max_s:g}) must be at least relay.backoff_base_s "
         f"({s.relay.backoff_base_s:g})",
     )
-    need(s.relay.publish_timeout_s > 0, "relay.publish_timeout_s", "must be positive")
-    need(s.consumer.max_concurrency >= 1, "consumer.max_concurrency", "must be at least 1")
-    need(s.consumer.heartbeat_s > 0, "consumer.heartbeat_s", "must be positive")
-    need(s.consumer.backoff_base_s >= 0, "consumer.backoff_base_s", "must not be negative")
+    positive("relay.publish_timeout_s")
+    at_least_one("consumer.max_concurrency")
+    positive("consumer.heartbeat_s")
+    not_negative("consumer.backoff_base_s")
     need(
         s.sqs.visibility_timeout_s == 0 or s.consumer.heartbeat_s < s.sqs.visibility_timeout_s,
         "consumer.heartbeat_s",
         f"({s.consumer.heartbeat_s:g}) must be shorter than sqs.visibility_timeout_s "
         f"({s.sqs.visibility_timeout_s})",
     )
-    need(s.consumer.dlq_sweep_s > 0, "consumer.dlq_sweep_s", "must be positive")
-    need(s.metrics.refresh_s >= 0, "metrics.refresh_s", "must not be negative")
-    need(s.claimer.fixed_delay_s > 0, "claimer.fixed_delay_s", "must be positive")
-    need(s.claimer.retry_delay_s >= 0, "claimer.retry_delay_s", "must not be negative")
-    need(s.claimer.processing_timeout_s > 0, "claimer.processing_timeout_s", "must be positive")
-    need(s.claimer.max_attempts >= 1, "claimer.max_attempts", "must be at least 1")
+    positive("consumer.dlq_sweep_s")
+    not_negative("metrics.refresh_s")
+    positive("claimer.fixed_delay_s")
+    not_negative("claimer.retry_delay_s")
+    positive("claimer.processing_timeout_s")
+    at_least_one("claimer.max_attempts")
     # A row is reclaimed after processing_timeout_s: a provider call still in
     # flight then would be made twice for one website.
     need(
@@ -115,25 +125,21 @@ def validate(s: Settings) -> None:
             f"scrapers.suwon.{key}",
             "must be an http(s) URL",
         )
-    need(su.timeout_s > 0, "scrapers.suwon.timeout_s", "must be positive")
-    need(su.max_concurrency >= 1, "scrapers.suwon.max_concurrency", "must be at least 1")
-    need(su.min_interval_s >= 0, "scrapers.suwon.min_interval_s", "must not be negative")
-    need(
-        su.max_auth_failures >= 0,
-        "scrapers.suwon.max_auth_failures",
-        "must not be negative (0: no lock)",
-    )
-    need(su.auth_failure_window_s > 0, "scrapers.suwon.auth_failure_window_s", "must be positive")
+    positive("scrapers.suwon.timeout_s")
+    at_least_one("scrapers.suwon.max_concurrency")
+    not_negative("scrapers.suwon.min_interval_s")
+    not_negative("scrapers.suwon.max_auth_failures", why="must not be negative (0: no lock)")
+    positive("scrapers.suwon.auth_failure_window_s")
     cl = s.scrapers.classifier
     need(len(cl.categories) > 0, "scrapers.classifier.categories", "must not be empty")
-    need(cl.timeout_s > 0, "scrapers.classifier.timeout_s", "must be positive")
+    positive("scrapers.classifier.timeout_s")
     for i, rule in enumerate(cl.rules):
         need(
             rule.category in cl.categories,
             f"scrapers.classifier.rules[{i}].category",
             "must be one of scrapers.classifier.categories",
         )
-    need(s.security.dead_retention_s > 0, "security.dead_retention_s", "must be positive")
+    positive("security.dead_retention_s")
     for i, tok in enumerate(s.auth.tokens):
         need(
             len(tok.sha256) == 64 and all(c in "0123456789abcdef" for c in tok.sha256.lower()),
@@ -178,18 +184,18 @@ def validate(s: Settings) -> None:
         except CronError as exc:
             raise ConfigError(f"config: {key}: {exc}") from None
         need(bool(job.task), f"{key}.task", "must not be empty")
-    need(s.scheduler.tick_s > 0, "scheduler.tick_s", "must be positive")
+    positive("scheduler.tick_s")
     need(len(s.daemon.roles) > 0, "daemon.roles", "must name at least one role")
     for role in s.daemon.roles:
         need(role in ROLES, "daemon.roles", f"unknown role {role!r} (known: {', '.join(ROLES)})")
-    need(s.daemon.shutdown_timeout_s > 0, "daemon.shutdown_timeout_s", "must be positive")
+    positive("daemon.shutdown_timeout_s")
     need(
         len(s.daemon.instance_id) <= 128 and all(33 <= ord(c) <= 126 for c in s.daemon.instance_id),
         "daemon.instance_id",
         "must be at most 128 letters, digits and ASCII punctuation (no spaces)",
     )
     need(0 <= s.api.max_wait_s <= 3600, "api.max_wait_s", "must be an integer 0-3600")
-    need(s.api.max_waiters >= 0, "api.max_waiters", "must not be negative")
+    not_negative("api.max_waiters")
     if not s.auth.tokens and "api" in s.daemon.roles:
         need(
             is_loopback_host(s.server.host),

@@ -21,11 +21,11 @@ from tests.support.db import sql
 from tests.support.ops import (
     db_counts,
     dead_jobs_of_every_kind,
+    jobs_in_each_status,
     kill_at_publish,
     kill_in_processing,
     run_cli,
     submit_job,
-    succeed,
     write_config,
 )
 
@@ -59,10 +59,7 @@ def test_migrate_twice(fresh_db_url: str, tmp_path: Path) -> None:
 async def test_status_human_output(
     store: SqlStore, keys: KeyRing, db_url: str, tmp_path: Path
 ) -> None:
-    await submit_job(store, keys, key="a")
-    await submit_job(store, keys, key="b")
-    await kill_at_publish(store, (await submit_job(store, keys, key="c")).id)
-    await succeed(store, (await submit_job(store, keys, key="d")).id)
+    await jobs_in_each_status(store, keys)
     truth = await db_counts(db_url)
     done = run_cli("status", "--config", config_for(tmp_path, db_url))
     assert done.returncode == 0, done.stderr

@@ -26,7 +26,6 @@ from testkit.moto import MotoServer
 from tests.acceptance.conftest import (
     ConfigFactory,
     DaemonFactory,
-    PortalThread,
     db_rows,
     http_request,
 )
@@ -76,7 +75,6 @@ async def receive_one(endpoint_url: str, queue_names: dict[str, str]) -> tuple[s
 def test_the_trace_goes_with_the_job_to_sqs_and_an_invalid_one_is_replaced(
     pipeline_config: ConfigFactory,
     spawn_daemon: DaemonFactory,
-    portal_thread: PortalThread,
     moto_server: MotoServer,
     queue_names: dict[str, str],
     db_url: str,
@@ -186,7 +184,6 @@ def otlp() -> Iterator[tuple[OtlpReceiver, LoopThread]]:
 def test_spans_of_the_api_relay_and_consumer_reach_the_otlp_receiver(
     pipeline_config: ConfigFactory,
     spawn_daemon: DaemonFactory,
-    portal_thread: PortalThread,
     otlp: tuple[OtlpReceiver, LoopThread],
 ) -> None:
     receiver, lt = otlp
@@ -221,7 +218,6 @@ def test_spans_of_the_api_relay_and_consumer_reach_the_otlp_receiver(
 def test_without_an_endpoint_no_span_is_sent(
     pipeline_config: ConfigFactory,
     spawn_daemon: DaemonFactory,
-    portal_thread: PortalThread,
     otlp: tuple[OtlpReceiver, LoopThread],
 ) -> None:
     receiver, lt = otlp

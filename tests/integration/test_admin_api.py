@@ -22,6 +22,7 @@ from tests.support.ops import (
     db_counts,
     dead_jobs_of_every_kind,
     fail,
+    jobs_in_each_status,
     kill_at_publish,
     kill_in_processing,
     kill_task_at_publish,
@@ -382,11 +383,7 @@ async def test_bulk_redrive_refuses_bad_bodies(
 async def test_stats_counts_equal_the_database(
     api: Client, store: SqlStore, keys: KeyRing, db_url: str
 ) -> None:
-    await submit_job(store, keys, key="q1")
-    await submit_job(store, keys, key="q2")
-    await succeed(store, (await submit_job(store, keys, key="s")).id)
-    await fail(store, (await submit_job(store, keys, key="f")).id)
-    await kill_at_publish(store, (await submit_job(store, keys, key="d")).id)
+    await jobs_in_each_status(store, keys)
     assert (await api.post("/v1/websites", json={"domain": "example.com"})).status == 201
     assert (await api.post("/v1/admin/tasks", json={"type": "noop"})).status == 202
 

@@ -24,6 +24,7 @@ from testkit.fakes.portal import (
     SAMPLE_PASSWORD,
     SAMPLE_SNO,
 )
+from testkit.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 
 from outboxd.errors import StorageError
 from outboxd.observability import Metrics
@@ -48,7 +49,6 @@ from tests.support.consumer_rig import (
 )
 from tests.support.db import sql
 from tests.support.ops import fail, kill_in_processing, kill_task_at_publish, submit_job, succeed
-from tests.support.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 from tests.support.sqs import read_all, send_to_dlq
 from tests.support.students import it_student
 from tests.support.waits import eventually

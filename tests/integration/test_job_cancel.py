@@ -25,7 +25,6 @@ from outboxd.errors import InvalidState
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import SqsQueues
 from outboxd.services.admin import AdminService
-from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
@@ -34,6 +33,7 @@ from tests.integration.conftest import Client
 # The consumer's rig and fake portal, as fixtures of this module too.
 from tests.support.consumer_rig import RigFactory
 from tests.support.db import raw_rows
+from tests.support.ops import placeholder_job
 from tests.support.waits import eventually
 
 LINK = {"portal": "suwon", "username": SAMPLE_SNO, "password": SAMPLE_PASSWORD}
@@ -280,17 +280,7 @@ def _received(rig: Any, job_id: str) -> Any:
 async def _job(store: SqlStore, user: str) -> str:
     job_id = str(uuid.uuid4())
     intake = await store.create_portal_job(
-        NewPortalJob(
-            job_id=job_id,
-            outbox_id=str(uuid.uuid4()),
-            user_id=user,
-            idempotency_key=f"k-{job_id}",
-            fingerprint="fp",
-            portal="suwon",
-            key_id="k",
-            sealed=b"sealed",
-        ),
-        now=time.time(),
+        placeholder_job(job_id, str(uuid.uuid4()), f"k-{job_id}", user), now=time.time()
     )
     assert intake.created
     return job_id

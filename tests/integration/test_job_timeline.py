@@ -15,7 +15,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from outboxd.observability import Metrics
 from outboxd.services.admin import AdminService
-from outboxd.storage.ports import JobEvent, JobFilter, NewPortalJob, RelayFailure
+from outboxd.storage.ports import JobEvent, JobFilter, RelayFailure
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.integration.conftest import Client
@@ -23,6 +23,7 @@ from tests.integration.conftest import Client
 # The consumer's rig and fake portal, as fixtures of this module too.
 from tests.support.consumer_rig import RigFactory
 from tests.support.db import raw_rows
+from tests.support.ops import placeholder_job
 
 
 def types(events: list[JobEvent]) -> list[str]:
@@ -261,17 +262,7 @@ async def _job(
 ) -> tuple[str, str]:
     job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
     intake = await store.create_portal_job(
-        NewPortalJob(
-            job_id=job_id,
-            outbox_id=outbox_id,
-            user_id=user,
-            idempotency_key=key,
-            fingerprint="fp",
-            portal="suwon",
-            key_id="k",
-            sealed=b"sealed-bytes",
-        ),
-        now=time.time() if now is None else now,
+        placeholder_job(job_id, outbox_id, key, user), now=time.time() if now is None else now
     )
     assert intake.created
     return job_id, outbox_id

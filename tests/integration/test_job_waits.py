@@ -14,11 +14,11 @@ import uuid
 from pathlib import Path
 
 from outboxd.services.job_waits import JobWaits
-from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore
 from tests.conftest import postgres_only
 from tests.support.db import raw_rows
 from tests.support.held import Api, another_store, held, listening, new_job, until_held
+from tests.support.ops import placeholder_job
 from tests.support.waits import Calls, eventually
 
 
@@ -212,17 +212,7 @@ async def test_a_change_between_the_read_and_the_wait_still_wakes_the_hold(
     waits = JobWaits(store, store.changes, max_waiters=10)
     job_id = str(uuid.uuid4())
     await store.create_portal_job(
-        NewPortalJob(
-            job_id=job_id,
-            outbox_id=str(uuid.uuid4()),
-            user_id="bob",
-            idempotency_key=job_id,
-            fingerprint="fp",
-            portal="suwon",
-            key_id="k",
-            sealed=b"s",
-        ),
-        now=time.time(),
+        placeholder_job(job_id, str(uuid.uuid4()), job_id, "bob"), now=time.time()
     )
     async with waits.hold(job_id) as hold:
         assert hold is not None

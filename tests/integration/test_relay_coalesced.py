@@ -247,19 +247,27 @@ class FirstHeldPublisher(PartialFailurePublisher):
         return await super().send_batch(kind, messages)
 
 
+async def first_batch_held(
+    store: SqlStore, keys: KeyRing, queues: SqsQueues, rows: int, max_wait_s: float
+) -> tuple[list[str], FirstHeldPublisher, Relay, asyncio.Future[bool]]:
+    """`rows` jobs, and a relay whose request for the first of them is held at SQS: the
+    outbox ids, the publisher (its `gate` lets the held batch go), the relay, the request."""
+    made = [await insert_portal_job(store, Clock().now, keys, "pw-held") for _ in range(rows)]
+    ids = [o for _, o in made]
+    pub = FirstHeldPublisher(queues)
+    relay = Relay(store, pub, relay_settings(), Metrics(), dispatch_max_wait_s=max_wait_s)
+    first = asyncio.ensure_future(relay.publish_now(ids[0]))
+    await asyncio.wait_for(pub.entered.wait(), 10)
+    return ids, pub, relay, first
+
+
 async def test_while_a_batch_is_out_a_partial_one_waits_for_it_and_a_full_one_does_not(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     """The window of a partial batch is the batch already out: requests arriving while it
     is at SQS leave together when it returns. Ten of them make a full batch, which leaves
     at once beside it. (The cap on that wait is set out of reach here.)"""
-    made = [await insert_portal_job(store, Clock().now, keys, "pw-window") for _ in range(14)]
-    ids = [o for _, o in made]
-    pub = FirstHeldPublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics(), dispatch_max_wait_s=600)
-
-    first = asyncio.ensure_future(relay.publish_now(ids[0]))
-    await asyncio.wait_for(pub.entered.wait(), 10)
+    ids, pub, relay, first = await first_batch_held(store, keys, queues, 14, max_wait_s=600)
     full = [asyncio.ensure_future(relay.publish_now(o)) for o in ids[1:11]]
     rest = [asyncio.ensure_future(relay.publish_now(o)) for o in ids[11:]]
     assert await asyncio.wait_for(asyncio.gather(*full), 10) == [True] * 10
@@ -279,13 +287,7 @@ async def test_a_partial_batch_waits_for_the_batch_out_at_most_the_cap(
 ) -> None:
     """A batch held at SQS (a slow call) does not hold the requests that came after it
     longer than `dispatch_max_wait_s`: they leave beside it, and are answered before it."""
-    made = [await insert_portal_job(store, Clock().now, keys, "pw-cap") for _ in range(4)]
-    ids = [o for _, o in made]
-    pub = FirstHeldPublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics(), dispatch_max_wait_s=0.05)
-
-    first = asyncio.ensure_future(relay.publish_now(ids[0]))
-    await asyncio.wait_for(pub.entered.wait(), 10)
+    ids, pub, relay, first = await first_batch_held(store, keys, queues, 4, max_wait_s=0.05)
     rest = [asyncio.ensure_future(relay.publish_now(o)) for o in ids[1:]]
     assert await asyncio.wait_for(asyncio.gather(*rest), 10) == [True] * 3
     assert not first.done()

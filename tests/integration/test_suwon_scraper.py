@@ -26,11 +26,11 @@ from testkit.fakes.portal import (
     Student,
     sample_student,
 )
+from testkit.records import EXPECTED_RECORD
 from yarl import URL
 
 from outboxd.config import SuwonScraperSettings
 from outboxd.scrapers.suwon import PortalError, SuwonScraper
-from tests.support.records import EXPECTED_RECORD
 from tests.support.waits import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

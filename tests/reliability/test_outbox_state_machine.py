@@ -40,10 +40,11 @@ from hypothesis.stateful import (
 
 from outboxd.errors import InvalidState
 from outboxd.services.retries import publish_failure
-from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow, WorkRow
+from outboxd.storage.ports import JobRecord, RelayRow, WorkRow
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg
 from tests.support.db import RawDb
+from tests.support.ops import placeholder_job
 
 T = TypeVar("T")
 
@@ -131,16 +132,7 @@ class OutboxMachine(RuleBasedStateMachine):
     @rule(replay=st.booleans())
     def enqueue(self, replay: bool) -> None:
         key = sorted(self.keys)[len(self.keys) // 2] if replay and self.keys else self._id("key")
-        new = NewPortalJob(
-            job_id=self._id("job"),
-            outbox_id=self._id("out"),
-            user_id="alice",
-            idempotency_key=key,
-            fingerprint="fp",
-            portal="suwon",
-            key_id="k1",
-            sealed=b"sealed-credentials",
-        )
+        new = placeholder_job(self._id("job"), self._id("out"), key)
         self.now += 0.001  # distinct creation times: a deterministic claim order
         intake = self.run(self.store.create_portal_job(new, self.now))
         if key in self.keys:

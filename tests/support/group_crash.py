@@ -17,6 +17,7 @@ from pathlib import Path
 
 from outboxd.storage.ports import NewPortalJob
 from outboxd.storage.store import SqlStore, open_store
+from tests.support.ops import placeholder_job
 
 USER = "crash-user"
 
@@ -25,15 +26,8 @@ def portal_job(
     tag: str, i: int, *, user: str = USER, key: str | None = None, job_id: str | None = None
 ) -> NewPortalJob:
     """The i-th job of a tag, as the storage layer takes it (also used by the tests)."""
-    return NewPortalJob(
-        job_id=job_id or f"{tag}-job-{i}",
-        outbox_id=f"{tag}-outbox-{i}",
-        user_id=user,
-        idempotency_key=key or f"{tag}-key-{i}",
-        fingerprint="fp",
-        portal="suwon",
-        key_id="k1",
-        sealed=b"sealed",
+    return placeholder_job(
+        job_id or f"{tag}-job-{i}", f"{tag}-outbox-{i}", key or f"{tag}-key-{i}", user
     )
 
 

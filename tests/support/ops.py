@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,28 @@ async def db_counts(db_url: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def placeholder_job(
+    job_id: str,
+    outbox_id: str,
+    key: str,
+    user: str = "alice",
+    claimed_until: float | None = None,
+) -> NewPortalJob:
+    """A portal job as the storage layer takes it, with placeholder credentials and
+    fingerprint (for tests of the rows alone)."""
+    return NewPortalJob(
+        job_id=job_id,
+        outbox_id=outbox_id,
+        user_id=user,
+        idempotency_key=key,
+        fingerprint="fp",
+        portal="suwon",
+        key_id="k1",
+        sealed=b"sealed-bytes",
+        claimed_until=claimed_until,
+    )
+
+
 async def insert_portal_job(
     store: SqlStore,
     now: float,
@@ -53,25 +75,13 @@ async def insert_portal_job(
     store: (job id, outbox id). Sealed and fingerprinted with `keys` as the API would;
     without keys the credentials are placeholder bytes (for tests of the rows alone)."""
     job_id, outbox_id = str(uuid.uuid4()), str(uuid.uuid4())
-    key_id, sealed, fingerprint = "k1", b"sealed-bytes", "fp"
+    job = placeholder_job(job_id, outbox_id, f"key-{job_id}", claimed_until=claimed_until)
     if keys is not None:
         canonical = {"portal": "suwon", "username": "20201234", "password": password}
         box = keys.seal_json({"username": "20201234", "password": password}, associated_data=job_id)
-        key_id, sealed, fingerprint = box.key_id, box.ciphertext, keys.fingerprint(canonical)
-    intake = await store.create_portal_job(
-        NewPortalJob(
-            job_id=job_id,
-            outbox_id=outbox_id,
-            user_id="alice",
-            idempotency_key=f"key-{job_id}",
-            fingerprint=fingerprint,
-            portal="suwon",
-            key_id=key_id,
-            sealed=sealed,
-            claimed_until=claimed_until,
-        ),
-        now=now,
-    )
+        fingerprint = keys.fingerprint(canonical)
+        job = replace(job, key_id=box.key_id, sealed=box.ciphertext, fingerprint=fingerprint)
+    intake = await store.create_portal_job(job, now=now)
     assert intake.created
     return job_id, outbox_id
 
@@ -186,6 +196,16 @@ async def register_website(store: SqlStore, domain: str, at: float | None = None
     website, created = await service.register(domain, None)
     assert created
     return website.id
+
+
+async def jobs_in_each_status(store: SqlStore, keys: KeyRing) -> None:
+    """Two QUEUED jobs and one each SUCCEEDED, FAILED and DEAD (its relay row DEAD too),
+    for the reports that count rows by status."""
+    await submit_job(store, keys, key="q1")
+    await submit_job(store, keys, key="q2")
+    await succeed(store, (await submit_job(store, keys, key="s")).id)
+    await fail(store, (await submit_job(store, keys, key="f")).id)
+    await kill_at_publish(store, (await submit_job(store, keys, key="d")).id)
 
 
 @dataclass

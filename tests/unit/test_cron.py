@@ -142,42 +142,49 @@ def test_macros(macro: str, expansion: str) -> None:
 # --- the day-of-month / day-of-week rule ----------------------------------------------
 
 
-def test_dom_and_dow_both_restricted_match_either() -> None:
-    """With both day fields restricted, the 13th and every Friday fire (once on Friday 13th)."""
-    got = fires("0 0 13 * FRI", utc(2024, 9, 1), 7)
-    assert [f.date().isoformat() for f in got] == [
-        "2024-09-06",
-        "2024-09-13",
-        "2024-09-20",
-        "2024-09-27",
-        "2024-10-04",
-        "2024-10-11",
-        "2024-10-13",
-    ]
-
-
-def test_only_dow_restricted() -> None:
-    """With day-of-month `*`, only the weekday decides."""
-    got = fires("0 0 * * 1", utc(2024, 9, 1), 2)
-    assert [f.day for f in got] == [2, 9]
-
-
-def test_star_step_counts_as_unrestricted() -> None:
-    """As in Vixie cron, `*/2` in day-of-month is unrestricted, so both fields must match."""
-    # Odd days that are Mondays: 2024-09-09, 09-23, 10-07, 10-21 (09-02, 09-16 are even).
-    got = fires("0 0 */2 * MON", utc(2024, 9, 1), 4)
-    assert [f.date().isoformat() for f in got] == [
-        "2024-09-09",
-        "2024-09-23",
-        "2024-10-07",
-        "2024-10-21",
-    ]
-
-
-def test_impossible_day_is_allowed_when_weekday_can_fire() -> None:
-    """Feb 30 with a weekday restriction still fires, on that weekday (the OR rule)."""
-    got = fires("0 0 30 2 MON", utc(2024, 2, 1), 2)
-    assert [f.date().isoformat() for f in got] == ["2024-02-05", "2024-02-12"]
+@pytest.mark.parametrize(
+    ("expr", "after", "expected"),
+    [
+        # With both day fields restricted, the 13th and every Friday fire (once on Friday 13th).
+        pytest.param(
+            "0 0 13 * FRI",
+            utc(2024, 9, 1),
+            [
+                "2024-09-06",
+                "2024-09-13",
+                "2024-09-20",
+                "2024-09-27",
+                "2024-10-04",
+                "2024-10-11",
+                "2024-10-13",
+            ],
+            id="dom-and-dow-both-restricted-match-either",
+        ),
+        # With day-of-month `*`, only the weekday decides.
+        pytest.param(
+            "0 0 * * 1", utc(2024, 9, 1), ["2024-09-02", "2024-09-09"], id="only-dow-restricted"
+        ),
+        # As in Vixie cron, `*/2` in day-of-month is unrestricted, so both fields must match:
+        # odd days that are Mondays (09-02, 09-16 are even).
+        pytest.param(
+            "0 0 */2 * MON",
+            utc(2024, 9, 1),
+            ["2024-09-09", "2024-09-23", "2024-10-07", "2024-10-21"],
+            id="star-step-counts-as-unrestricted",
+        ),
+        # Feb 30 with a weekday restriction still fires, on that weekday (the OR rule).
+        pytest.param(
+            "0 0 30 2 MON",
+            utc(2024, 2, 1),
+            ["2024-02-05", "2024-02-12"],
+            id="impossible-day-allowed-when-weekday-can-fire",
+        ),
+    ],
+)
+def test_the_day_rule(expr: str, after: datetime, expected: list[str]) -> None:
+    """Day-of-month and day-of-week, as in Vixie cron: with both restricted, either fires."""
+    got = fires(expr, after, len(expected))
+    assert [f.date().isoformat() for f in got] == expected
 
 
 # --- month ends and leap years --------------------------------------------------------

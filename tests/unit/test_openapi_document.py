@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
+from testkit.records import CS101_RECORD, EXPECTED_RECORD, SAMPLE_STUDENT_RECORD
 
 from outboxd.http import models
 from outboxd.http.openapi import openapi_document
@@ -44,7 +45,6 @@ from outboxd.storage.ports import (
     TaskRun,
     Website,
 )
-from tests.support.records import CS101_RECORD, EXPECTED_RECORD, SAMPLE_STUDENT_RECORD
 
 _BASE = "urn:outboxd:openapi"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")

@@ -1,6 +1,8 @@
-"""The record the scraper makes of the fake portal's sample student, and pieces of it.
+"""The record the scraper makes of the fake portal's sample student
+(`fakes.portal.sample_student`), and pieces of it.
 
-Shared by the scraper, consumer and OpenAPI tests so the expected values are written once.
+Shared by the scraper, consumer and OpenAPI tests, and by the benchmarks' result rows, so
+the values are written once.
 """
 
 from __future__ import annotations
