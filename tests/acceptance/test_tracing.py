@@ -181,13 +181,23 @@ def otlp() -> Iterator[tuple[OtlpReceiver, LoopThread]]:
         lt.close()
 
 
-def test_spans_of_the_api_relay_and_consumer_reach_the_otlp_receiver(
+OtlpDaemon = tuple[DaemonProcess, OtlpReceiver, LoopThread]
+
+
+@pytest.fixture
+def otlp_daemon(
     pipeline_config: ConfigFactory,
     spawn_daemon: DaemonFactory,
     otlp: tuple[OtlpReceiver, LoopThread],
+) -> OtlpDaemon:
+    """A pipeline daemon, not started yet, beside an OTLP receiver and its loop."""
+    return (spawn_daemon(pipeline_config()), *otlp)
+
+
+def test_spans_of_the_api_relay_and_consumer_reach_the_otlp_receiver(
+    otlp_daemon: OtlpDaemon,
 ) -> None:
-    receiver, lt = otlp
-    daemon = spawn_daemon(pipeline_config())
+    daemon, receiver, lt = otlp_daemon
     base = daemon.start(
         extra_env={
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.port}",
@@ -215,13 +225,8 @@ def test_spans_of_the_api_relay_and_consumer_reach_the_otlp_receiver(
     assert {e.get("trace_id") for e in lines} == {trace_id}
 
 
-def test_without_an_endpoint_no_span_is_sent(
-    pipeline_config: ConfigFactory,
-    spawn_daemon: DaemonFactory,
-    otlp: tuple[OtlpReceiver, LoopThread],
-) -> None:
-    receiver, lt = otlp
-    daemon = spawn_daemon(pipeline_config())
+def test_without_an_endpoint_no_span_is_sent(otlp_daemon: OtlpDaemon) -> None:
+    daemon, receiver, lt = otlp_daemon
     base = daemon.start()
     job_id, trace_id, _ = one_traced_job(daemon, base, "otel-off")
     assert lt.call(lambda: receiver.requests) == 0

@@ -12,6 +12,8 @@ import asyncpg
 import pytest
 
 from outboxd.storage.changes import JobChanges
+from outboxd.storage.notifier import heard as ids_heard
+from outboxd.storage.notifier import payloads
 from outboxd.storage.store import JOB_CHANNEL, SqlStore, open_store
 from outboxd.workers.job_changes import JobChangeFeed
 from tests.conftest import postgres_only
@@ -50,7 +52,9 @@ async def test_a_commit_notifies_each_changed_job_after_it(
     stop = asyncio.Event()
     running = asyncio.create_task(feed.run(stop))
     try:
-        await listener.add_listener(JOB_CHANNEL, lambda *args: heard.append(args[3]))
+        await listener.add_listener(
+            JOB_CHANNEL, lambda *args: heard.extend(ids_heard(args[3], own=""))
+        )
         await listening(db_url, n=2)
         intake = await store.create_portal_job(portal_job("notify", 0), time.time())
         job_id = intake.job.id
@@ -103,7 +107,9 @@ async def test_commits_in_quick_succession_share_notify_statements(
 
     listener = await asyncpg.connect(db_url)
     try:
-        await listener.add_listener(JOB_CHANNEL, lambda *args: heard.append(args[3]))
+        await listener.add_listener(
+            JOB_CHANNEL, lambda *args: heard.extend(ids_heard(args[3], own=""))
+        )
         store.db.read = counted_read  # type: ignore[method-assign]
         ids = [f"job-{i}" for i in range(40)]
         for job_id in ids:
@@ -117,3 +123,46 @@ async def test_commits_in_quick_succession_share_notify_statements(
     finally:
         store.db.read = read  # type: ignore[method-assign]
         await listener.close()
+
+
+def test_a_notification_names_its_sender_and_up_to_200_ids() -> None:
+    """Postgres delivers every notification to every listener, this process's included:
+    one per 200 ids, not one per id, and the sender's own listener skips it."""
+    ids = [f"{i:036d}" for i in range(450)]
+    notes = payloads("me", ids)
+    assert [len(n.split(" ")) - 1 for n in notes] == [200, 200, 50]
+    assert all(len(n.encode()) < 8000 for n in notes)
+    assert [j for n in notes for j in ids_heard(n, own="other")] == ids
+    assert [j for n in notes for j in ids_heard(n, own="me")] == []
+    assert ids_heard("one-job-id", own="me") == ["one-job-id"]  # an older daemon's payload
+
+
+@postgres_only
+async def test_a_process_skips_its_own_notifications(
+    store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """Each process's listener hears the other's commits, never its own (those woke its
+    holds already, at the commit)."""
+    other = await open_store(db_url, tmp_path, 2, 2.0)
+    mine: list[str] = []
+    theirs: list[str] = []
+    since = time.time() - 1
+    mine_cm, theirs_cm = (
+        store.listen_job_changes(mine.append),
+        other.listen_job_changes(theirs.append),
+    )
+    assert mine_cm is not None and theirs_cm is not None
+    try:
+        async with mine_cm, theirs_cm:
+            await listening(db_url, n=2, since=since)
+            job_id = (await store.create_portal_job(portal_job("own", 0), time.time())).job.id
+            assert store.notifier is not None
+            await store.notifier.drain()
+            await eventually(lambda: theirs == [job_id], 5, what="the other process hearing it")
+            # Sent last, from the other process: what this one hears arrives in order.
+            other_id = (await other.create_portal_job(portal_job("own", 1), time.time())).job.id
+            assert other.notifier is not None
+            await other.notifier.drain()
+            await eventually(lambda: mine == [other_id], 5, what="this process hearing the other")
+    finally:
+        await other.close()

@@ -295,8 +295,8 @@ SELECT job.*,
   FROM job JOIN relay ON relay.job_id = job.id;
 
 -- name: notify_job_changes
--- Jobs this process committed changes to, told to every process LISTENing (one
--- notification per job, on the channel of storage/store/__init__.py `JOB_CHANNEL`): a
--- statement of its own after the commits, never inside a write transaction
--- (docs/decisions/0023-notify-after-commit.md).
-SELECT pg_notify('outboxd_jobs', job_id) FROM unnest(CAST(:ids AS text[])) AS job_id;
+-- Jobs this process committed changes to, told to every process LISTENing on the channel of
+-- storage/store/__init__.py `JOB_CHANNEL`, a notification per payload of storage/notifier.py
+-- `payloads` (its token and up to 200 job ids): a statement of its own after the commits,
+-- never inside a write transaction (docs/decisions/0023-notify-after-commit.md).
+SELECT pg_notify('outboxd_jobs', p) FROM unnest(CAST(:payloads AS text[])) AS p;

@@ -20,7 +20,7 @@ from outboxd.storage import ports
 from outboxd.storage.changes import JobChanges, default_instance
 from outboxd.storage.db import Database, load_queries, sqlite_path
 from outboxd.storage.group import GroupCommitter
-from outboxd.storage.notifier import ChangeNotifier
+from outboxd.storage.notifier import ChangeNotifier, heard
 from outboxd.storage.postgres import PostgresDatabase
 from outboxd.storage.sqlite import SqliteDatabase
 from outboxd.storage.store.jobs import SqlJobs
@@ -79,7 +79,13 @@ class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
     ) -> contextlib.AbstractAsyncContextManager[ports.Listening] | None:
         if not self.db.features.notifies:
             return None
-        return self.db.listen(JOB_CHANNEL, on_change)
+        own = self.notifier.sender if self.notifier is not None else ""
+
+        def on_payload(payload: str) -> None:
+            for job_id in heard(payload, own):
+                on_change(job_id)
+
+        return self.db.listen(JOB_CHANNEL, on_payload)
 
     async def close(self) -> None:
         for group in (self.group, self.website_group):
