@@ -305,14 +305,23 @@ class FakePortal(FakeServer):
 
     # --- the portal ----------------------------------------------------------------------
 
-    def _portal_app(self) -> web.Application:
+    def _app(self, routes: list[tuple[str, str, Handler]]) -> web.Application:
+        """One of the two servers: its routes (method, path, handler), each request observed."""
         app = web.Application(middlewares=[self._observe])
-        app.router.add_get("/enview/index.jsp", self._index)
-        app.router.add_post("/enpass/login", self._login)
-        app.router.add_get("/enview/user/enpassLoginProcess.face", self._login_process)
-        app.router.add_get("/enview/portal/", self._portal_main)
-        app.router.add_get("/enview/user/mainLogin.face", self._main_login)
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
         return app
+
+    def _portal_app(self) -> web.Application:
+        return self._app(
+            [
+                ("GET", "/enview/index.jsp", self._index),
+                ("POST", "/enpass/login", self._login),
+                ("GET", "/enview/user/enpassLoginProcess.face", self._login_process),
+                ("GET", "/enview/portal/", self._portal_main),
+                ("GET", "/enview/user/mainLogin.face", self._main_login),
+            ]
+        )
 
     def _portal_user(self, request: web.Request) -> tuple[str | None, str | None]:
         sid = request.cookies.get(PORTAL_COOKIE)
@@ -396,13 +405,15 @@ class FakePortal(FakeServer):
     # --- the info system -----------------------------------------------------------------
 
     def _info_app(self) -> web.Application:
-        app = web.Application(middlewares=[self._observe])
-        app.router.add_get("/sso_security_check", self._sso_check)
-        app.router.add_get("/websquare/websquare.jsp", self._websquare)
-        app.router.add_post("/scrgBas/selectScrgBas.do", self._profile)
-        app.router.add_post("/smrCretSum/listSmrCretSumTabYearSmrStud.do", self._semesters)
-        app.router.add_post("/cretBas/listSmrCretSumTabSubjt.do", self._grades)
-        return app
+        return self._app(
+            [
+                ("GET", "/sso_security_check", self._sso_check),
+                ("GET", "/websquare/websquare.jsp", self._websquare),
+                ("POST", "/scrgBas/selectScrgBas.do", self._profile),
+                ("POST", "/smrCretSum/listSmrCretSumTabYearSmrStud.do", self._semesters),
+                ("POST", "/cretBas/listSmrCretSumTabSubjt.do", self._grades),
+            ]
+        )
 
     async def _sso_check(self, request: web.Request) -> web.StreamResponse:
         ticket = request.query.get("ticket", "")
