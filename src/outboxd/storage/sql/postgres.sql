@@ -248,7 +248,9 @@ UPDATE pace_leases
 -- name: insert_jobs_many
 -- Group commit: a group's jobs and their outbox rows in one statement (one round trip).
 -- A key already taken, before or by an earlier member of the group, inserts nothing and
--- returns no row; that member then runs alone and finds the job. Past :not_after (the
+-- returns no row; that member then runs alone and finds the job. It returns only the ids it
+-- inserted: the store builds the rows from what it wrote (storage/store/records.py
+-- `inserted_job`), cheaper than sending them back. Past :not_after (the
 -- caller's own deadline for the statement) nothing is written and every member runs alone.
 WITH j AS (
     SELECT *
@@ -270,28 +272,20 @@ WITH j AS (
            key_id, sealed, ts, ts, traceparent
       FROM j
     ON CONFLICT (user_id, idempotency_key) DO NOTHING
-    RETURNING *
+    RETURNING id, created_at, status, attempts
 ), relay AS (
     INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id,
                               created_at, claimed_until, attempt_count, traceparent)
     SELECT j.outbox_id, 'job', job.id, NULL, 'PENDING', j.ts, job.id, j.ts,
            j.claimed_until, CASE WHEN j.claimed_until IS NULL THEN 0 ELSE 1 END, j.traceparent
       FROM job JOIN j ON j.id = job.id
-    RETURNING *
+    RETURNING job_id
 ), accepted AS (
     -- Each new job's first event, in the statement that makes the job.
     INSERT INTO job_events (job_id, at, type, status, attempt, instance, detail)
     SELECT id, created_at, 'accepted', status, attempts, :ev_instance, NULL FROM job
 )
-SELECT job.*,
-       relay.id AS relay_id, relay.kind AS relay_kind, relay.job_id AS relay_job_id,
-       relay.task_id AS relay_task_id, relay.status AS relay_status,
-       relay.attempt_count AS relay_attempt_count,
-       relay.next_attempt_at AS relay_next_attempt_at, relay.last_error AS relay_last_error,
-       relay.queue_message_id AS relay_queue_message_id, relay.dedup_id AS relay_dedup_id,
-       relay.created_at AS relay_created_at, relay.sent_at AS relay_sent_at,
-       relay.claimed_until AS relay_claimed_until, relay.version AS relay_version,
-       relay.traceparent AS relay_traceparent
+SELECT job.id
   FROM job JOIN relay ON relay.job_id = job.id;
 
 -- name: notify_job_changes

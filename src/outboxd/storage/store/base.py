@@ -4,7 +4,7 @@ the steps transaction bodies are made of."""
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from outboxd.storage.changes import JobChanges
 from outboxd.storage.db import Database, Op, Query, Row, execute, fetch
@@ -85,29 +85,8 @@ class StoreBase:
         row = yield from self._one("select_latest_relay_for_job", {"job_id": job_id})
         return relay_record(row) if row else None
 
-    def _insert_relay(
-        self,
-        outbox_id: str,
-        kind: Literal["job", "task"],
-        job_id: str | None,
-        task_id: str | None,
-        dedup_id: str,
-        now: float,
-        claimed_until: float | None = None,
-        traceparent: str | None = None,
-    ) -> Generator[Op, Any, RelayRow]:
-        params = {
-            "id": outbox_id,
-            "kind": kind,
-            "job_id": job_id,
-            "task_id": task_id,
-            "dedup_id": dedup_id,
-            "now": now,
-            "claimed_until": claimed_until,
-            # Inserted claimed, by the request that publishes it right after the commit.
-            "attempt_count": 0 if claimed_until is None else 1,
-            "traceparent": traceparent,
-        }
+    def _insert_relay(self, params: Mapping[str, Any]) -> Generator[Op, Any, RelayRow]:
+        """The outbox row of `records.new_relay_params`, inserted."""
         yield execute(self.q["insert_relay_row"], params)
         return inserted_relay_row(params)
 

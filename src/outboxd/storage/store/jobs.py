@@ -30,8 +30,12 @@ from outboxd.storage.store.base import StoreBase
 from outboxd.storage.store.records import (
     dump,
     inserted_job,
+    inserted_relay_row,
+    intake_relay_params,
     job_event_record,
     job_record,
+    new_job_params,
+    new_relay_params,
     relay_record,
 )
 
@@ -42,30 +46,10 @@ _CANCEL_LOOKS = 3
 class SqlJobs(StoreBase):
     async def create_portal_job(self, new: NewPortalJob, now: float) -> JobIntake:
         def body() -> Generator[Op, Any, JobIntake]:
-            params = {
-                "id": new.job_id,
-                "kind": "portal_link",
-                "portal": new.portal,
-                "user_id": new.user_id,
-                "idempotency_key": new.idempotency_key,
-                "fingerprint": new.fingerprint,
-                "key_id": new.key_id,
-                "sealed": new.sealed,
-                "now": now,
-                "traceparent": new.traceparent,
-            }
+            params = new_job_params(new, now)
             if (yield from self._count("insert_job", params)):
                 job = inserted_job(params)
-                outbox = yield from self._insert_relay(
-                    new.outbox_id,
-                    "job",
-                    new.job_id,
-                    None,
-                    new.job_id,
-                    now,
-                    new.claimed_until,
-                    new.traceparent,
-                )
+                outbox = yield from self._insert_relay(intake_relay_params(new, now))
                 yield execute(
                     self.q["insert_job_event"],
                     {
@@ -125,15 +109,18 @@ class SqlJobs(StoreBase):
                     "ev_instance": self.instance,
                 },
             )
-            made: dict[str, JobIntake] = {}
-            for r in rows:
-                relay = {
-                    k.removeprefix("relay_"): v for k, v in r.items() if k.startswith("relay_")
-                }
-                made[r["id"]] = JobIntake(
-                    job=job_record(r), outbox=relay_record(relay), created=True
+            # The statement returns the ids it inserted; the rows are what it wrote.
+            made = {r["id"] for r in rows}
+            return [
+                JobIntake(
+                    job=inserted_job(new_job_params(n, at)),
+                    outbox=inserted_relay_row(intake_relay_params(n, at)),
+                    created=True,
                 )
-            return [made.get(n.job_id) for n, _ in items]
+                if n.job_id in made
+                else None
+                for n, at in items
+            ]
 
         return body
 
@@ -290,7 +277,9 @@ class SqlJobs(StoreBase):
         # (history, not dead letters), and the fresh row carries the retry.
         yield execute(self.q["relay_supersede_dead"], {"job_id": job_id})
         yield from self._insert_relay(
-            outbox_id, "job", job_id, None, job_id, now, traceparent=row["traceparent"]
+            new_relay_params(
+                outbox_id, "job", job_id, None, job_id, now, traceparent=row["traceparent"]
+            )
         )
         return job_record(row)
 

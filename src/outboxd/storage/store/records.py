@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from outboxd.storage.db import Row
 from outboxd.storage.ports import (
     JobEvent,
     JobRecord,
+    NewPortalJob,
     PaceState,
     RelayRow,
     TaskRun,
@@ -71,6 +72,54 @@ _NEW_RELAY_ROW: dict[str, Any] = {
     "version": 0,
     **dict.fromkeys(("last_error", "queue_message_id", "sent_at")),
 }
+
+
+def new_job_params(new: NewPortalJob, now: float) -> dict[str, Any]:
+    """What `insert_job` writes for an intake (one row of `insert_jobs_many` on Postgres)."""
+    return {
+        "id": new.job_id,
+        "kind": "portal_link",
+        "portal": new.portal,
+        "user_id": new.user_id,
+        "idempotency_key": new.idempotency_key,
+        "fingerprint": new.fingerprint,
+        "key_id": new.key_id,
+        "sealed": new.sealed,
+        "now": now,
+        "traceparent": new.traceparent,
+    }
+
+
+def new_relay_params(
+    outbox_id: str,
+    kind: Literal["job", "task"],
+    job_id: str | None,
+    task_id: str | None,
+    dedup_id: str,
+    now: float,
+    claimed_until: float | None = None,
+    traceparent: str | None = None,
+) -> dict[str, Any]:
+    """What `insert_relay_row` writes. Inserted claimed (by the request that publishes it
+    right after the commit), the row counts as attempt 1."""
+    return {
+        "id": outbox_id,
+        "kind": kind,
+        "job_id": job_id,
+        "task_id": task_id,
+        "dedup_id": dedup_id,
+        "now": now,
+        "claimed_until": claimed_until,
+        "attempt_count": 0 if claimed_until is None else 1,
+        "traceparent": traceparent,
+    }
+
+
+def intake_relay_params(new: NewPortalJob, now: float) -> dict[str, Any]:
+    """An intake's outbox row: its job's, deduplicated on the job id."""
+    return new_relay_params(
+        new.outbox_id, "job", new.job_id, None, new.job_id, now, new.claimed_until, new.traceparent
+    )
 
 
 def inserted_job(params: Mapping[str, Any]) -> JobRecord:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from outboxd.storage.db import Op
 from outboxd.storage.ports import Page, TaskRun
 from outboxd.storage.store.base import StoreBase
-from outboxd.storage.store.records import dump, task_record
+from outboxd.storage.store.records import dump, new_relay_params, task_record
 
 
 class SqlTasks(StoreBase):
@@ -33,7 +33,9 @@ class SqlTasks(StoreBase):
                 },
             )
             if inserted is not None:
-                yield from self._insert_relay(outbox_id, "task", None, task_id, dedup_id, now)
+                yield from self._insert_relay(
+                    new_relay_params(outbox_id, "task", None, task_id, dedup_id, now)
+                )
             row = yield from self._one("select_task_by_dedup", {"dedup_id": dedup_id})
             assert row is not None
             return task_record(row), inserted is not None
