@@ -8,6 +8,7 @@ member alone; a crash between the commit and the answers loses nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -30,10 +31,10 @@ from outboxd.services.portal_jobs import (
     PortalJobService,
     PortalLinkRequest,
 )
-from outboxd.storage.db import Op, Query, Row, fetch
+from outboxd.storage.db import Op, Query, Row, execute, fetch
 from outboxd.storage.ports import NewPortalJob, RelayRow
 from outboxd.storage.store import SqlStore, open_store
-from tests.conftest import postgres_only
+from tests.conftest import postgres_only, sqlite_only
 from tests.support.db import raw_count, raw_db
 from tests.support.group_crash import portal_job, warm_connections
 
@@ -192,6 +193,40 @@ async def test_a_lone_request_is_written_at_once_without_a_group(store: SqlStore
     intake = await store.create_portal_job(new_job("lone", 0), time.time())
     assert intake.created and intake.outbox is not None
     assert stats(store).groups == 0
+
+
+def _temporary_files() -> list[str]:
+    """The files this process holds open that SQLite made for itself (statement journals,
+    sorts): unlinked at once, named etilqs_*."""
+    fds = Path("/proc/self/fd")
+    names = []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            names.append(os.readlink(fd))
+    return [n for n in names if "etilqs_" in n]
+
+
+@sqlite_only
+async def test_a_members_savepoint_journal_stays_in_memory(store: SqlStore) -> None:
+    """A group member's savepoint keeps the pages it changes in a statement journal, which
+    by default spills to a temporary file past 64 KiB: two writes per page, a system call
+    each. The store keeps it in memory: a member that rewrites a hundred pages opens no
+    temporary file."""
+    now = time.time()
+    jobs = (new_job("journal", i) for i in range(1000))
+    await asyncio.gather(*(store.create_portal_job(job, now) for job in jobs))
+    seen: list[list[str]] = []
+
+    def member() -> Generator[Op, Any, int]:
+        changed: int = yield execute(
+            Query("progress_all", "UPDATE jobs SET progress = hex(randomblob(40))", ()), {}
+        )
+        seen.append(_temporary_files())  # inside the member's savepoint, on the writer thread
+        return changed
+
+    [outcome] = await store.db.run_group([member])
+    assert outcome.error is None and outcome.value == 1000
+    assert seen == [[]]
 
 
 async def test_concurrent_registrations_share_groups_and_keep_one_website_per_domain(

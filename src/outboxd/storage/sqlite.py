@@ -113,6 +113,10 @@ class _SqliteThread:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
+            # Each member of a group commit runs in a savepoint, whose statement journal
+            # spills to a temporary file past 64 KiB: two writes per page a member touches
+            # (docs/decisions/0025-statement-journals-in-memory.md).
+            conn.execute("PRAGMA temp_store=MEMORY")
             self._conn = conn
 
         loop = asyncio.get_running_loop()
