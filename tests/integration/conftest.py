@@ -25,6 +25,7 @@ from tests.conftest import SettingsFactory
 from tests.support import consumer_rig, held
 from tests.support.ai import AI_KEY
 from tests.support.config import merge
+from tests.support.sqs_proxy import Proxy, queues_at, serve
 
 Client = TestClient[Any, Any]
 
@@ -176,6 +177,14 @@ async def queues(settings: Settings) -> AsyncIterator[SqsQueues]:
         yield q
     finally:
         await q.close()
+
+
+@pytest_asyncio.fixture
+async def proxied_queues(proxy: Proxy) -> AsyncIterator[SqsQueues]:
+    """SqsQueues on fresh queues through the module's own `proxy` fixture (an SQS endpoint
+    that misbehaves as its tests want), which is served on loopback here, its `url` set."""
+    async with serve(proxy.handle) as proxy.url, queues_at(proxy.url) as q:
+        yield q
 
 
 @pytest_asyncio.fixture

@@ -16,11 +16,9 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-import pytest_asyncio
 from aiohttp import web
 from testkit.moto import MotoServer
 
@@ -31,7 +29,7 @@ from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay, relay_shape
 from tests.support.ops import insert_portal_job
 from tests.support.relay import all_rows, drain, relay_settings
-from tests.support.sqs_proxy import forward, queues_at, serve
+from tests.support.sqs_proxy import forward
 from tests.support.waits import eventually
 
 
@@ -68,22 +66,15 @@ class SerialSlowProxy:
         return web.Response(status=status, body=payload, headers=headers)
 
 
-@pytest_asyncio.fixture
-async def proxy(moto_server: MotoServer) -> AsyncIterator[SerialSlowProxy]:
-    p = SerialSlowProxy(upstream=moto_server.endpoint_url.rstrip("/"))
-    async with serve(p.handle) as p.url:
-        yield p
-
-
-@pytest_asyncio.fixture
-async def queues(proxy: SerialSlowProxy) -> AsyncIterator[SqsQueues]:
-    async with queues_at(proxy.url) as q:
-        yield q
+@pytest.fixture
+def proxy(moto_server: MotoServer) -> SerialSlowProxy:
+    """In front of the session's moto; `proxied_queues` serves it."""
+    return SerialSlowProxy(upstream=moto_server.endpoint_url.rstrip("/"))
 
 
 @pytest.mark.real_clock  # an SQS that answers slowly, one call at a time
 async def test_a_slow_serial_sqs_gets_every_row_once_from_the_loop_and_the_requests(
-    store: SqlStore, keys: KeyRing, proxy: SerialSlowProxy, queues: SqsQueues
+    store: SqlStore, keys: KeyRing, proxy: SerialSlowProxy, proxied_queues: SqsQueues
 ) -> None:
     now = time.time()
     loop_rows = [await insert_portal_job(store, now - 1, keys, "pw-window") for _ in range(200)]
@@ -97,7 +88,7 @@ async def test_a_slow_serial_sqs_gets_every_row_once_from_the_loop_and_the_reque
     # busy CI machine's moto once made ten rows go out twice).
     relay = Relay(
         store,
-        queues,
+        proxied_queues,
         relay_settings(publish_timeout_s=1.0, backoff_base_s=0.1, backoff_max_s=0.2),
         metrics,
         lanes=shape.lanes,
@@ -134,5 +125,5 @@ async def test_a_slow_serial_sqs_gets_every_row_once_from_the_loop_and_the_reque
     assert failed in (None, 0.0)
     # The window kept the calls at the proxy few: each was answered in time.
     assert proxy.peak <= 6, proxy.peak
-    received = await drain(queues)
+    received = await drain(proxied_queues)
     assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(every)

@@ -8,17 +8,15 @@ and answers one chosen SendMessageBatch call with an error, as an SQS hiccup wou
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from aiohttp import web
 from testkit.moto import MotoServer
 
 from outboxd.queue.sqs import MAX_MESSAGE_BYTES, OutgoingMessage, QueueError, SqsQueues
-from tests.support.sqs_proxy import forward, queues_at, serve
+from tests.support.sqs_proxy import forward
 
 
 @dataclass
@@ -61,17 +59,10 @@ class FailingProxy:
         return web.Response(status=status, body=payload, headers=out)
 
 
-@pytest_asyncio.fixture
-async def proxy(moto_server: MotoServer) -> AsyncIterator[FailingProxy]:
-    p = FailingProxy(upstream=moto_server.endpoint_url.rstrip("/"))
-    async with serve(p.handle) as p.url:
-        yield p
-
-
-@pytest_asyncio.fixture
-async def queues(proxy: FailingProxy) -> AsyncIterator[SqsQueues]:
-    async with queues_at(proxy.url) as q:
-        yield q
+@pytest.fixture
+def proxy(moto_server: MotoServer) -> FailingProxy:
+    """In front of the session's moto; `proxied_queues` serves it."""
+    return FailingProxy(upstream=moto_server.endpoint_url.rstrip("/"))
 
 
 def big(entry_id: str) -> OutgoingMessage:
@@ -80,14 +71,14 @@ def big(entry_id: str) -> OutgoingMessage:
 
 
 async def test_a_failing_second_request_still_reports_the_first_as_sent(
-    proxy: FailingProxy, queues: SqsQueues
+    proxy: FailingProxy, proxied_queues: SqsQueues
 ) -> None:
     """An oversized body is failed before sending; of the three requests the second fails:
     the first and third messages are reported successful, with their MessageIds."""
     proxy.fail_batches = frozenset({2})
     huge = OutgoingMessage("huge", "y" * (MAX_MESSAGE_BYTES + 1))
 
-    result = await queues.send_batch("jobs", [big("a"), huge, big("b"), big("c")])
+    result = await proxied_queues.send_batch("jobs", [big("a"), huge, big("b"), big("c")])
 
     assert proxy.batches == 3  # one request per message that fits; the second was failed
     assert set(result.successful) == {"a", "c"}
@@ -95,28 +86,28 @@ async def test_a_failing_second_request_still_reports_the_first_as_sent(
     assert set(result.failed) == {"huge", "b"}
     assert result.failed["huge"].startswith("MessageTooLong:")
     assert "InvalidAddress" in result.failed["b"]
-    depth = await queues.depth("jobs")
+    depth = await proxied_queues.depth("jobs")
     assert depth.visible == 2  # what is reported sent is what is on the queue
 
 
 async def test_a_failing_first_request_fails_the_whole_call(
-    proxy: FailingProxy, queues: SqsQueues
+    proxy: FailingProxy, proxied_queues: SqsQueues
 ) -> None:
     """Nothing was sent yet: the caller sees the error itself, not per-entry failures."""
     proxy.fail_batches = frozenset({1})
     with pytest.raises(QueueError, match="InvalidAddress"):
-        await queues.send_batch("jobs", [big("a"), big("b")])
+        await proxied_queues.send_batch("jobs", [big("a"), big("b")])
     assert proxy.batches == 1
-    assert (await queues.depth("jobs")).visible == 0
+    assert (await proxied_queues.depth("jobs")).visible == 0
 
 
 async def test_an_entry_whose_md5_does_not_match_is_reported_failed(
-    proxy: FailingProxy, queues: SqsQueues
+    proxy: FailingProxy, proxied_queues: SqsQueues
 ) -> None:
     """SQS's MD5 of a body is checked: an entry whose digest differs from what was sent
     is failed (the relay publishes it again), the others in its batch are sent."""
     proxy.corrupt_batches = frozenset({1})
-    result = await queues.send_batch(
+    result = await proxied_queues.send_batch(
         "jobs", [OutgoingMessage(f"m{i}", f"body {i}") for i in range(3)]
     )
     assert proxy.batches == 1
@@ -127,7 +118,7 @@ async def test_an_entry_whose_md5_does_not_match_is_reported_failed(
 
 
 async def test_failures_say_whether_the_message_or_the_request_failed(
-    proxy: FailingProxy, queues: SqsQueues
+    proxy: FailingProxy, proxied_queues: SqsQueues
 ) -> None:
     """Per entry: SQS's SenderFault is kept, our own size check is the message's fault, and
     an entry of a later request that failed as an outage (credentials refused) is marked
@@ -143,18 +134,18 @@ async def test_failures_say_whether_the_message_or_the_request_failed(
     proxy.answers = {1: (200, entries), 3: (403, denied)}
     huge = OutgoingMessage("huge", "y" * (MAX_MESSAGE_BYTES + 1))
     small = [OutgoingMessage(f"m{i}", f"body {i}") for i in range(2)]
-    result = await queues.send_batch("jobs", [*small, huge])
+    result = await proxied_queues.send_batch("jobs", [*small, huge])
     assert result.successful == {}
     assert result.sender_fault == {"m0": True, "m1": False, "huge": True}
     assert result.outage == frozenset()
 
-    result = await queues.send_batch("jobs", [big("a"), big("b")])  # batches 2 and 3
+    result = await proxied_queues.send_batch("jobs", [big("a"), big("b")])  # batches 2 and 3
     assert set(result.successful) == {"a"}
     assert "AccessDenied" in result.failed["b"]
     assert (result.sender_fault, result.outage) == ({"b": False}, frozenset({"b"}))
 
     too_long = {"__type": "com.amazonaws.sqs#BatchRequestTooLong", "message": "too long"}
     proxy.answers[5] = (400, too_long)  # refused for what it carried
-    result = await queues.send_batch("jobs", [big("c"), big("d")])
+    result = await proxied_queues.send_batch("jobs", [big("c"), big("d")])
     assert set(result.successful) == {"c"}
     assert (result.sender_fault, result.outage) == ({"d": True}, frozenset())

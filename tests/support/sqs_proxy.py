@@ -1,6 +1,8 @@
 """An SQS endpoint of the test's own in front of moto (or alone): a real aiohttp server on
 loopback, and SqsQueues pointed at it. The tests that make SQS misbehave (fail a chosen
-call, answer slowly) write only the handler."""
+call, answer slowly) write only the handler: a module that builds a `Proxy` in its own
+`proxy` fixture gets SqsQueues through it from `proxied_queues`
+(tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +22,14 @@ from outboxd.queue.sqs import MAX_MESSAGE_BYTES, SqsQueues
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection"}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Proxy(Protocol):
+    """An SQS endpoint of a test's own: the handler it serves, and its base URL once served."""
+
+    url: str
+
+    async def handle(self, request: web.Request) -> web.StreamResponse: ...
 
 
 @asynccontextmanager
