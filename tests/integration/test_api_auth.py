@@ -16,8 +16,8 @@ from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
-from tests.support.api import assert_problem
-from tests.support.db import raw_count
+from tests.support.api import assert_problem, keyed
+from tests.support.db import assert_nothing_stored, raw_count
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-auth"}
@@ -86,14 +86,11 @@ async def test_missing_or_bad_token_is_401_c02(
     authed: Client, store: SqlStore, authorization: str | None, db_url: str
 ) -> None:
     """Without a valid bearer token every /v1 route answers 401 C02 with WWW-Authenticate."""
-    headers = {"Idempotency-Key": "k-auth"}
-    if authorization is not None:
-        headers["Authorization"] = authorization
+    headers = keyed("k-auth", "Authorization", authorization)
     await assert_401(await authed.post(URL, json=BODY, headers=headers))
     await assert_401(await authed.get("/v1/jobs/anything", headers=headers))
     await assert_401(await authed.get("/v1/admin/stats", headers=headers))
-    assert await raw_count(db_url, "jobs") == 0
-    assert await raw_count(db_url, "relay_outbox") == 0
+    await assert_nothing_stored(db_url)
 
 
 async def test_good_token_works_and_names_the_user(authed: Client, store: SqlStore) -> None:

@@ -22,19 +22,14 @@ from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
-from tests.support.api import ADMIN, ALICE, BOB, TOKENS, assert_problem, bearer
-from tests.support.db import raw_count
+from tests.support.api import ADMIN, ALICE, BOB, TOKENS, assert_problem, bearer, keyed
+from tests.support.db import assert_nothing_stored, raw_count
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-jobs"}
 
 Client = TestClient[Any, Any]
 ClientFactory = Callable[..., Awaitable[Client]]
-
-
-async def assert_nothing_stored(db_url: str) -> None:
-    assert await raw_count(db_url, "jobs") == 0
-    assert await raw_count(db_url, "relay_outbox") == 0
 
 
 @pytest_asyncio.fixture
@@ -263,9 +258,7 @@ async def test_non_json_content_type_is_415_c01(
     api: Client, store: SqlStore, ctype: str | None, db_url: str
 ) -> None:
     """A body that is not declared JSON answers 415 C01 and stores nothing."""
-    headers = {"Idempotency-Key": "k-ctype"}
-    if ctype is not None:
-        headers["Content-Type"] = ctype
+    headers = keyed("k-ctype", "Content-Type", ctype)
     resp = await api.post(URL, data=json.dumps(BODY).encode(), headers=headers)
     body = await assert_problem(resp, 415, "C01")
     assert body["errors"][0]["field"] == "Content-Type"

@@ -9,7 +9,13 @@ from typing import Any
 from aiohttp.test_utils import TestClient
 
 from outboxd.storage.store import SqlStore
-from tests.support.db import OUTBOX_FAULT, install_outbox_fault, raw_count, remove_outbox_fault
+from tests.support.db import (
+    OUTBOX_FAULT,
+    assert_nothing_stored,
+    install_outbox_fault,
+    raw_count,
+    remove_outbox_fault,
+)
 
 URL = "/v1/portal-link-jobs"
 SECRET = "pw-atomicity-7f3a9c"
@@ -31,8 +37,7 @@ async def test_outbox_insert_failure_leaves_no_job(
         assert problem["status"] == resp.status
         assert SECRET not in text and "20201234" not in text
         assert OUTBOX_FAULT not in text  # driver messages stay in the logs
-        assert await raw_count(db_url, "jobs") == 0
-        assert await raw_count(db_url, "relay_outbox") == 0
+        await assert_nothing_stored(db_url)
 
         # The fault persists: a retry fails the same way and still leaves nothing.
         again = await api.post(URL, json=BODY, headers={"Idempotency-Key": "k-atomic"})

@@ -1,5 +1,5 @@
-"""Reading the in-process API's answers: the one check of an error answer (RFC 9457
-problem+json with the daemon's fields), and every page of a listing."""
+"""Speaking to the in-process API: the headers of an intake, the one check of an error
+answer (RFC 9457 problem+json with the daemon's fields), and every page of a listing."""
 
 from __future__ import annotations
 
@@ -24,6 +24,15 @@ TOKENS = [
 def bearer(token: str, **extra: str) -> dict[str, str]:
     """Headers that authenticate with `token` (and `extra` ones)."""
     return {"Authorization": f"Bearer {token}", **extra}
+
+
+def keyed(key: str, name: str, value: str | None) -> dict[str, str]:
+    """Headers with Idempotency-Key `key` and `name: value`, that one left out when `value`
+    is None (the case of a parametrized header that sends none)."""
+    headers = {"Idempotency-Key": key}
+    if value is not None:
+        headers[name] = value
+    return headers
 
 
 async def assert_problem(resp: Any, status: int, code: str) -> dict[str, Any]:

@@ -119,6 +119,12 @@ async def raw_count(db_url: str, table: str) -> int:
         return await db.count(table)
 
 
+async def assert_nothing_stored(db_url: str) -> None:
+    """A refused intake left neither a job nor its relay row."""
+    assert await raw_count(db_url, "jobs") == 0
+    assert await raw_count(db_url, "relay_outbox") == 0
+
+
 async def sql(db_url: str, query: str, *args: Any) -> list[tuple[Any, ...]]:
     """Rows of `query` as tuples, for callers that unpack columns by position."""
     return [tuple(r.values()) for r in await raw_rows(db_url, query, *args)]
