@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from structlog.testing import capture_logs
 from testkit.fakes.portal import (
     SAMPLE_PASSWORD,
@@ -53,14 +54,22 @@ from tests.support.sqs import read_all, send_to_dlq
 from tests.support.students import it_student
 from tests.support.waits import eventually
 
+
+@pytest_asyncio.fixture
+async def rig(make_rig: RigFactory) -> Rig:
+    """The default rig with its consumer running; a test that sets the portal or the
+    settings up first builds its own with `make_rig`."""
+    made = await make_rig()
+    made.start_consumer()
+    return made
+
+
 # ---------------------------------------------------------------- tests
 
 
 async def test_success_stores_the_record_erases_credentials_and_deletes_the_message(
-    make_rig: RigFactory,
+    rig: Rig,
 ) -> None:
-    rig = await make_rig()
-    rig.start_consumer()
     job_id, job = await rig.run_sample_job()
 
     assert job.status == "SUCCEEDED", job
@@ -100,9 +109,7 @@ async def test_success_stores_the_record_erases_credentials_and_deletes_the_mess
     assert all(SAMPLE_PASSWORD not in b for b in rig.publisher.bodies)
 
 
-async def test_wrong_password_fails_after_exactly_one_login(make_rig: RigFactory) -> None:
-    rig = await make_rig()
-    rig.start_consumer()
+async def test_wrong_password_fails_after_exactly_one_login(rig: Rig) -> None:
     wrong = f"pw-{uuid.uuid4()}"
     job_id = await rig.submit(SAMPLE_SNO, wrong)
 
@@ -175,10 +182,8 @@ async def test_one_job_dying_does_not_affect_the_others(make_rig: RigFactory) ->
 
 
 async def test_a_duplicate_delivery_of_a_finished_job_is_deleted_without_running(
-    make_rig: RigFactory,
+    rig: Rig,
 ) -> None:
-    rig = await make_rig()
-    rig.start_consumer()
     job_id, finished = await rig.run_sample_job()
     assert finished.status == "SUCCEEDED"
     await rig.wait_queue_empty()
@@ -583,15 +588,13 @@ async def test_the_sweep_deletes_exactly_the_messages_of_closed_work(
 
 
 async def test_a_username_locked_after_failed_logins_gets_no_login_from_any_user(
-    backend: str, db_url: str, make_rig: RigFactory, tmp_path: Path
+    backend: str, db_url: str, rig: Rig, tmp_path: Path
 ) -> None:
     """scrapers.suwon.max_auth_failures (3) wrong-password jobs for one username, from three
     users, lock it: a fourth job, from a fourth user and with the right password, ends
     FAILED PORTAL_LOGIN_LOCKED and the portal sees no login for it; on another instance on
     the same database too. Another username is not affected. The database holds only a
     keyed hash of the username."""
-    rig = await make_rig()
-    rig.start_consumer()
     for user in ("alice", "bob", "carol"):
         job = await rig.wait_status(
             await rig.submit(SAMPLE_SNO, f"pw-wrong-{user}", user=user), *FINAL
