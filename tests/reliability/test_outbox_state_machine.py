@@ -22,7 +22,7 @@ import asyncio
 import os
 import uuid
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -57,6 +57,9 @@ CATEGORIES = ("news", "finance", "education")
 JOB_STATUSES = {"QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD"}
 RELAY_STATUSES = {"PENDING", "SENT", "RETRYABLE_FAILED", "DEAD", "SUPERSEDED"}
 WORK_STATUSES = {"PENDING", "PROCESSING", "COMPLETED", "FAILED"}
+# One action of an actor, drawing what it needs.
+Act = Callable[[st.DataObject], None]
+
 MAX_EXAMPLES = int(os.environ.get("OUTBOXD_SM_EXAMPLES", "60"))
 STEPS = int(os.environ.get("OUTBOXD_SM_STEPS", "50"))
 
@@ -153,7 +156,7 @@ class OutboxMachine(RuleBasedStateMachine):
     # steps of a short run would go to rules whose precondition fails; this way every
     # step does something, and long sequences (failed publishes, then a redrive) come up
     # often. An action that needs a holder when there is none claims first, as the real
-    # actor does. The happy path comes first in each list (hypothesis favours it).
+    # actor does (`act`). The happy path comes first in each list (hypothesis favours it).
 
     @rule(
         action=st.sampled_from(
@@ -165,15 +168,13 @@ class OutboxMachine(RuleBasedStateMachine):
         if action == "claim_one" and self.relay_ids:
             self.relay_claim_one(data)
             return
-        if action in ("claim_due", "claim_one") or not self.relay_claims:
-            self.relay_claim_due(data)
-        if action not in ("claim_due", "claim_one") and self.relay_claims:
-            {
-                "publish_ok": self.publish_ok,
-                "publish_then_die": self.publish_then_die,
-                "publish_fails": self.publish_fails,
-                "dies": self.relay_dies,
-            }[action](data)
+        acts: dict[str, Act] = {
+            "publish_ok": self.publish_ok,
+            "publish_then_die": self.publish_then_die,
+            "publish_fails": self.publish_fails,
+            "dies": self.relay_dies,
+        }
+        self.act(action, self.relay_claims, self.relay_claim_due, acts, data)
 
     @precondition(lambda self: self.job_ids)
     @rule(action=st.sampled_from(["redrive_relay_row", "redrive_job"]), data=st.data())
@@ -187,12 +188,7 @@ class OutboxMachine(RuleBasedStateMachine):
         data=st.data(),
     )
     def consumer(self, action: str, data: st.DataObject) -> None:
-        if action == "receive" or not self.runs:
-            if self.messages:
-                self.consumer_receives(data)
-            if action == "receive" or not self.runs:
-                return
-        {
+        acts: dict[str, Act] = {
             "succeed": self.consumer_succeeds,
             "fail": self.consumer_fails,
             "retry": self.consumer_retries_later,
@@ -200,20 +196,34 @@ class OutboxMachine(RuleBasedStateMachine):
             "die": self.consumer_dies,
             "heartbeat": self.consumer_heartbeat,
             "release": self.consumer_releases,
-        }[action](data)
+        }
+        self.act(action, self.runs, self.consumer_receives, acts, data)
 
     @rule(action=st.sampled_from(["complete", "claim", "fail", "give_back", "die"]), data=st.data())
     def claimer(self, action: str, data: st.DataObject) -> None:
-        if action == "claim" or not self.work_claims:
-            self.claimer_claims(data)
-        if action == "claim" or not self.work_claims:
-            return
-        {
+        acts: dict[str, Act] = {
             "complete": self.claimer_completes,
             "fail": self.claimer_fails,
             "give_back": self.claimer_gives_back,
             "die": self.claimer_dies,
-        }[action](data)
+        }
+        self.act(action, self.work_claims, self.claimer_claims, acts, data)
+
+    def act(
+        self,
+        action: str,
+        held: Sequence[object],
+        claim: Act,
+        acts: dict[str, Act],
+        data: st.DataObject,
+    ) -> None:
+        """One step of an actor that holds `held`: an action not in `acts` is its claim; any
+        other claims first when the actor holds nothing, as the real one does, then acts
+        on what it holds (nothing, if that claim found nothing)."""
+        if action not in acts or not held:
+            claim(data)
+        if action in acts and held:
+            acts[action](data)
 
     # ------------------------------------------------------------------ relay
 
@@ -311,6 +321,8 @@ class OutboxMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ consumer
 
     def consumer_receives(self, data: st.DataObject) -> None:
+        if not self.messages:
+            return  # nothing published yet
         msg = data.draw(st.sampled_from(self.messages))
         job = self.run(self.store.get_job(msg.job_id))
         assert job is not None
