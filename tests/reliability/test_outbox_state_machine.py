@@ -274,12 +274,16 @@ class OutboxMachine(RuleBasedStateMachine):
     def relay_dies(self, data: st.DataObject) -> None:
         self._take_claim(data)  # the lease runs out by the clock
 
-    def redrive_relay_row(self, data: st.DataObject) -> None:
-        dead = [r["id"] for r in self._rows("SELECT id FROM relay_outbox WHERE status = 'DEAD'")]
-        # Mostly a DEAD row (the redrive an operator makes), sometimes any (409 C11).
+    def _redrive_target(self, data: st.DataObject, table: str, every: list[str]) -> str:
+        """Mostly a DEAD row of `table` (the redrive an operator makes), sometimes any of
+        `every` (409 C11)."""
+        dead = [r["id"] for r in self._rows(f"SELECT id FROM {table} WHERE status = 'DEAD'")]
         use_dead = bool(dead) and data.draw(st.booleans())
-        pool: list[str] = dead if use_dead else self.relay_ids
-        outbox_id = data.draw(st.sampled_from(sorted(pool)))
+        pool: list[str] = dead if use_dead else every
+        return data.draw(st.sampled_from(sorted(pool)))
+
+    def redrive_relay_row(self, data: st.DataObject) -> None:
+        outbox_id = self._redrive_target(data, "relay_outbox", self.relay_ids)
         before = self.run(self.store.get_relay_row(outbox_id))
         assert before is not None
         assert before.job_id is not None
@@ -297,10 +301,7 @@ class OutboxMachine(RuleBasedStateMachine):
         event("relay row redriven")
 
     def redrive_job(self, data: st.DataObject) -> None:
-        dead = [r["id"] for r in self._rows("SELECT id FROM jobs WHERE status = 'DEAD'")]
-        use_dead = bool(dead) and data.draw(st.booleans())
-        pool: list[str] = dead if use_dead else self.job_ids
-        job_id = data.draw(st.sampled_from(sorted(pool)))
+        job_id = self._redrive_target(data, "jobs", self.job_ids)
         before = self.run(self.store.get_job(job_id))
         assert before is not None
         outbox_id = self._id("out")
