@@ -275,11 +275,16 @@ def console_daemon(
     assert "Traceback" not in daemon.all_output()
 
 
+@pytest.fixture
+def base(console_daemon: DaemonProcess) -> str:
+    """The running console daemon's base URL."""
+    assert console_daemon.base_url is not None
+    return console_daemon.base_url
+
+
 def test_user_token_refused_then_admin_sees_the_daemon_live(
-    console_daemon: DaemonProcess, sqs_link: SqsLink, tmp_path: Path, browser: Browser
+    base: str, sqs_link: SqsLink, tmp_path: Path, browser: Browser
 ) -> None:
-    base = console_daemon.base_url
-    assert base is not None
     tab = open_tab(browser, base)
     page = tab.page
 
@@ -361,13 +366,12 @@ def expect_times_in_utc(page: Page, selector: str) -> None:
 @pytest.mark.parametrize("console_daemon", [FAST_RELAY_DEATH], indirect=True, ids=["relay2"])
 def test_dead_letters_a_timeline_websites_and_a_fast_clock(
     console_daemon: DaemonProcess,
+    base: str,
     portal_thread: PortalThread,
     sqs_link: SqsLink,
     tmp_path: Path,
     browser: Browser,
 ) -> None:
-    base = console_daemon.base_url
-    assert base is not None
     # Two jobs whose relay rows die: SQS refuses the message on every publish attempt (an
     # unreachable SQS would spend no attempt: the rows would wait, not die).
     sqs_link.refuse()
@@ -550,14 +554,12 @@ HOSTILE_NAME = "\u202eevil name"
 
 
 def test_filters_in_the_url_a_cancel_followed_live_and_isolated_portal_text(
-    console_daemon: DaemonProcess,
+    base: str,
     portal_thread: PortalThread,
     sqs_link: SqsLink,
     tmp_path: Path,
     browser: Browser,
 ) -> None:
-    base = console_daemon.base_url
-    assert base is not None
     portal_thread.run(
         lambda: setattr(portal_thread.portal.students[SAMPLE_SNO], "name", HOSTILE_NAME)
     )
