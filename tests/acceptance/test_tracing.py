@@ -30,6 +30,7 @@ from tests.acceptance.conftest import (
     http_request,
 )
 from tests.acceptance.jobs import wait_terminal
+from tests.support.api import keyed
 from tests.support.loop_thread import LoopThread
 from tests.support.sqs import queues_named
 
@@ -44,9 +45,7 @@ def new_traceparent() -> tuple[str, str, str]:
 
 
 def post(base: str, key: str, traceparent: str | None) -> str:
-    headers = {"Idempotency-Key": key}
-    if traceparent is not None:
-        headers["traceparent"] = traceparent
+    headers = keyed(key, "traceparent", traceparent)
     resp = http_request("POST", f"{base}/v1/portal-link-jobs", LINK, headers=headers)
     assert resp.status == 202, resp.text
     job_id: str = resp.json()["jobId"]
