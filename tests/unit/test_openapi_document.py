@@ -30,7 +30,7 @@ from outboxd.http.render import (
     job_body,
     relay_item,
     stats_body,
-    task_item,
+    task_model,
     website_body,
 )
 from outboxd.http.responses import problem
@@ -495,9 +495,8 @@ def test_admin_bodies_validate(doc: dict[str, Any]) -> None:
         None,
         1,
     )
-    _assert_valid(
-        doc, "TaskPage", {"items": [task_item(run), task_item(failed)], "nextCursor": None}
-    )
+    items = [models.to_builtins(task_model(r)) for r in (run, failed)]
+    _assert_valid(doc, "TaskPage", {"items": items, "nextCursor": None})
     _assert_valid(doc, "TaskRequest", {"type": "outbox.prune", "payload": {}, "dedupId": None})
     assert not _is_valid(doc, "TaskRequest", {"type": "rm -rf"})
 

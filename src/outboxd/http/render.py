@@ -129,10 +129,6 @@ def task_model(run: TaskRun) -> models.TaskRun:
     )
 
 
-def task_item(run: TaskRun) -> dict[str, Any]:
-    return models.to_builtins(task_model(run))
-
-
 def website_model(w: Website) -> models.Website:
     return models.Website(
         id=w.id,
