@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import fmt
 from bench.common import (
     Bench,
     Results,
     Table,
     database,
     emit,
-    f_ms,
     open_migrated_store,
     percentile,
     quiet_logging,
@@ -225,10 +225,10 @@ def report(backend: str, res: Results) -> None:
         rows.append(
             [
                 f"{st['rows']:,}" if st["rows"] else pruned,
-                *(f_ms(c[k]) for k in ("claim_p50", "claim_p99", "complete_p50", "both_p50")),
-                f_ms(c["both_p99"]),
-                f_ms(i.get("p50", math.nan)),
-                f_ms(i.get("p99", math.nan)),
+                *(fmt.ms(c[k]) for k in ("claim_p50", "claim_p99", "complete_p50", "both_p50")),
+                fmt.ms(c["both_p99"]),
+                fmt.ms(i.get("p50", math.nan)),
+                fmt.ms(i.get("p99", math.nan)),
                 f"{st['load_s']:.1f}" if "load_s" in st else "-",
             ]
         )

@@ -63,24 +63,6 @@ def ratio(num: float, den: float) -> float:
     return num / den if den and not math.isnan(den) and not math.isnan(num) else math.nan
 
 
-def f_rate(x: float) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x:,.0f}"
-
-
-def f_ms(x: float) -> str:
-    if x is None or math.isnan(x):
-        return "-"
-    return f"{x:.2f}" if x < 100 else f"{x:,.0f}"
-
-
-def f_pct(x: float) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x * 100:.0f}%"
-
-
-def f_mib(n: float) -> str:
-    return "-" if n is None or math.isnan(n) else f"{n / 2**20:.1f}"
-
-
 def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]], note: str = "") -> str:
     """A Markdown table: text left, numbers right."""
     cells = [[str(c) for c in r] for r in rows]

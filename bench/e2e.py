@@ -21,12 +21,12 @@ from typing import Any
 import aiohttp
 from testkit.daemon import PORTAL_MODULE, SAMPLE_PASSWORD, SAMPLE_SNO, DaemonProcess, FakeProcess
 
+from bench import fmt
 from bench.common import (
     Bench,
     Results,
     database,
     emit,
-    f_ms,
     percentile,
     proc_cpu_s,
     table,
@@ -150,7 +150,7 @@ async def main_async() -> int:
     for backend, r in results.items():
         for key, (label, _a, _b) in INTERVALS.items():
             xs = r[key]
-            ps = (f_ms(percentile(xs, q)) for q in (50, 99, 100))
+            ps = (fmt.ms(percentile(xs, q)) for q in (50, 99, 100))
             rows.append([backend, label, len(xs), *ps])
     emit(
         table(

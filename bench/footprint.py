@@ -25,16 +25,13 @@ from typing import Any
 
 from testkit.daemon import DaemonProcess
 
+from bench import fmt
 from bench.common import (
     ROOT,
     Bench,
     CpuWindow,
     Results,
     emit,
-    f_mib,
-    f_ms,
-    f_pct,
-    f_rate,
     proc_rss,
     proc_status,
     run_loadgen,
@@ -121,10 +118,11 @@ async def main_async() -> int:
     with workdir("footprint") as wd:
         r = await asyncio.to_thread(run, wd, idle_s, settle_s, load_s)
     i, ld, a = r["idle"], r["load"], r["after"]
-    idle = [f_mib(i["rss"]), f"{i['cpu']:.2%}", f"{i['wakeups_per_s']:.1f}"]
-    idle += [f_mib(i["moto_rss"]), f"{i['moto_cpu']:.2%}", "-", "-", "-"]
-    load = [f_mib(ld["rss_max"]), f_pct(ld["cpu"]["server"]), "", f_mib(ld["moto_rss_max"])]
-    load += [f_pct(ld["cpu"]["sqs"]), f_rate(ld["ok_rate"]), f_ms(ld["p50_ms"]), f_ms(ld["p99_ms"])]
+    idle = [fmt.mib(i["rss"]), f"{i['cpu']:.2%}", f"{i['wakeups_per_s']:.1f}"]
+    idle += [fmt.mib(i["moto_rss"]), f"{i['moto_cpu']:.2%}", "-", "-", "-"]
+    load = [fmt.mib(ld["rss_max"]), fmt.pct(ld["cpu"]["server"]), "", fmt.mib(ld["moto_rss_max"])]
+    load += [fmt.pct(ld["cpu"]["sqs"]), fmt.rate(ld["ok_rate"])]
+    load += [fmt.ms(ld["p50_ms"]), fmt.ms(ld["p99_ms"])]
     head = ["phase", "daemon RSS MiB", "daemon CPU", "wakeups/s", "moto RSS MiB", "moto CPU"]
     emit(
         table(
@@ -132,9 +130,9 @@ async def main_async() -> int:
             [*head, "jobs/s", "p50 ms", "p99 ms"],
             [
                 ["idle (end)", *idle],
-                ["idle (max)", f_mib(i["rss_max"]), *[""] * 7],
+                ["idle (max)", fmt.mib(i["rss_max"]), *[""] * 7],
                 ["load c16 (max)", *load],
-                ["after load", f_mib(a["rss"]), "", "", f_mib(a["moto_rss"]), *[""] * 4],
+                ["after load", fmt.mib(a["rss"]), "", "", fmt.mib(a["moto_rss"]), *[""] * 4],
             ],
             f"CPU: share of one core. Machine busy during the idle window (everything, "
             f"other users too): {i['machine_busy']:.0%}. Loadgen CPU under load: "

@@ -31,6 +31,7 @@ from typing import Any
 
 from testkit.daemon import FakeProcess
 
+from bench import fmt
 from bench.common import (
     ROOT,
     Bench,
@@ -38,9 +39,6 @@ from bench.common import (
     SqsEndpoint,
     database,
     emit,
-    f_ms,
-    f_pct,
-    f_rate,
     med,
     open_migrated_store,
     purge_queue,
@@ -190,9 +188,9 @@ def report(results: Results, concs: list[int]) -> None:
             for c in concs:
                 rs = per_c[c]
                 rate = med(rs, "rate")
-                rows.append([name, c, f_rate(rate), f_ms(med(rs, "p50_ms"))])
-                rows[-1] += [f_ms(med(rs, "p99_ms")), f_pct(med(rs, "cpu"))]
-                rows[-1].append(f_pct(ratio(rate, bare_db[c])))
+                rows.append([name, c, fmt.rate(rate), fmt.ms(med(rs, "p50_ms"))])
+                rows[-1] += [fmt.ms(med(rs, "p99_ms")), fmt.pct(med(rs, "cpu"))]
+                rows[-1].append(fmt.pct(ratio(rate, bare_db[c])))
         emit(
             table(
                 f"Intake at the storage layer, {backend} (jobs/s, medians of trials)",
@@ -209,10 +207,10 @@ def report(results: Results, concs: list[int]) -> None:
                 rs = per_c[c]
                 rate = med(rs, "ok_rate")
                 cpu = {k: med([x["cpu"] for x in rs], k) for k in ("server", "loadgen", "sqs")}
-                rows.append([name, c, f_rate(rate), f_ms(med(rs, "p50_ms"))])
-                rows[-1] += [f_ms(med(rs, "p99_ms")), *(f_pct(v) for v in cpu.values())]
-                rows[-1] += [f_pct(med(rs, "machine_busy")), f_pct(ratio(rate, bare_h[c]))]
-                rows[-1].append(f_pct(ratio(rate, bare_db[c])))
+                rows.append([name, c, fmt.rate(rate), fmt.ms(med(rs, "p50_ms"))])
+                rows[-1] += [fmt.ms(med(rs, "p99_ms")), *(fmt.pct(v) for v in cpu.values())]
+                rows[-1] += [fmt.pct(med(rs, "machine_busy")), fmt.pct(ratio(rate, bare_h[c]))]
+                rows[-1].append(fmt.pct(ratio(rate, bare_db[c])))
         head = ["server", "conc", "jobs/s", "p50 ms", "p99 ms", "server CPU", "loadgen CPU"]
         head += ["SQS CPU", "machine", "vs bare HTTP", "vs bare loop"]
         emit(

@@ -33,14 +33,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench import fmt
 from bench.common import (
     BENCH,
     ROOT,
     Bench,
     emit,
-    f_ms,
-    f_pct,
-    f_rate,
     med,
     open_migrated_store,
     pg_create,
@@ -228,12 +226,12 @@ async def main_async() -> int:
         rows.append(
             [
                 label,
-                f_rate(rate),
-                f_ms(med(rs, "p50_ms")),
-                f_ms(med(rs, "p99_ms")),
-                f_pct(sorted(cpu)[len(cpu) // 2]),
-                f_pct(ratio(rate, procr)),
-                f_pct(ratio(rate, bare)),
+                fmt.rate(rate),
+                fmt.ms(med(rs, "p50_ms")),
+                fmt.ms(med(rs, "p99_ms")),
+                fmt.pct(sorted(cpu)[len(cpu) // 2]),
+                fmt.pct(ratio(rate, procr)),
+                fmt.pct(ratio(rate, bare)),
             ]
         )
     head = ["variant", "jobs/s", "p50 ms", "p99 ms", "client CPU", "vs procrastinate", "vs bare"]

@@ -29,12 +29,12 @@ from typing import Any
 
 from testkit.records import CS101_RECORD
 
+from bench import fmt
 from bench.common import (
     Bench,
     Results,
     database,
     emit,
-    f_rate,
     pg_version,
     table,
     workdir,
@@ -192,7 +192,7 @@ async def main_async() -> int:
     rows = []
     for label, r in results.items():
         pj = r["per_job"]
-        rows.append([label, f_rate(r["jobs_per_s"]), f"{pj['xact_commit']:.2f}"])
+        rows.append([label, fmt.rate(r["jobs_per_s"]), f"{pj['xact_commit']:.2f}"])
         rows[-1] += [f"{pj['wal_bytes']:,.0f}", f"{pj['wal_records']:.1f}", f"{pj['wal_fpi']:.2f}"]
         rows[-1] += [f"{pj['tup_inserted']:.1f}", f"{pj['tup_updated']:.1f}"]
         rows[-1] += [f"{pj['cpu_s'] * 1e6:,.0f}"]

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import fmt
 from bench.common import (
     Bench,
     CpuWindow,
@@ -33,8 +34,6 @@ from bench.common import (
     SqsEndpoint,
     database,
     emit,
-    f_pct,
-    f_rate,
     med,
     open_migrated_store,
     purge_queue,
@@ -268,11 +267,11 @@ async def main_async() -> int:
             rows.append(
                 [
                     name,
-                    f_rate(med(rs, "rate")),
-                    f_pct(med(rs, "cpu")),
-                    f_pct(med(rs, "sqs_cpu")),
-                    f_pct(med(rs, "machine")),
-                    f_pct(ratio(med(rs, "rate"), bare)),
+                    fmt.rate(med(rs, "rate")),
+                    fmt.pct(med(rs, "cpu")),
+                    fmt.pct(med(rs, "sqs_cpu")),
+                    fmt.pct(med(rs, "machine")),
+                    fmt.pct(ratio(med(rs, "rate"), bare)),
                     str(sum(r.get("left_unsent", 0) for r in rs)),
                 ]
             )

@@ -17,16 +17,13 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench import fmt
 from bench.common import (
     BENCH,
     PY,
     ROOT,
     Results,
     emit,
-    f_mib,
-    f_ms,
-    f_pct,
-    f_rate,
     machine_line,
     med,
     percentile,
@@ -100,46 +97,46 @@ def key_figures(r: dict[str, Results]) -> list[list[str]]:
     bare_h = {c: med(v, "rate") for c, v in intake.get("bare_http", {}).items()}
     for backend, b in intake.get("backends", {}).items():
         ours, bare = med(b["storage"][OURS]["16"], "rate"), med(b["storage"][BARE]["16"], "rate")
-        rate = f"{f_rate(ours)} jobs/s"
-        rows.append([f"intake, storage layer, {backend}, c16", rate, f"bare loop {f_rate(bare)}"])
-        rows[-1].append(f_pct(ratio(ours, bare)))
+        rate = f"{fmt.rate(ours)} jobs/s"
+        rows.append([f"intake, storage layer, {backend}, c16", rate, f"bare loop {fmt.rate(bare)}"])
+        rows[-1].append(fmt.pct(ratio(ours, bare)))
         for mode, per_c in b["http"].items():
             for c in ("16", "64"):  # c1 is in the intake table
                 rs = per_c[c]
-                rate = f"{f_rate(med(rs, 'ok_rate'))} jobs/s, p99 {f_ms(med(rs, 'p99_ms'))} ms"
+                rate = f"{fmt.rate(med(rs, 'ok_rate'))} jobs/s, p99 {fmt.ms(med(rs, 'p99_ms'))} ms"
                 rows.append([f"intake, HTTP, {backend}, {mode}, c{c}", rate])
-                vs_bare = f_pct(ratio(med(rs, "ok_rate"), bare_h[c]))
-                rows[-1] += [f"bare HTTP {f_rate(bare_h[c])}", vs_bare]
+                vs_bare = fmt.pct(ratio(med(rs, "ok_rate"), bare_h[c]))
+                rows[-1] += [f"bare HTTP {fmt.rate(bare_h[c])}", vs_bare]
     for backend, res in r.get("relay", {}).items():
         for ep in ("stub", "moto"):
             if f"{ep}: Relay.relay_pass" in res:
                 rr = med(res[f"{ep}: Relay.relay_pass"], "rate")
                 bb = med(res[f"{ep}: bare send_message_batch"], "rate")
-                rows.append([f"relay, {backend}, {ep}", f"{f_rate(rr)} msg/s"])
-                rows[-1] += [f"bare {f_rate(bb)}", f_pct(ratio(rr, bb))]
+                rows.append([f"relay, {backend}, {ep}", f"{fmt.rate(rr)} msg/s"])
+                rows[-1] += [f"bare {fmt.rate(bb)}", fmt.pct(ratio(rr, bb))]
                 if f"{ep}: bare JSON-client loop" in res:
                     own = med(res[f"{ep}: bare JSON-client loop"], "rate")
-                    rows.append([f"relay, {backend}, {ep}", f"{f_rate(rr)} msg/s"])
-                    rows[-1] += [f"bare JSON client {f_rate(own)}", f_pct(ratio(rr, own))]
+                    rows.append([f"relay, {backend}, {ep}", f"{fmt.rate(rr)} msg/s"])
+                    rows[-1] += [f"bare JSON client {fmt.rate(own)}", fmt.pct(ratio(rr, own))]
     for name, rs in r.get("peers", {}).items():
         peer_rate = med(rs, "ok_rate" if "ok_rate" in rs[0] else "rate")
-        rows.append([f"peers, {name}", f"{f_rate(peer_rate)} jobs/s", "", ""])
+        rows.append([f"peers, {name}", f"{fmt.rate(peer_rate)} jobs/s", "", ""])
     for backend, res in r.get("claimer", {}).items():
         first, last, pr = res["stages"][0], res["stages"][-1], res["prune"]
         p0, p1 = first["claims"]["both_p50"], last["claims"]["both_p50"]
         growth = f"{ratio(p1, p0):.2f}×"
-        rows.append([f"claim+complete p50, {backend}", f"{f_ms(p0)} → {f_ms(p1)} ms"])
+        rows.append([f"claim+complete p50, {backend}", f"{fmt.ms(p0)} → {fmt.ms(p1)} ms"])
         rows[-1] += [f"{first['rows']:,} → {last['rows']:,} rows", growth]
         rows.append([f"prune, {backend}", f"{pr['seconds']:.1f} s"])
         rows[-1] += [f"{sum(pr['before'].values()):,} → {sum(pr['after'].values()):,} rows", ""]
     for backend, res in r.get("e2e", {}).items():
         xs = res["accepted_to_started"]
-        lat = f"p50 {f_ms(percentile(xs, 50))} ms, p99 {f_ms(percentile(xs, 99))} ms"
+        lat = f"p50 {fmt.ms(percentile(xs, 50))} ms, p99 {fmt.ms(percentile(xs, 99))} ms"
         rows.append([f"accepted → started, {backend}", lat, f"{len(xs)} jobs", ""])
     for backend, res in r.get("waiters", {}).items():
         grew = res["rss_held"] - res["rss_before"]
         done = res["all_answered_s"]
-        text = f"RSS +{f_mib(grew)} MiB, /healthz p99 {f_ms(res['healthz_p99_ms'])} ms"
+        text = f"RSS +{fmt.mib(grew)} MiB, /healthz p99 {fmt.ms(res['healthz_p99_ms'])} ms"
         rows.append([f"{res['held']:,} held waiters, {backend}", text])
         rows[-1] += [
             f"all answered {'never' if done is None else f'{done:.2f} s'} after the change"
@@ -152,10 +149,10 @@ def key_figures(r: dict[str, Results]) -> list[list[str]]:
         rows[-1] += [f"{pj['tup_inserted']:.0f} rows in, {pj['tup_updated']:.0f} updated", ""]
     if "footprint" in r:
         i, ld = r["footprint"]["idle"], r["footprint"]["load"]
-        idle = f"CPU {i['cpu']:.2%}, RSS {f_mib(i['rss_max'])} MiB"
-        rows.append(["idle daemon", idle, f"moto child {f_mib(i['moto_rss'])} MiB", ""])
-        load = f"{f_rate(ld['ok_rate'])} jobs/s via moto"
-        rows.append(["daemon under load (c16)", f"RSS {f_mib(ld['rss_max'])} MiB", load, ""])
+        idle = f"CPU {i['cpu']:.2%}, RSS {fmt.mib(i['rss_max'])} MiB"
+        rows.append(["idle daemon", idle, f"moto child {fmt.mib(i['moto_rss'])} MiB", ""])
+        load = f"{fmt.rate(ld['ok_rate'])} jobs/s via moto"
+        rows.append(["daemon under load (c16)", f"RSS {fmt.mib(ld['rss_max'])} MiB", load, ""])
     return rows
 
 
@@ -178,8 +175,8 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
         r16, r64 = ratio(on["16"], off["16"]), ratio(on["64"], off["64"])
         p_on, p_off = med(b["http"][STUB]["16"], "p99_ms"), med(b["http"][OFF]["16"], "p99_ms")
         ok = r16 >= 0.7 and r64 >= 0.7 and ratio(p_on, p_off) <= 2
-        text = f"{backend} c16 {f_rate(on['16'])}/{f_rate(off['16'])} = {f_pct(r16)}, "
-        text += f"c64 {f_pct(r64)}, p99 c16 {f_ms(p_on)} vs {f_ms(p_off)} ms"
+        text = f"{backend} c16 {fmt.rate(on['16'])}/{fmt.rate(off['16'])} = {fmt.pct(r16)}, "
+        text += f"c64 {fmt.pct(r64)}, p99 c16 {fmt.ms(p_on)} vs {fmt.ms(p_off)} ms"
         parts.append((ok, text))
     goal = "HTTP intake with dispatch on (stub SQS) ≥ 70% of dispatch off at c16 and c64"
     line(goal + ", p99 at c16 ≤ 2× dispatch off's", parts)
@@ -192,13 +189,13 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
         # (aiobotocore's, and the JSON client's the relay itself sends with).
         own = med(res.get("stub: bare JSON-client loop", []), "rate") if BARE_JSON in res else 0.0
         bb = max(boto, own)
-        text = f"{backend} {f_rate(rr)} vs {f_rate(bb)} msg/s = {f_pct(ratio(rr, bb))}"
-        text += f" (bare aiobotocore {f_rate(boto)}, bare JSON client {f_rate(own)}"
+        text = f"{backend} {fmt.rate(rr)} vs {fmt.rate(bb)} msg/s = {fmt.pct(ratio(rr, bb))}"
+        text += f" (bare aiobotocore {fmt.rate(boto)}, bare JSON client {fmt.rate(own)}"
         if "relay, no SQS" in res:
             # What the database and the bookkeeping alone allow (no SQS at all): a ceiling
             # of the relay's own, beside the machine's.
             alone = med(res["relay, no SQS"], "rate")
-            text += f"; the relay with no SQS {f_rate(alone)} = {f_pct(ratio(alone, bb))}"
+            text += f"; the relay with no SQS {fmt.rate(alone)} = {fmt.pct(ratio(alone, bb))}"
         text += ")"
         parts.append((ratio(rr, bb) >= 0.8, text))
     line("relay ≥ 80% of the faster bare batch-send loop against the stub", parts)
@@ -214,10 +211,9 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
             med(b["http"][BARE_STORE]["16"], "ok_rate"),
         )
         store = med(b["storage"][OURS]["16"], "rate")
-        text = (
-            f"{backend} API {f_rate(api)} vs bare {f_rate(bare)} jobs/s = {f_pct(ratio(api, bare))}"
-        )
-        text += f" (storage layer alone {f_rate(store)})"
+        share = fmt.pct(ratio(api, bare))
+        text = f"{backend} API {fmt.rate(api)} vs bare {fmt.rate(bare)} jobs/s = {share}"
+        text += f" (storage layer alone {fmt.rate(store)})"
         parts.append((ratio(api, bare) >= 0.8, text))
     line("the API ≥ 80% of a bare aiohttp handler calling the same storage layer (c16)", parts)
 
@@ -228,9 +224,9 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
         drain = res["drain_s"]
         ok = ol["p99_ms"] <= 20 and res["backlog_max"] <= bound and drain is not None
         ok = ok and drain <= 1.0 and ol["ok_rate"] >= 0.95 * res["offered_rate"]
-        text = f"{backend} {f_rate(res['offered_rate'])} req/s offered "
-        text += f"({f_pct(ratio(res['offered_rate'], res['capacity']['ok_rate']))} of capacity), "
-        text += f"{f_rate(ol['ok_rate'])} answered, p99 {f_ms(ol['p99_ms'])} ms, backlog max "
+        text = f"{backend} {fmt.rate(res['offered_rate'])} req/s offered "
+        text += f"({fmt.pct(ratio(res['offered_rate'], res['capacity']['ok_rate']))} of capacity), "
+        text += f"{fmt.rate(ol['ok_rate'])} answered, p99 {fmt.ms(ol['p99_ms'])} ms, backlog max "
         text += f"{res['backlog_max']}, all SENT {'never' if drain is None else f'{drain:.2f} s'}"
         text += " after the end"
         parts.append((ok, text))
@@ -248,8 +244,8 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
                     med(b["http"][f"dispatch {mode}"][c], "ok_rate"),
                     med(base[c], "ok_rate"),
                 )
-                text = f"{backend} dispatch {mode} c{c} {f_rate(now)} vs {f_rate(then)}"
-                parts.append((ratio(now, then) >= 0.9, text + f" = {f_pct(ratio(now, then))}"))
+                text = f"{backend} dispatch {mode} c{c} {fmt.rate(now)} vs {fmt.rate(then)}"
+                parts.append((ratio(now, then) >= 0.9, text + f" = {fmt.pct(ratio(now, then))}"))
     if parts:
         rev = r.get("intake", {}).get("baseline", "?")
         line(f"intake and dispatch ≥ 0.9× the baseline {rev}, interleaved (c16, c64)", parts)
@@ -260,7 +256,7 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
         ours = med(peers["ours: SqlStore.create_portal_job"], "rate")
         for label, need in (("pgqueuer enqueue", 3.0), ("procrastinate defer_async", 3.0)):
             theirs = med(peers[label], "rate")
-            text = f"{f_rate(ours)} vs {label} {f_rate(theirs)} = {ratio(ours, theirs):.2f}×"
+            text = f"{fmt.rate(ours)} vs {label} {fmt.rate(theirs)} = {ratio(ours, theirs):.2f}×"
             parts.append((ratio(ours, theirs) >= need, text))
     goal = "storage-layer intake ≥ 3× pgqueuer enqueue and ≥ 3× procrastinate defer_async"
     line(goal + " (Postgres)", parts)
@@ -269,18 +265,18 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
     if "sqlite" in intake:
         st = intake["sqlite"]["storage"]
         ours, bare = med(st[OURS]["16"], "rate"), med(st[BARE]["16"], "rate")
-        text = f"{f_rate(ours)} vs {f_rate(bare)} jobs/s = {ratio(ours, bare):.2f}×"
+        text = f"{fmt.rate(ours)} vs {fmt.rate(bare)} jobs/s = {ratio(ours, bare):.2f}×"
         parts.append((ratio(ours, bare) >= 1.5, text))
     line("SQLite storage-layer intake ≥ 1.5× the bare one-transaction-per-job loop (c16)", parts)
 
     parts = []
     for backend, res in r.get("e2e", {}).items():
         p50 = percentile(res["accepted_to_started"], 50)
-        parts.append((p50 <= 15, f"{backend} p50 {f_ms(p50)} ms"))
+        parts.append((p50 <= 15, f"{backend} p50 {fmt.ms(p50)} ms"))
     if "footprint" in r:
         i = r["footprint"]["idle"]
         parts.append((i["cpu"] < 0.01, f"idle CPU {i['cpu']:.2%}"))
-        parts.append((i["rss_max"] < 120 * 2**20, f"idle RSS {f_mib(i['rss_max'])} MiB"))
+        parts.append((i["rss_max"] < 120 * 2**20, f"idle RSS {fmt.mib(i['rss_max'])} MiB"))
     line("accepted → handler started p50 ≤ 15 ms; idle CPU < 1%; idle RSS < 120 MiB", parts)
     return out
 

@@ -25,14 +25,12 @@ from pathlib import Path
 
 from testkit.daemon import FakeProcess
 
+from bench import fmt
 from bench.common import (
     Bench,
     Results,
     database,
     emit,
-    f_ms,
-    f_pct,
-    f_rate,
     run_loadgen,
     table,
     workdir,
@@ -156,10 +154,10 @@ async def main_async() -> int:
     for backend, r in results.items():
         ol = r["open_loop"]
         drain = "never" if r["drain_s"] is None else f"{r['drain_s']:.2f} s"
-        rows.append([backend, f_rate(r["capacity"]["ok_rate"]), f_rate(r["offered_rate"])])
-        rows[-1] += [f_rate(ol["ok_rate"]), f_ms(ol["p50_ms"]), f_ms(ol["p99_ms"])]
-        rows[-1] += [f_ms(ol["max_ms"]), str(r["backlog_max"]), drain]
-        rows[-1] += [f_pct(ol["cpu"].get("server", 0.0)), str(ol["late"])]
+        rows.append([backend, fmt.rate(r["capacity"]["ok_rate"]), fmt.rate(r["offered_rate"])])
+        rows[-1] += [fmt.rate(ol["ok_rate"]), fmt.ms(ol["p50_ms"]), fmt.ms(ol["p99_ms"])]
+        rows[-1] += [fmt.ms(ol["max_ms"]), str(r["backlog_max"]), drain]
+        rows[-1] += [fmt.pct(ol["cpu"].get("server", 0.0)), str(ol["late"])]
     head = ["backend", "capacity c16", "offered", "answered/s", "p50 ms", "p99 ms", "max ms"]
     head += ["backlog max", "all SENT after", "server CPU", "late sends"]
     emit(

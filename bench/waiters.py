@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from testkit.daemon import DaemonProcess, FakeProcess
 
+from bench import fmt
 from bench.common import (
     PY,
     ROOT,
@@ -34,8 +35,6 @@ from bench.common import (
     Results,
     database,
     emit,
-    f_mib,
-    f_ms,
     percentile,
     proc_rss,
     table,
@@ -181,8 +180,8 @@ async def main_async(bench: Bench) -> int:
     for backend, r in results.items():
         grew = r["rss_held"] - r["rss_before"]
         done = "never" if r["all_answered_s"] is None else f"{r['all_answered_s']:.2f} s"
-        rows.append([backend, str(r["held"]), f_mib(r["rss_before"]), f_mib(r["rss_held"])])
-        rows[-1] += [f_mib(grew), f_ms(r["healthz_p99_ms"]), str(r["statuses"]), done]
+        rows.append([backend, str(r["held"]), fmt.mib(r["rss_before"]), fmt.mib(r["rss_held"])])
+        rows[-1] += [fmt.mib(grew), fmt.ms(r["healthz_p99_ms"]), str(r["statuses"]), done]
     head = ["backend", "held", "RSS before MiB", "RSS held MiB", "growth MiB"]
     head += ["/healthz p99 ms", "answers", "all answered after the change"]
     emit(table("Held requests on one job (Prefer: wait)", head, rows))
