@@ -73,19 +73,9 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 def _generate(document: bytes, workdir: Path) -> None:
     (workdir / "openapi.json").write_bytes(document)
     (workdir / "generator.yaml").write_text("post_hooks: []\n", encoding="utf-8")
+    generate = "generate --path openapi.json --meta none --config generator.yaml"
     done = _run(
-        [
-            str(BIN / "openapi-python-client"),
-            "generate",
-            "--path",
-            "openapi.json",
-            "--meta",
-            "none",
-            "--config",
-            "generator.yaml",
-            "--output-path",
-            "outboxd_client",
-        ],
+        [str(BIN / "openapi-python-client"), *generate.split(), "--output-path", "outboxd_client"],
         workdir,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -96,18 +86,8 @@ def _generate(document: bytes, workdir: Path) -> None:
 def _mypy_errors(workdir: Path, *scripts: str) -> list[str]:
     # An empty config of its own: none of the project's settings apply to the caller.
     (workdir / "mypy.ini").write_text("[mypy]\n", encoding="utf-8")
-    done = _run(
-        [
-            str(BIN / "mypy"),
-            "--strict",
-            "--config-file",
-            "mypy.ini",
-            "--cache-dir",
-            str(workdir / ".mypy_cache"),
-            *scripts,
-        ],
-        workdir,
-    )
+    options = ["--strict", "--config-file", "mypy.ini", "--cache-dir", str(workdir / ".mypy_cache")]
+    done = _run([str(BIN / "mypy"), *options, *scripts], workdir)
     assert done.returncode in (0, 1), done.stdout + done.stderr  # 2: mypy itself failed
     return [line for line in done.stdout.splitlines() if ": error: " in line]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from outboxd.http.app import create_app
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing, generate_token, hash_token
-from outboxd.storage.store import SqlStore
+from outboxd.storage.store import SqlStore, open_store
 from tests.conftest import SettingsFactory
 from tests.support import consumer_rig, held
 from tests.support.ai import AI_KEY
@@ -185,6 +186,14 @@ async def proxied_queues(proxy: Proxy) -> AsyncIterator[SqsQueues]:
     that misbehaves as its tests want), which is served on loopback here, its `url` set."""
     async with serve(proxy.handle) as proxy.url, queues_at(proxy.url) as q:
         yield q
+
+
+@pytest_asyncio.fixture
+async def other(db_url: str, tmp_path: Path, store: SqlStore) -> AsyncIterator[SqlStore]:
+    """A second store on the same database: another instance's connections."""
+    s = await open_store(db_url, tmp_path, 5, 5.0)
+    yield s
+    await s.close()
 
 
 @pytest_asyncio.fixture

@@ -13,32 +13,22 @@ import itertools
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, SuwonScraperSettings
 from outboxd.observability import Metrics
 from outboxd.storage.ports import PaceSlot, PaceStore
-from outboxd.storage.store import SqlStore, open_store
+from outboxd.storage.store import SqlStore
 from outboxd.workers.claimer import AI_PACE, Claimer
 from outboxd.workers.pacing import PORTAL_PACE, ClusterPortalPacing, DbClock
 from tests.support.ai import classifier_for
 from tests.support.db import raw_rows
 from tests.support.ops import register_website
 from tests.support.waits import consistently, eventually
-
-
-@pytest_asyncio.fixture
-async def other(db_url: str, tmp_path: Path, store: SqlStore) -> AsyncIterator[SqlStore]:
-    """A second store on the same database: another instance's connections."""
-    s = await open_store(db_url, tmp_path, 5, 5.0)
-    yield s
-    await s.close()
 
 
 def cluster_claimer(store: SqlStore, ai: FakeAI, **settings: Any) -> Claimer:

@@ -56,6 +56,12 @@ async def dedup_ids(store: SqlStore) -> list[str]:
     return sorted(r.dedup_id for r in await task_runs(store))
 
 
+async def ticked(s: Scheduler, clock: Clock, when: str, store: SqlStore) -> tuple[int, list[str]]:
+    """`tick_at`, then the dedup ids of every task run so far: how many runs the tick
+    enqueued, and which runs there are."""
+    return await tick_at(s, clock, when), await dedup_ids(store)
+
+
 async def task_runs(store: SqlStore) -> list[TaskRun]:
     page = await store.list_tasks(None, 500, None)
     assert page.next_cursor is None
@@ -89,18 +95,19 @@ async def test_a_due_fire_time_inserts_one_task_run_with_its_dedup_id(store: Sql
     assert await tick_at(s, clock, "2024-03-10T12:00:15") == 0
     assert len(await task_runs(store)) == 1
 
-    assert await tick_at(s, clock, "2024-03-10T12:00:20") == 1
-    assert await dedup_ids(store) == [
-        "heartbeat-2024-03-10T12:00:10Z",
-        "heartbeat-2024-03-10T12:00:20Z",
-    ]
+    assert await ticked(s, clock, "2024-03-10T12:00:20", store) == (
+        1,
+        ["heartbeat-2024-03-10T12:00:10Z", "heartbeat-2024-03-10T12:00:20Z"],
+    )
 
 
 async def test_fractional_every_s_uses_millisecond_dedup_ids(store: SqlStore) -> None:
     clock = Clock(ts("2024-03-10T12:00:00.100"))
     s = scheduler(store, clock, every("fast", 0.25))
-    assert await tick_at(s, clock, "2024-03-10T12:00:00.260") == 1
-    assert await dedup_ids(store) == ["fast-2024-03-10T12:00:00.250Z"]
+    assert await ticked(s, clock, "2024-03-10T12:00:00.260", store) == (
+        1,
+        ["fast-2024-03-10T12:00:00.250Z"],
+    )
 
 
 async def test_sub_millisecond_fire_times_keep_distinct_dedup_ids(store: SqlStore) -> None:
@@ -118,27 +125,23 @@ async def test_sub_millisecond_fire_times_keep_distinct_dedup_ids(store: SqlStor
 
 
 async def test_two_instances_on_one_store_enqueue_a_fire_time_once(
-    store: SqlStore, db_url: str, tmp_path: Path
+    store: SqlStore, other: SqlStore
 ) -> None:
-    # A second store (its own connection/pool) stands for a second daemon.
-    other = await open_store(db_url, tmp_path, 5, 2.0)
-    try:
-        clock = Clock(ts("2024-03-10T12:00:01"))
-        a = scheduler(store, clock, every("job", 5))
-        b = scheduler(other, clock, every("job", 5))
-        clock.now = ts("2024-03-10T12:00:05.001")
-        created = await asyncio.gather(a.tick(), b.tick())
-        assert sorted(created) == [0, 1]
-        runs = await task_runs(store)
-        assert [r.dedup_id for r in runs] == ["job-2024-03-10T12:00:05Z"]
-        assert len(await relay_rows(store)) == 1
-        # Sequential ticks of the next fire time: the later one is a no-op too.
-        assert await tick_at(b, clock, "2024-03-10T12:00:10.5") == 1
-        assert await a.tick() == 0
-        assert len(await task_runs(store)) == 2
-        assert len(await relay_rows(store)) == 2
-    finally:
-        await other.close()
+    # `other`: a second store (its own connections) stands for a second daemon.
+    clock = Clock(ts("2024-03-10T12:00:01"))
+    a = scheduler(store, clock, every("job", 5))
+    b = scheduler(other, clock, every("job", 5))
+    clock.now = ts("2024-03-10T12:00:05.001")
+    created = await asyncio.gather(a.tick(), b.tick())
+    assert sorted(created) == [0, 1]
+    runs = await task_runs(store)
+    assert [r.dedup_id for r in runs] == ["job-2024-03-10T12:00:05Z"]
+    assert len(await relay_rows(store)) == 1
+    # Sequential ticks of the next fire time: the later one is a no-op too.
+    assert await tick_at(b, clock, "2024-03-10T12:00:10.5") == 1
+    assert await a.tick() == 0
+    assert len(await task_runs(store)) == 2
+    assert len(await relay_rows(store)) == 2
 
 
 class SwitchableStore:
@@ -265,16 +268,14 @@ async def test_an_outage_spanning_fire_times_keeps_only_the_latest(
     with capture_logs():
         assert await s.tick() == 0
     proxy.target = store
-    assert await tick_at(s, clock, "2024-03-10T12:00:41") == 1
-    assert await dedup_ids(store) == ["o-2024-03-10T12:00:40Z"]
+    assert await ticked(s, clock, "2024-03-10T12:00:41", store) == (1, ["o-2024-03-10T12:00:40Z"])
 
 
 async def test_missed_fire_times_are_not_replayed(store: SqlStore) -> None:
     clock = Clock(ts("2024-03-10T12:00:00.5"))
     s = scheduler(store, clock, every("m", 10))
     # The loop stalled (or the host slept) across five fire times: only the latest fires.
-    assert await tick_at(s, clock, "2024-03-10T12:00:55") == 1
-    assert await dedup_ids(store) == ["m-2024-03-10T12:00:50Z"]
+    assert await ticked(s, clock, "2024-03-10T12:00:55", store) == (1, ["m-2024-03-10T12:00:50Z"])
 
     # A restart an hour later: nothing from the downtime is enqueued at start ...
     clock.now = ts("2024-03-10T13:00:03")
@@ -282,11 +283,10 @@ async def test_missed_fire_times_are_not_replayed(store: SqlStore) -> None:
     assert await restarted.tick() == 0
     assert len(await task_runs(store)) == 1
     # ... only fire times that pass while it runs.
-    assert await tick_at(restarted, clock, "2024-03-10T13:00:10") == 1
-    assert await dedup_ids(store) == [
-        "m-2024-03-10T12:00:50Z",
-        "m-2024-03-10T13:00:10Z",
-    ]
+    assert await ticked(restarted, clock, "2024-03-10T13:00:10", store) == (
+        1,
+        ["m-2024-03-10T12:00:50Z", "m-2024-03-10T13:00:10Z"],
+    )
 
 
 async def test_cron_schedules_fire_at_their_minutes_with_utc_dedup_ids(store: SqlStore) -> None:
@@ -314,20 +314,16 @@ async def test_cron_schedules_fire_at_their_minutes_with_utc_dedup_ids(store: Sq
 
 
 async def test_cron_and_every_instances_agree_on_fire_times(
-    store: SqlStore, db_url: str, tmp_path: Path
+    store: SqlStore, other: SqlStore
 ) -> None:
     """Instances started at different moments compute the same fire times (epoch-anchored)."""
-    other = await open_store(db_url, tmp_path, 5, 2.0)
-    try:
-        early = scheduler(store, Clock(ts("2024-03-10T12:00:00.3")), every("e", 3))
-        late_clock = Clock(ts("2024-03-10T12:00:01.7"))
-        late = scheduler(other, late_clock, every("e", 3))
-        early._clock = late_clock  # from now on both see the same time
-        late_clock.now = ts("2024-03-10T12:00:03.01")
-        assert sorted(await asyncio.gather(early.tick(), late.tick())) == [0, 1]
-        assert await dedup_ids(store) == ["e-2024-03-10T12:00:03Z"]
-    finally:
-        await other.close()
+    early = scheduler(store, Clock(ts("2024-03-10T12:00:00.3")), every("e", 3))
+    late_clock = Clock(ts("2024-03-10T12:00:01.7"))
+    late = scheduler(other, late_clock, every("e", 3))
+    early._clock = late_clock  # from now on both see the same time
+    late_clock.now = ts("2024-03-10T12:00:03.01")
+    assert sorted(await asyncio.gather(early.tick(), late.tick())) == [0, 1]
+    assert await dedup_ids(store) == ["e-2024-03-10T12:00:03Z"]
 
 
 @pytest.mark.real_clock  # how many fire in a second of the loop's own clock
