@@ -20,23 +20,15 @@ from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, PortalLinkRequest
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
+from tests.support import relay as support
 from tests.support.clock import Clock
 from tests.support.ops import insert_portal_job
-from tests.support.relay import (
-    FAIL_REASON,
-    GatedPublisher,
-    PartialFailurePublisher,
-    all_rows,
-    assert_no_sent_without_message_id,
-    drain,
-    relay_settings,
-)
 from tests.support.waits import eventually
 
 
 def _fails_odd(m: OutgoingMessage) -> str | None:
     """SQS-style per-entry failure for about half the entries, chosen by the entry id."""
-    return FAIL_REASON if int(m.entry_id[-1], 16) % 2 else None
+    return support.FAIL_REASON if int(m.entry_id[-1], 16) % 2 else None
 
 
 async def test_concurrent_requests_share_batches_and_each_row_gets_its_message_id(
@@ -44,8 +36,8 @@ async def test_concurrent_requests_share_batches_and_each_row_gets_its_message_i
 ) -> None:
     clock = Clock()
     made = [await insert_portal_job(store, clock.now, keys, "pw-coalesce") for _ in range(35)]
-    pub = PartialFailurePublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+    pub = support.PartialFailurePublisher(queues)
+    relay = Relay(store, pub, support.relay_settings(), Metrics(), clock=clock)
 
     answers = await asyncio.gather(*(relay.publish_now(o) for _, o in made))
 
@@ -53,13 +45,13 @@ async def test_concurrent_requests_share_batches_and_each_row_gets_its_message_i
     assert len(pub.batches) < len(made), "the requests did not share SendMessageBatch calls"
     assert all(1 <= len(b) <= 10 for b in pub.batches)
     assert sorted(m.entry_id for b in pub.batches for m in b) == sorted(o for _, o in made)
-    rows = {r.id: r for r in await all_rows(store)}
+    rows = {r.id: r for r in await support.all_rows(store)}
     assert all(rows[o].status == "SENT" for _, o in made)
-    assert_no_sent_without_message_id(list(rows.values()))
+    support.assert_no_sent_without_message_id(list(rows.values()))
     for job_id, _ in made:
         job = await store.get_job(job_id)
         assert job is not None and job.status == "RUNNING"
-    received = await drain(queues)
+    received = await support.drain(queues)
     assert sorted((json.loads(b)["outboxId"], mid) for mid, b in received) == sorted(
         (o, rows[o].queue_message_id) for _, o in made
     )
@@ -70,8 +62,8 @@ async def test_a_partial_batch_failure_fails_only_its_own_entries(
 ) -> None:
     clock = Clock()
     made = [await insert_portal_job(store, clock.now, keys, "pw-partial") for _ in range(20)]
-    pub = PartialFailurePublisher(queues, fail=_fails_odd)
-    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+    pub = support.PartialFailurePublisher(queues, fail=_fails_odd)
+    relay = Relay(store, pub, support.relay_settings(), Metrics(), clock=clock)
 
     answers = dict(
         zip(
@@ -95,9 +87,9 @@ async def test_a_partial_batch_failure_fails_only_its_own_entries(
         else:
             # Left for the relay loop, backed off, with SQS's reason.
             assert row.status == "RETRYABLE_FAILED" and row.queue_message_id is None
-            assert row.last_error == FAIL_REASON and row.next_attempt_at > clock.now
+            assert row.last_error == support.FAIL_REASON and row.next_attempt_at > clock.now
             assert job.status == "QUEUED"
-    received = await drain(queues)
+    received = await support.drain(queues)
     assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(
         o for o, ok in expected.items() if ok
     )
@@ -108,8 +100,8 @@ async def test_the_service_answers_each_request_by_its_own_entry(
 ) -> None:
     """Through PortalJobService: without `api.require_dispatch` a failed entry's request
     is accepted QUEUED (202); with it, that request alone fails (503 C08)."""
-    pub = PartialFailurePublisher(queues, fail=_fails_odd)
-    relay = Relay(store, pub, relay_settings(), Metrics())
+    pub = support.PartialFailurePublisher(queues, fail=_fails_odd)
+    relay = Relay(store, pub, support.relay_settings(), Metrics())
     lenient = PortalJobService(store, keys, relay)
     strict = PortalJobService(store, keys, relay, require_dispatch=True)
     req = PortalLinkRequest(portal="suwon", username="20201234", password="pw-service")
@@ -138,7 +130,7 @@ async def test_the_service_answers_each_request_by_its_own_entry(
             assert (outbox_status, job_status) == ("SENT", "RUNNING")
         else:
             assert i < 12 and (outbox_status, job_status) == ("RETRYABLE_FAILED", "QUEUED")
-    await drain(queues)
+    await support.drain(queues)
 
 
 async def test_a_request_publishes_the_row_its_intake_claimed_and_answers_what_was_committed(
@@ -147,8 +139,8 @@ async def test_a_request_publishes_the_row_its_intake_claimed_and_answers_what_w
     """Concurrent requests (a group commit on both backends): each new outbox row is
     inserted claimed, so its publish is its first and only attempt (no second claim),
     and each answer is exactly the row and job status the database now holds."""
-    pub = PartialFailurePublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics())
+    pub = support.PartialFailurePublisher(queues)
+    relay = Relay(store, pub, support.relay_settings(), Metrics())
     service = PortalJobService(store, keys, relay)
     req = PortalLinkRequest(portal="suwon", username="20201234", password="pw-claimed")
 
@@ -160,7 +152,7 @@ async def test_a_request_publishes_the_row_its_intake_claimed_and_answers_what_w
         assert await store.get_relay_row(sub.outbox.id) == sub.outbox
         job = await store.get_job(sub.job.id)
         assert job is not None and sub.job.status == job.status == "RUNNING"
-    await drain(queues)
+    await support.drain(queues)
 
 
 async def test_a_row_claimed_at_intake_but_never_published_goes_out_after_its_lease(
@@ -169,8 +161,8 @@ async def test_a_row_claimed_at_intake_but_never_published_goes_out_after_its_le
     """A crash between the intake's commit and the publish: the relay loop leaves the row
     alone while the intake's lease holds, and sends it once the lease has run out."""
     clock = Clock()
-    pub = PartialFailurePublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+    pub = support.PartialFailurePublisher(queues)
+    relay = Relay(store, pub, support.relay_settings(), Metrics(), clock=clock)
     claimed_until = relay.intake_claim_until(clock.now)
     assert claimed_until is not None and claimed_until > clock.now
     _, outbox_id = await insert_portal_job(store, clock.now, claimed_until=claimed_until)
@@ -183,7 +175,7 @@ async def test_a_row_claimed_at_intake_but_never_published_goes_out_after_its_le
 
     row = await store.get_relay_row(outbox_id)
     assert row is not None and row.status == "SENT" and row.attempt_count == 2
-    assert [mid for mid, _ in await drain(queues)] == [row.queue_message_id]
+    assert [mid for mid, _ in await support.drain(queues)] == [row.queue_message_id]
 
 
 async def test_a_request_whose_intake_lease_ran_out_does_not_publish_the_row_again(
@@ -194,8 +186,8 @@ async def test_a_request_whose_intake_lease_ran_out_does_not_publish_the_row_aga
     does not publish the row it was handed at intake a second time (a duplicate message):
     it claims it like any other row, finds it sent, and answers with that."""
     clock = Clock()
-    pub = PartialFailurePublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock)
+    pub = support.PartialFailurePublisher(queues)
+    relay = Relay(store, pub, support.relay_settings(), Metrics(), clock=clock)
     claimed_until = relay.intake_claim_until(clock.now)
     assert claimed_until is not None
     _, outbox_id = await insert_portal_job(store, clock.now, claimed_until=claimed_until)
@@ -211,25 +203,25 @@ async def test_a_request_whose_intake_lease_ran_out_does_not_publish_the_row_aga
     assert answer is not None and answer.status == "SENT"
     assert answer.queue_message_id == sent.queue_message_id
     assert len(pub.batches) == 1, "the row was published twice"
-    assert [mid for mid, _ in await drain(queues)] == [sent.queue_message_id]
+    assert [mid for mid, _ in await support.drain(queues)] == [sent.queue_message_id]
 
 
 async def test_a_lone_request_goes_out_in_a_batch_of_its_own(
     store: SqlStore, keys: KeyRing, queues: SqsQueues
 ) -> None:
     _, outbox_id = await insert_portal_job(store, Clock().now, keys, "pw-lone")
-    pub = PartialFailurePublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics())
+    pub = support.PartialFailurePublisher(queues)
+    relay = Relay(store, pub, support.relay_settings(), Metrics())
 
     assert await relay.publish_now(outbox_id) is True
 
     assert [[m.entry_id for m in b] for b in pub.batches] == [[outbox_id]]
     row = await store.get_relay_row(outbox_id)
     assert row is not None and row.status == "SENT" and row.queue_message_id
-    assert [mid for mid, _ in await drain(queues)] == [row.queue_message_id]
+    assert [mid for mid, _ in await support.drain(queues)] == [row.queue_message_id]
 
 
-class FirstHeldPublisher(PartialFailurePublisher):
+class FirstHeldPublisher(support.PartialFailurePublisher):
     """Holds the first batch until `gate` is set; the others go through at once.
     `started` lists each batch's entry ids in the order the batches reached SQS."""
 
@@ -255,7 +247,7 @@ async def first_batch_held(
     made = [await insert_portal_job(store, Clock().now, keys, "pw-held") for _ in range(rows)]
     ids = [o for _, o in made]
     pub = FirstHeldPublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics(), dispatch_max_wait_s=max_wait_s)
+    relay = Relay(store, pub, support.relay_settings(), Metrics(), dispatch_max_wait_s=max_wait_s)
     first = asyncio.ensure_future(relay.publish_now(ids[0]))
     await asyncio.wait_for(pub.entered.wait(), 10)
     return ids, pub, relay, first
@@ -277,9 +269,9 @@ async def test_while_a_batch_is_out_a_partial_one_waits_for_it_and_a_full_one_do
     pub.gate.set()
     assert await asyncio.wait_for(asyncio.gather(first, *rest), 10) == [True] * 4
     assert pub.started == [ids[:1], ids[1:11], ids[11:]]
-    rows = await all_rows(store)
+    rows = await support.all_rows(store)
     assert all(r.status == "SENT" for r in rows)
-    assert_no_sent_without_message_id(rows)
+    support.assert_no_sent_without_message_id(rows)
 
 
 async def test_a_partial_batch_waits_for_the_batch_out_at_most_the_cap(
@@ -304,8 +296,10 @@ async def test_a_shutdown_answers_the_waiting_requests_not_dispatched(
     publishes each of them exactly once."""
     made = [await insert_portal_job(store, Clock().now, keys, "pw-stop") for _ in range(15)]
     stop = asyncio.Event()
-    pub = GatedPublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics(), stop=stop, dispatch_batches_in_flight=1)
+    pub = support.GatedPublisher(queues)
+    relay = Relay(
+        store, pub, support.relay_settings(), Metrics(), stop=stop, dispatch_batches_in_flight=1
+    )
 
     requests = [asyncio.ensure_future(relay.publish_now(o)) for _, o in made]
     await asyncio.wait_for(pub.entered.wait(), 10)
@@ -314,22 +308,24 @@ async def test_a_shutdown_answers_the_waiting_requests_not_dispatched(
     assert answers == [False] * len(made)
     assert await relay.publish_now(made[0][1]) is False  # after the stop: not even tried
 
-    pub.gate.set()  # the held batch goes out and is recorded before drain() returns
+    pub.gate.set()  # the held batch goes out and is recorded before support.drain() returns
     await asyncio.wait_for(relay.drain(10.0), 15)
-    held = [r for r in await all_rows(store) if r.status == "SENT"]
+    held = [r for r in await support.all_rows(store) if r.status == "SENT"]
     assert len(held) == 10 and all(r.queue_message_id for r in held)
-    loop = Relay(store, PartialFailurePublisher(queues), relay_settings(), Metrics())
+    loop = Relay(
+        store, support.PartialFailurePublisher(queues), support.relay_settings(), Metrics()
+    )
 
     async def all_sent() -> bool:
-        if all(r.status == "SENT" for r in await all_rows(store)):
+        if all(r.status == "SENT" for r in await support.all_rows(store)):
             return True
         await loop.relay_once()
         return False
 
     await eventually(all_sent, 10, what="every row SENT")
-    rows = await all_rows(store)
-    assert_no_sent_without_message_id(rows)
-    received = await drain(queues)
+    rows = await support.all_rows(store)
+    support.assert_no_sent_without_message_id(rows)
+    received = await support.drain(queues)
     assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(o for _, o in made)
 
 
@@ -341,14 +337,14 @@ async def test_chained_rounds_publish_every_row_once(
     event; every row is claimed once and SENT with its MessageId."""
     clock = Clock()
     made = [await insert_portal_job(store, clock.now, keys, "pw-rounds") for _ in range(125)]
-    pub = PartialFailurePublisher(queues)
-    relay = Relay(store, pub, relay_settings(), Metrics(), clock=clock, batches_per_round=1)
+    pub = support.PartialFailurePublisher(queues)
+    relay = Relay(store, pub, support.relay_settings(), Metrics(), clock=clock, batches_per_round=1)
 
     assert [await relay.relay_once() for _ in range(3)] == [100, 25, 0]
 
-    rows = await all_rows(store)
+    rows = await support.all_rows(store)
     assert all(r.status == "SENT" and r.attempt_count == 1 for r in rows)
-    assert_no_sent_without_message_id(rows)
+    support.assert_no_sent_without_message_id(rows)
     assert sorted(m.entry_id for b in pub.batches for m in b) == sorted(o for _, o in made)
-    received = await drain(queues)
+    received = await support.drain(queues)
     assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(o for _, o in made)
