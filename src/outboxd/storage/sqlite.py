@@ -114,8 +114,8 @@ class _SqliteThread:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA foreign_keys=ON")
             # Each member of a group commit runs in a savepoint, whose statement journal
-            # spills to a temporary file past 64 KiB: two writes per page a member touches
-            # (docs/decisions/0025-statement-journals-in-memory.md).
+            # otherwise spills to a temporary file once it outgrows a small buffer: two
+            # writes per page a member touches (decision 0025 in docs/decisions/).
             conn.execute("PRAGMA temp_store=MEMORY")
             self._conn = conn
 
