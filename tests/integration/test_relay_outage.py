@@ -6,7 +6,8 @@ however long it lasts; only SQS refusing the message itself counts. So an outage
 times longer than max_attempts x backoff leaves every row waiting (RETRYABLE_FAILED, its
 job QUEUED, its attempts unspent), and when SQS returns they go out; an entry SQS
 refuses still ends DEAD after max_attempts. One `sqs_unavailable` line for the outage,
-one `sqs_recovered` after it, no line per row.
+one `sqs_recovered` after it, no line per row. A request's publish that finds SQS back
+ends the loop's pause.
 """
 
 from __future__ import annotations
@@ -211,3 +212,39 @@ async def test_the_loop_backs_off_through_an_outage_and_delivers_when_sqs_return
     assert events.count("sqs_unavailable") == 1, events
     assert events.count("sqs_recovered") == 1, events
     assert "outbox_dead" not in events and "outbox_publish_failed" not in events
+
+
+@pytest.mark.real_clock  # the loop's pause is real time; the backlog must not wait it out
+async def test_a_requests_publish_ends_the_loops_sqs_pause(
+    store: SqlStore, keys: KeyRing, rig: Rig
+) -> None:
+    """SQS cut: the loop pauses (here its 10 s interval, growing to SQS_PAUSE_CAP_S while
+    the outage lasts). SQS back and a request's publish answered: the backlog goes out at
+    once, not when the pause runs out."""
+    # The row's own short backoff after the outage (a millisecond here) is over by then.
+    settings = outage_settings(interval_s=10.0, backoff_base_s=0.001, backoff_max_s=0.001)
+    relay = Relay(store, rig.queues, settings, Metrics())
+    _, backlog = await insert_portal_job(store, time.time(), keys, "pw-pause")
+    stop = asyncio.Event()
+    await rig.proxy.stop()
+    loop = asyncio.create_task(relay.run(stop))
+
+    async def status_is(outbox_id: str, expected: str) -> bool:
+        row = await store.get_relay_row(outbox_id)
+        assert row is not None
+        return row.status == expected
+
+    try:
+        # The loop met the outage (no attempt spent) and paused: it enters the pause as soon
+        # as that outcome is committed, before this read can return it.
+        await eventually(lambda: status_is(backlog, "RETRYABLE_FAILED"), 5, what="the outage")
+        await rig.proxy.start()
+        _, fresh = await insert_portal_job(store, time.time(), keys, "pw-pause")
+        assert await relay.publish_now(fresh) is True
+        await eventually(lambda: status_is(backlog, "SENT"), 5, what="the backlog SENT")
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 30)
+    row = await store.get_relay_row(backlog)
+    assert row is not None and row.attempt_count == 1  # the outage's try given back
+    assert sorted(await drained_outbox_ids(rig.queues)) == sorted([backlog, fresh])

@@ -25,10 +25,21 @@ DB_RETRY_BASE_S = 0.5
 DB_RETRY_CAP_S = 5.0
 
 
-async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    """Wait `seconds`, or less when `stop` is set meanwhile: a shutdown never waits out a sleep."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
+async def sleep_or_stop(
+    stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None
+) -> None:
+    """Wait `seconds`, or less when `stop` (or `wake`) is set meanwhile: a shutdown never
+    waits out a sleep."""
+    if wake is None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+        return
+    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())}
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def backoff(attempt: int, base: float, cap: float, *, jitter: bool) -> float:

@@ -67,6 +67,9 @@ class Publishing:
     # SQS unreachable as a whole: logged once for the dispatch and the loop together,
     # not once per row; the loop backs off while it lasts (workers/relay.py).
     sqs_outage: OutageLog = field(default_factory=lambda: OutageLog("sqs", "relay"), init=False)
+    # Set when SQS answers again after an outage, whichever caller saw it: the loop's pause
+    # ends then, not when its backoff runs out.
+    sqs_back: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     _tasks: set[asyncio.Future[Any]] = field(default_factory=set, init=False)
     _narrowed: bool = field(default=False, init=False)
 
@@ -206,8 +209,9 @@ class Publishing:
         if result.outage:
             entry = next(iter(result.outage))
             self.sqs_outage.failed(result.failed.get(entry, "SQS unavailable"))
-        else:
+        elif self.sqs_outage.down:
             self.sqs_outage.recovered()
+            self.sqs_back.set()
 
     def _publish_spans(
         self, rows: Sequence[RelayRow], result: BatchResult, started_at: float

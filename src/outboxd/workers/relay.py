@@ -31,7 +31,7 @@ log = structlog.get_logger(__name__)
 # before the loop looks at its stop event again.
 ROUNDS_PER_PASS = 10
 # The longest the loop waits between passes while SQS cannot be reached: how soon after
-# SQS returns the backlog starts to go out.
+# SQS returns the backlog starts to go out, unless a request's publish sees it first.
 SQS_PAUSE_CAP_S = 30.0
 
 
@@ -101,10 +101,14 @@ class RelayLoop:
             self._failures.ok()
             if self._send.sqs_outage.down:
                 # SQS could not be reached: no row spent an attempt on it, and the loop
-                # tries again later and later (up to SQS_PAUSE_CAP_S) while it lasts.
+                # tries again later and later (up to SQS_PAUSE_CAP_S) while it lasts, or
+                # at once when a request's publish finds SQS back.
                 self._sqs_pauses += 1
+                self._send.sqs_back.clear()
                 await sleep_or_stop(
-                    stop, backoff(self._sqs_pauses, interval, SQS_PAUSE_CAP_S, jitter=False)
+                    stop,
+                    backoff(self._sqs_pauses, interval, SQS_PAUSE_CAP_S, jitter=False),
+                    self._send.sqs_back,
                 )
                 continue
             self._sqs_pauses = 0
