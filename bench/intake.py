@@ -14,7 +14,8 @@ Per backend (SQLite, Postgres), in one run, trials interleaved so drift hits all
 
 With `--baseline REV` the API servers of another commit (checked out into a scratch
 worktree, its own code run) are measured beside this one's, dispatch off and to the stub,
-interleaved: the figures a change is judged by (a move, a new table) in one run.
+each trial of one right beside the same trial of the other (`paired_order`): the figures a
+change is judged by (a move, a new table) in one run, as the median of the paired ratios.
 
     python -m bench.intake [--quick] [--backends sqlite,postgres] [--no-moto] [--baseline REV]
                            [--json-out F]
@@ -97,9 +98,10 @@ def http_runs(
 ) -> dict[str, PerConc]:
     """Every server at every concurrency, trial 1 of all before trial 2 of any."""
     out: dict[str, PerConc] = {}
-    for _trial in range(trials):
+    for trial in range(trials):
         for conc in concs:
-            for name, srv in servers.items():
+            for name in paired_order(list(servers), trial):
+                srv = servers[name]
                 pids = {"server": srv.pid}
                 endpoint = sqs.get(name.removeprefix("dispatch "))
                 if endpoint is not None:
@@ -108,6 +110,20 @@ def http_runs(
                     purge_queue(endpoint.url, srv.info["jobs_queue_url"])
                 r = run_loadgen(srv.info["base_url"], conc, dur, warm, pids, name.split()[-1])
                 out.setdefault(name, {}).setdefault(conc, []).append(r)
+    return out
+
+
+def paired_order(names: list[str], trial: int) -> list[str]:
+    """`names` with each baseline server right beside ours in the same mode, ours first in
+    even trials and second in odd ones (A B, then B A): the two a 0.9x line compares run
+    back to back, and a drift within a trial (a checkpoint, autovacuum) favours neither."""
+    out: list[str] = []
+    for name in names:
+        if name.startswith(BASELINE):
+            continue
+        base = f"{BASELINE} {name.removeprefix('dispatch ')}"
+        pair = [name, base] if base in names and name.startswith("dispatch ") else [name]
+        out.extend(pair if trial % 2 == 0 else pair[::-1])
     return out
 
 
