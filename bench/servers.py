@@ -11,7 +11,9 @@ aiohttp server; `--sqs` turns dispatch on (synchronous publish through the relay
 dispatcher=None`: the job stays QUEUED for a relay, as with roles = ["api"] and no SQS).
 `--relay` also runs the relay loop in the same process, shaped for the backend as the
 daemon runs it (roles api and relay), for what a publish on the request missed.
-Logs are the daemon's JSON lines, written to `--log` (default /dev/null).
+Logs are the daemon's JSON lines, written to `--log` (default /dev/null). Once built, it
+sets the garbage collector as the daemon does after start (`outboxd.daemon.memory`), and
+so does `bare-store`.
 
 `bare`: the ceiling for HTTP: an aiohttp handler that reads the JSON body and answers 202
 with a small JSON object, nothing else.
@@ -27,7 +29,8 @@ process, which no API can pass.
 (CreateQueue, GetQueueUrl, Get/SetQueueAttributes, PurgeQueue, SendMessage[Batch]) and
 acknowledges every send at once; messages are counted and dropped, signatures not
 checked. Against it a publish costs only the client's and our own work (moto spends
-milliseconds per message itself).
+milliseconds per message itself). `GET /stub/counts`: the messages taken and the send
+requests answered so far (their ratio is how full the batches were).
 
 Each writes `{"base_url" or "endpoint_url", ...}` to PATH once listening and serves until
 SIGTERM or SIGINT.
@@ -68,6 +71,7 @@ class Stub:
         self.base_url = ""
         self.queues: dict[str, dict[str, str]] = {}
         self.sent = 0
+        self.calls = 0  # SendMessage and SendMessageBatch requests
 
     def _queue(self, body: dict[str, Any]) -> str:
         name = str(body.get("QueueName") or str(body.get("QueueUrl", "")).rsplit("/", 1)[-1])
@@ -95,10 +99,12 @@ class Stub:
             self.queues[name].update({str(k): str(v) for k, v in body["Attributes"].items()})
         if op == "SendMessage":
             self.sent += 1
+            self.calls += 1
             return _entry(body["MessageBody"])
         if op == "SendMessageBatch":
             entries = body.get("Entries") or []
             self.sent += len(entries)
+            self.calls += 1
             ok = [_entry(e["MessageBody"], e["Id"]) for e in entries]
             return {"Successful": ok, "Failed": []}
         if op in ("SetQueueAttributes", "PurgeQueue"):
@@ -122,6 +128,12 @@ async def handle(request: web.Request) -> web.Response:
         fault = {"__type": "com.amazonaws.sqs#UnsupportedOperation", "message": op}
         return web.json_response(fault, status=400, content_type=CONTENT_TYPE, headers=headers)
     return web.json_response(result, content_type=CONTENT_TYPE, headers=headers)
+
+
+async def counts(request: web.Request) -> web.Response:
+    """Messages taken and send requests answered so far (messages per call = the batching)."""
+    stub = request.app[STUB]
+    return web.json_response({"sent": stub.sent, "calls": stub.calls})
 
 
 async def bare_handler(request: web.Request) -> web.Response:
@@ -244,10 +256,16 @@ async def main(args: argparse.Namespace) -> None:
     cleanups: list[Any] = []
     info: dict[str, Any] = {"pid": os.getpid()}
     try:
-        if args.mode == "outboxd":
-            app = await build_outboxd_app(args, cleanups, info)
-        elif args.mode == "bare-store":
-            app = await build_bare_store_app(args, cleanups)
+        if args.mode in ("outboxd", "bare-store"):
+            from outboxd.daemon.memory import settle_after_start
+
+            if args.mode == "outboxd":
+                app = await build_outboxd_app(args, cleanups, info)
+            else:
+                app = await build_bare_store_app(args, cleanups)
+            # As the daemon does once it has started; the bare handler over the storage
+            # layer too, so that what the two differ by is the API's own work.
+            settle_after_start()
         else:
             app = web.Application()
             if args.mode == "bare":
@@ -255,6 +273,7 @@ async def main(args: argparse.Namespace) -> None:
             else:
                 app[STUB] = Stub()
                 app.router.add_post("/", handle)
+                app.router.add_get("/stub/counts", counts)
         await serve(app, Path(args.port_file), info)
     finally:
         for fn in reversed(cleanups):

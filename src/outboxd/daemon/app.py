@@ -23,6 +23,7 @@ import structlog
 from aiohttp import web
 
 from outboxd.config import ConfigError, ServerSettings, Settings, is_loopback_host
+from outboxd.daemon.memory import settle_after_start
 from outboxd.daemon.preflight import endpoint_label, sqs_endpoint
 from outboxd.daemon.readiness import QueueReadiness, Readiness
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
@@ -462,6 +463,8 @@ async def _serve(
         console.scheduler = Scheduler(settings.scheduler, tasks)
         components.append(("scheduler", console.scheduler))
 
+    # Everything is built: what exists now lives as long as the process.
+    settle_after_start()
     failures: list[str] = []
     async with asyncio.TaskGroup() as tg:
         running = {
