@@ -55,6 +55,7 @@ POOL = 16
 OURS, BARE, AIO = "ours: create_portal_job", "bare: BEGIN+2 INSERT+COMMIT", "bare, aiosqlite"
 BARE_STORE = "bare handler + storage layer"
 BASELINE = "baseline dispatch"
+BASELINE_TRIALS = 5
 PerConc = dict[int, list[Results]]
 
 
@@ -253,9 +254,10 @@ async def main_async() -> int:
     args = bench.args
     backends = await bench.backends()
     timing = (1, 2.0, 0.5) if args.quick else (3, 4.0, 1.0)
-    if args.baseline and args.quick:
-        # A 0.9x line cannot be told from one 2 s trial on two cores: three, interleaved.
-        timing = (3, 2.0, 0.5)
+    if args.baseline:
+        # A 0.9x line cannot be told from one trial on two cores, where single paired
+        # trials range 76-137%: five, paired and interleaved, judged by their median.
+        timing = (BASELINE_TRIALS, *timing[1:])
     concs = [1, 16, 64]
     bench.heading("Intake")
     emit(f"trials={timing[0]} × {timing[1]:g} s per point after {timing[2]:g} s; pool={POOL}")
