@@ -185,6 +185,16 @@ def sqs_servers(wd: Path, moto: bool) -> dict[str, SqsEndpoint]:
     return servers
 
 
+def stub_counts(endpoint_url: str) -> tuple[int, int]:
+    """The SQS stub's messages taken and send requests answered so far (bench/servers.py)."""
+    import urllib.request
+
+    url = endpoint_url + "/stub/counts"
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 (loopback http only)
+        counts = json.loads(resp.read())
+    return int(counts["sent"]), int(counts["calls"])
+
+
 def purge_queue(endpoint_url: str, queue_url: str) -> None:
     """Empty a queue: moto's sends slow down as unreceived messages pile up (O(n) scans)."""
     import boto3

@@ -41,11 +41,13 @@ from bench.common import (
     database,
     emit,
     med,
+    median,
     open_migrated_store,
     purge_queue,
     ratio,
     run_loadgen,
     sqs_servers,
+    stub_counts,
     table,
     workdir,
 )
@@ -109,7 +111,14 @@ def http_runs(
                     pids["sqs"] = endpoint.pid
                 if endpoint is not None and name == "dispatch moto":
                     purge_queue(endpoint.url, srv.info["jobs_queue_url"])
+                # How full the coalesced batches were: the stub counts what it is sent.
+                stub = sqs.get("stub") if name.endswith(" stub") else None
+                before = stub_counts(stub.url) if stub is not None else None
                 r = run_loadgen(srv.info["base_url"], conc, dur, warm, pids, name.split()[-1])
+                if stub is not None and before is not None:
+                    after = stub_counts(stub.url)
+                    sent, calls = after[0] - before[0], after[1] - before[1]
+                    r["per_call"] = sent / calls if calls else None
                 out.setdefault(name, {}).setdefault(conc, []).append(r)
     return out
 
@@ -228,8 +237,10 @@ def report(results: Results, concs: list[int]) -> None:
                 rows[-1] += [fmt.ms(med(rs, "p99_ms")), *(fmt.pct(v) for v in cpu.values())]
                 rows[-1] += [fmt.pct(med(rs, "machine_busy")), fmt.pct(ratio(rate, bare_h[c]))]
                 rows[-1].append(fmt.pct(ratio(rate, bare_db[c])))
+                fills = [x["per_call"] for x in rs if x.get("per_call") is not None]
+                rows[-1].append(f"{median(fills):.1f}" if fills else "-")
         head = ["server", "conc", "jobs/s", "p50 ms", "p99 ms", "server CPU", "loadgen CPU"]
-        head += ["SQS CPU", "machine", "vs bare HTTP", "vs bare loop"]
+        head += ["SQS CPU", "machine", "vs bare HTTP", "vs bare loop", "msgs/call"]
         emit(
             table(
                 f"HTTP intake, {backend}: POST /v1/portal-link-jobs (202/s, medians of trials)",
@@ -237,7 +248,8 @@ def report(results: Results, concs: list[int]) -> None:
                 rows,
                 "CPU: share of one core per process; machine: both cores, all processes "
                 "(other users' too). vs bare loop: the storage-layer bare loop at the same "
-                "concurrency.",
+                "concurrency. msgs/call: messages per SendMessageBatch the stub was sent "
+                "(how full the coalesced batches were; docs/decisions/0027).",
             )
         )
 
