@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import logging
@@ -9,10 +10,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, MutableMapping
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import msgspec
 import structlog
@@ -258,6 +259,18 @@ def log_info(event: str, fields: dict[str, Any]) -> None:
         return
     del fields["event"]
     _service_log.info(event, **fields)
+
+
+T = TypeVar("T")
+
+
+def detached(work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """`work` as a task that starts from an empty context, not the caller's.
+
+    A request that starts work done for many (a dispatch batch, a commit group, a
+    notification, an ANALYZE) must not lend that work its `request_id` and `trace_id`:
+    every line the work logs would name one request that happened to start it."""
+    return asyncio.get_running_loop().create_task(work, context=contextvars.Context())
 
 
 def configure_logging(

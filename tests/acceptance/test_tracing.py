@@ -3,7 +3,9 @@
 - a `traceparent` on POST /v1/portal-link-jobs is kept with the job and sent with its SQS
   message as a message attribute; an invalid one is ignored and a trace of the daemon's
   own started;
-- the log lines about the job (API, relay, consumer) carry its trace_id;
+- the log lines about the job (API, relay, consumer) carry its trace_id, and a line that names
+  a request (its request_id) is about that request's job alone: work a request starts for many,
+  such as a dispatch batch, logs as none of them;
 - with OTEL_EXPORTER_OTLP_ENDPOINT set, the API, relay and consumer spans reach an OTLP/HTTP
   receiver (an aiohttp server on 127.0.0.1 here, decoding the protobuf), in the caller's trace.
 """
@@ -15,6 +17,7 @@ import gzip
 import secrets
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -111,6 +114,38 @@ def test_the_trace_goes_with_the_job_to_sqs_and_an_invalid_one_is_replaced(
     [row] = db_rows(db_url, "SELECT traceparent FROM jobs WHERE id = ?", no_header)
     assert len(row["traceparent"]) == 55
     assert daemon.terminate() == 0
+
+
+def test_a_line_that_names_a_request_is_about_that_requests_job_alone(
+    pipeline_config: ConfigFactory, spawn_daemon: DaemonFactory
+) -> None:
+    # Requests arriving together share SendMessageBatch calls. The batch's `outbox_sent` line
+    # lists every job in it: it must not carry the request_id of whichever request started it.
+    daemon = spawn_daemon(pipeline_config(daemon={"roles": ["api", "relay"]}))
+    base = daemon.start()
+
+    def one(i: int) -> tuple[str, str]:
+        request_id = f"batch-req-{i:03d}"
+        headers = {**keyed(f"batch-{i}", "X-Request-Id", request_id)}
+        resp = http_request("POST", f"{base}/v1/portal-link-jobs", LINK, headers=headers)
+        assert resp.status == 202, resp.text
+        return request_id, str(resp.json()["jobId"])
+
+    with ThreadPoolExecutor(16) as pool:
+        job_of = dict(pool.map(one, range(48)))
+    assert daemon.terminate() == 0
+    events = daemon.events()
+    shared = [e for e in events if e.get("event") == "outbox_sent" and e.get("count", 1) > 1]
+    assert shared, "no two requests shared a batch: this test saw nothing to check"
+    named_requests = 0
+    for e in events:
+        request_id = e.get("request_id")
+        if request_id in job_of:
+            named_requests += 1
+            jobs = {e.get("job_id"), *e.get("job_ids", [])} - {None}
+            assert jobs <= {job_of[request_id]}, e
+    # Each request's own lines (job_accepted, http_request) still name it.
+    assert named_requests >= 2 * len(job_of)
 
 
 class OtlpReceiver:

@@ -27,6 +27,7 @@ from typing import Any, Final, Generic, Literal, Protocol, TypeVar, cast
 import structlog
 
 from outboxd.errors import StorageError
+from outboxd.observability import detached
 from outboxd.storage.changes import JobChanges
 from outboxd.storage.ports import JobRecord
 
@@ -179,7 +180,7 @@ class JobWaits:
         if watch.refresh is not None and not watch.refresh.done():
             watch.again = True  # read again once the read in flight is back
             return
-        watch.refresh = asyncio.ensure_future(self._refresh(key, watch))
+        watch.refresh = detached(self._refresh(key, watch))
 
     async def _refresh(self, key: str, watch: _Watch[Any]) -> None:
         while True:

@@ -38,6 +38,7 @@ import structlog
 
 from outboxd.crashpoints import crash_point
 from outboxd.errors import StorageUnavailable
+from outboxd.observability import detached
 from outboxd.storage.db import Database, Outcome, TxBody
 
 log = structlog.get_logger(__name__)
@@ -137,7 +138,8 @@ class GroupCommitter:
     def _wake(self) -> None:
         if self._pending and self._writers < self.max_groups:
             self._writers += 1
-            task = asyncio.create_task(self._write_groups())
+            # A group writes for every member: it logs as none of them.
+            task = detached(self._write_groups())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

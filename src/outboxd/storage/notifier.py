@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from outboxd.errors import StorageError
+from outboxd.observability import detached
 from outboxd.storage.db import Database, Op, Query, fetch
 
 log = structlog.get_logger(__name__)
@@ -69,7 +70,7 @@ class ChangeNotifier:
     def __call__(self, job_ids: list[str]) -> None:
         self._ids.update(dict.fromkeys(job_ids))
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._send())
+            self._task = detached(self._send())
 
     async def _send(self) -> None:
         try:

@@ -15,7 +15,7 @@ import asyncpg
 import structlog
 
 from outboxd.errors import StorageError, StorageUnavailable
-from outboxd.observability import scrub_url
+from outboxd.observability import detached, scrub_url
 from outboxd.storage.db import (
     Backend,
     Connection,
@@ -161,7 +161,7 @@ class PostgresDatabase:
         if self._analyzing is not None and not self._analyzing.done():
             return
         self._analyze_after.pop(0)
-        self._analyzing = asyncio.ensure_future(self.analyze_young_tables())
+        self._analyzing = detached(self.analyze_young_tables())
 
     async def analyze_young_tables(self) -> list[str]:
         """ANALYZE each of our tables that changed by more than its size (and by at least

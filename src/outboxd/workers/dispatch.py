@@ -12,8 +12,6 @@ import asyncio
 import time
 from typing import Literal
 
-import structlog
-
 from outboxd.crashpoints import crash_point
 from outboxd.queue.sqs import MAX_BATCH_ENTRIES
 from outboxd.storage.ports import RelayRow
@@ -163,9 +161,8 @@ class Dispatch:
         """One coalesced batch: claim the rows its intakes did not claim already in one
         transaction, send them in one SendMessageBatch, record the outcome in one, and
         answer each request with its own entry's outcome."""
-        # This task was started from one request's context: its lines are about the batch,
-        # whose rows name their own traces.
-        structlog.contextvars.unbind_contextvars("trace_id")
+        # The batch runs in a task of its own with an empty context (`in_background`): its
+        # lines name no request; its rows name their own traces.
         try:
             # A lease taken at intake that is still good (it runs for seconds, a request
             # gets here within milliseconds) is ours; otherwise the row is claimed now.

@@ -12,7 +12,7 @@ idempotent.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -20,7 +20,7 @@ import structlog
 
 from outboxd.config import RelaySettings
 from outboxd.crashpoints import crash_point
-from outboxd.observability import Metrics, OutageLog, log_info
+from outboxd.observability import Metrics, OutageLog, detached, log_info
 from outboxd.queue import messages
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueError, QueueKind
 from outboxd.services.retries import publish_failure, publish_gives_up, publish_outage
@@ -100,9 +100,10 @@ class Publishing:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
 
-    def in_background(self, work: Awaitable[T]) -> asyncio.Future[T]:
-        """A task of its own, so a cancelled caller cannot cut it in half; `drain` waits for it."""
-        task = asyncio.ensure_future(work)
+    def in_background(self, work: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+        """A task of its own, so a cancelled caller cannot cut it in half; `drain` waits for it.
+        It starts from an empty context: a batch a request started is not that request's."""
+        task = detached(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
