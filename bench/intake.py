@@ -112,11 +112,10 @@ def http_runs(
                 if endpoint is not None and name == "dispatch moto":
                     purge_queue(endpoint.url, srv.info["jobs_queue_url"])
                 # How full the coalesced batches were: the stub counts what it is sent.
-                stub = sqs.get("stub") if name.endswith(" stub") else None
-                before = stub_counts(stub.url) if stub is not None else None
+                before = stub_counts(sqs["stub"].url) if name.endswith(" stub") else None
                 r = run_loadgen(srv.info["base_url"], conc, dur, warm, pids, name.split()[-1])
-                if stub is not None and before is not None:
-                    after = stub_counts(stub.url)
+                if before is not None:
+                    after = stub_counts(sqs["stub"].url)
                     sent, calls = after[0] - before[0], after[1] - before[1]
                     r["per_call"] = sent / calls if calls else None
                 out.setdefault(name, {}).setdefault(conc, []).append(r)

@@ -4,7 +4,6 @@ to fail (back off, and log an outage once rather than once per attempt)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
@@ -30,11 +29,7 @@ async def sleep_or_stop(
 ) -> None:
     """Wait `seconds`, or less when `stop` (or `wake`) is set meanwhile: a shutdown never
     waits out a sleep."""
-    if wake is None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds)
-        return
-    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())}
+    waits = {asyncio.ensure_future(e.wait()) for e in (stop, wake) if e is not None}
     try:
         await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
     finally:
