@@ -14,6 +14,8 @@ import uuid
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from outboxd.observability import Metrics
+from outboxd.queue.messages import encode_job
+from outboxd.queue.sqs import OutgoingMessage
 from outboxd.services.admin import AdminService
 from outboxd.storage.ports import JobEvent, JobFilter, RelayFailure
 from outboxd.storage.store import SqlStore
@@ -24,6 +26,7 @@ from tests.integration.conftest import Client
 from tests.support.consumer_rig import RigFactory
 from tests.support.db import raw_rows
 from tests.support.ops import placeholder_job
+from tests.support.waits import eventually
 
 
 def types(events: list[JobEvent]) -> list[str]:
@@ -58,11 +61,11 @@ async def test_a_retried_dead_and_redriven_job_has_its_whole_timeline(
     done = await rig.wait_status(job_id, "SUCCEEDED")
 
     events = await store.job_events(job_id)
-    # The message is on SQS before its SENT mark commits, so a consumer may record `started`
-    # before the relay records `dispatched`: each is placed against the others apart.
-    lived = [e for e in events if e.type not in ("progress", "dispatched")]
+    # In causal order: a run starts only once its publish's SENT mark (`dispatched`) committed.
+    lived = [e for e in events if e.type != "progress"]
     assert [(e.type, e.status) for e in lived] == [
         ("accepted", "QUEUED"),
+        ("dispatched", "RUNNING"),
         # max_receive_count 3: two retries, then DEAD at the third receive
         ("started", "RUNNING"),
         ("retry_scheduled", "RUNNING"),
@@ -71,18 +74,10 @@ async def test_a_retried_dead_and_redriven_job_has_its_whole_timeline(
         ("started", "RUNNING"),
         ("dead", "DEAD"),
         ("redriven", "QUEUED"),
+        ("dispatched", "RUNNING"),
         ("started", "RUNNING"),
         ("succeeded", "SUCCEEDED"),
     ]
-    seq_of = {(e.type, i): e.seq for i, e in enumerate(lived)}
-    dispatched = [e for e in events if e.type == "dispatched"]
-    assert len(dispatched) == 2 and all(e.status == "RUNNING" for e in dispatched)
-    first_retry = next(e.seq for e in lived if e.type == "retry_scheduled")
-    redrive = next(e.seq for e in lived if e.type == "redriven")
-    assert lived[0].seq < dispatched[0].seq < first_retry
-    assert redrive < dispatched[1].seq < lived[-1].seq
-    assert seq_of  # every event of the job is one of the kinds above
-    assert {e.type for e in events} == {t for t, _ in seq_of} | {"dispatched", "progress"}
     assert_agrees(events, "SUCCEEDED", done.attempts)
     assert done.attempts == 4 and dead.attempts == 3
     by_type: dict[str, list[JobEvent]] = {}
@@ -106,6 +101,33 @@ async def test_a_retried_dead_and_redriven_job_has_its_whole_timeline(
     # As stored: nothing beyond what the records say.
     raw = await raw_rows(db_url, "SELECT COUNT(*) AS n FROM job_events WHERE job_id = ?", job_id)
     assert raw == [{"n": len(events)}]
+
+
+async def test_a_message_that_arrives_before_its_sent_mark_starts_after_the_mark(
+    make_rig: RigFactory, store: SqlStore
+) -> None:
+    """SQS hands the message out as soon as it has it, and the publisher's SENT mark (with the
+    `dispatched` event) commits only after SQS's answer: a consumer can hold the message of a
+    job still QUEUED. The run waits for the mark, so the timeline reads in causal order, and
+    the wait spends no receive."""
+    rig = await make_rig()
+    rig.start_consumer()
+    job_id, outbox_id = await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD)
+    claimed = await store.claim_relay_row(outbox_id, time.time(), 30)
+    assert claimed is not None
+    sent = await rig.queues.send_batch(
+        "jobs", [OutgoingMessage(outbox_id, encode_job(job_id, outbox_id))]
+    )
+    await eventually(lambda: rig.receiver.receives_of(job_id), 10, what="the consumer's receive")
+    assert (await rig.job(job_id)).status == "QUEUED"  # held for the mark, not started
+    await store.mark_relay_sent([(claimed, sent.successful[outbox_id])], time.time())
+    await rig.wait_status(job_id, "SUCCEEDED")
+
+    events = await store.job_events(job_id)
+    assert types(events)[:3] == ["accepted", "dispatched", "started"], types(events)
+    assert types(events)[-1] == "succeeded"
+    assert len(rig.receiver.receives_of(job_id)) == 1
+    assert rig.receiver.visibility_changes == []
 
 
 async def test_a_failed_publish_is_an_event_that_leaves_the_job_as_it_was(

@@ -241,11 +241,8 @@ class Consumer:
         # whose cancel was not requested), so the usual delivery costs one statement; the
         # job is read only when it did not start, to tell a finished job from one held
         # elsewhere.
-        running = await self._store.start_job_run(
-            job_id, now, self._visibility_s, msg.receive_count
-        )
+        running, held = await self._start_when_marked(job_id, msg)
         if running is None:
-            held = await self._store.get_job(job_id)
             if held is None or held.terminal:
                 status = held.status if held else None
                 log.info("message_for_finished_job", status=status, **bind)
@@ -343,6 +340,34 @@ class Consumer:
         log.info("job_succeeded", attempts=finished.attempts, **bind)
         await self._queues.delete("jobs", msg.receipt_handle)
         return "succeeded"
+
+    async def _start_when_marked(
+        self, job_id: str, msg: ReceivedMessage
+    ) -> tuple[JobRecord | None, JobRecord | None]:
+        """Start the run; a QUEUED job whose outbox row a publisher still holds is started
+        once its SENT mark commits, so its timeline reads dispatched before started (the
+        message can arrive before the mark: decision 0031). The wait is here, not a bounce
+        through SQS, which would spend a receive; after half the visibility it gives up and
+        the caller bounces the message as for a job held elsewhere. Returns the run, or the
+        job as read when it did not start."""
+        deadline = time.monotonic() + self._visibility_s / 2
+        pause = 0.005
+        while True:
+            running = await self._store.start_job_run(
+                job_id, self._clock(), self._visibility_s, msg.receive_count
+            )
+            if running is not None:
+                return running, None
+            held = await self._store.get_job(job_id)
+            if (
+                held is None
+                or held.status != "QUEUED"
+                or held.cancel_requested
+                or time.monotonic() >= deadline
+            ):
+                return None, held
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 0.2)
 
     async def _login_locked(self, subject: str) -> bool:
         now = self._clock()

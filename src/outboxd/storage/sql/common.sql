@@ -37,12 +37,20 @@ SELECT * FROM relay_outbox WHERE id = :id;
 
 -- name: start_job_run
 -- A job whose cancel was requested is not started again: the consumer cancels it instead.
+-- Nor is a QUEUED job whose outbox row a publisher holds right now: its message is on SQS
+-- but its SENT mark (and `dispatched` event) has not committed yet, and the timeline must
+-- read dispatched before started (docs/decisions/0031-timeline-in-causal-order.md). Once
+-- the holder's lease runs out (it died), the job starts without the mark.
 UPDATE jobs
    SET status = 'RUNNING', attempts = attempts + 1, lease_until = :lease_until,
        updated_at = :now, version = version + 1, error_code = NULL, error_message = NULL
  WHERE id = :id AND status IN ('QUEUED', 'RUNNING')
    AND (lease_until IS NULL OR lease_until < :now)
    AND NOT cancel_requested
+   AND (status = 'RUNNING'
+        OR NOT EXISTS (SELECT 1 FROM relay_outbox r
+                        WHERE r.job_id = :id AND r.status IN ('PENDING', 'RETRYABLE_FAILED')
+                          AND r.claimed_until >= :now))
 RETURNING *;
 
 -- name: extend_job_lease
