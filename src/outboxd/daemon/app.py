@@ -13,9 +13,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,7 +32,7 @@ from outboxd.daemon.sdnotify import SystemdNotifier
 from outboxd.errors import OutboxdError, StorageUnavailable
 from outboxd.http.app import create_app
 from outboxd.http.deps import ApiDeps
-from outboxd.http.server import GuardedSite, guard_app
+from outboxd.http.server import GuardedSite, bind_listeners, guard_app
 from outboxd.observability import Metrics, configure_logging, unfiltered_logger
 from outboxd.queue.sqs import KINDS, SqsQueues, resolve_region
 from outboxd.scrapers.classifier import build_classifier
@@ -217,8 +218,10 @@ class ApiServer:
         port: int,
         shutdown_timeout_s: float,
         limits: ServerSettings | None = None,
+        sockets: Sequence[socket.socket] = (),
     ):
         self._limits = limits or ServerSettings()
+        self._sockets = sockets
         guard_app(app)
         self._handler_kwargs: dict[str, Any] = {
             "access_log": None,
@@ -237,11 +240,12 @@ class ApiServer:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._runner.setup()
-        site = GuardedSite(self._runner, self._host, self._port, self._limits, self._handler_kwargs)
+        site = GuardedSite(
+            self._runner, self._host, self._port, self._limits, self._handler_kwargs, self._sockets
+        )
         try:
             await site.start()
-            server = site._server
-            sockets = getattr(server, "sockets", None) or []
+            sockets = site.sockets
             if sockets:
                 addr = sockets[0].getsockname()
                 self.address = (str(addr[0]), int(addr[1]))
@@ -356,6 +360,21 @@ async def _serve(
     tracing: Tracing = NO_TRACING,
 ) -> int:
     metrics = Metrics(roles)
+    listeners: list[socket.socket] = []
+    if "api" in roles:
+        if not settings.auth.tokens and not is_loopback_host(settings.server.host):
+            raise ValueError("refusing to bind a non-loopback address with no auth tokens")
+        # Before the database and the queues: a port that is taken (another daemon runs)
+        # stops this one before it migrates, republishes or starts a worker.
+        where = f"{settings.server.host}:{settings.server.port}"
+        try:
+            listeners = bind_listeners(settings.server.host, settings.server.port)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot listen on {where} ({exc.strerror}; is another daemon running?)"
+            ) from None
+        for sock in listeners:
+            stack.callback(sock.close)
     store = await open_when_reachable(settings, stop, notifier)
     if store is None:
         return 0  # stopped while waiting for the database
@@ -414,14 +433,13 @@ async def _serve(
             runtime=console,
             tracing=tracing,
         )
-        if not settings.auth.tokens and not is_loopback_host(settings.server.host):
-            raise ValueError("refusing to bind a non-loopback address with no auth tokens")
         api_server = ApiServer(
             create_app(deps),
             settings.server.host,
             settings.server.port,
             settings.daemon.shutdown_timeout_s,
             settings.server,
+            listeners,
         )
         components.append(("api", api_server))
         components.append(("console_throughput", console.throughput))

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -431,8 +433,35 @@ def guard_app(app: web.Application) -> None:
     app.on_response_prepare.append(_mark_answered)
 
 
+def bind_listeners(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
+    """Listening sockets on every address `host` names, as asyncio's own server would bind
+    them (SO_REUSEADDR; an IPv6 socket for IPv6 only). `serve` binds them before it touches
+    the database or the queues, so a second daemon on a taken port stops there (OSError)
+    rather than after its start-up work. Until the API serves them, connections wait in the
+    backlog, as with a socket systemd holds for a service."""
+    bound: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in socket.getaddrinfo(
+            host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+        ):
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
+
+
 class GuardedSite(web.BaseSite):
-    """A TCP site whose connections are `GuardedRequestHandler`s."""
+    """A TCP site whose connections are `GuardedRequestHandler`s, on sockets bound
+    beforehand (`bind_listeners`) or, without them, bound at start."""
 
     def __init__(
         self,
@@ -441,12 +470,15 @@ class GuardedSite(web.BaseSite):
         port: int,
         limits: ServerSettings,
         handler_kwargs: dict[str, Any],
+        sockets: Sequence[socket.socket] = (),
     ) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._gate = _Gate(limits)
         self._handler_kwargs = handler_kwargs
+        self._sockets = list(sockets)
+        self._servers: list[asyncio.Server] = []
 
     @property
     def name(self) -> str:
@@ -471,4 +503,15 @@ class GuardedSite(web.BaseSite):
         def factory() -> GuardedRequestHandler:
             return GuardedRequestHandler(manager, gate=gate, loop=loop, **kwargs)
 
-        self._server = await loop.create_server(factory, self._host, self._port, reuse_address=True)
+        for sock in self._sockets or bind_listeners(self._host, self._port):
+            self._servers.append(await loop.create_server(factory, sock=sock))
+        self._server = self._servers[0]
+
+    @property
+    def sockets(self) -> list[socket.socket]:
+        return [s for server in self._servers for s in server.sockets]
+
+    async def stop(self) -> None:
+        for server in self._servers[1:]:
+            server.close()
+        await super().stop()
