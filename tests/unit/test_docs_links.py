@@ -59,11 +59,21 @@ def test_the_scan_sees_the_documents_the_code_cites() -> None:
     assert {"docs/operations.md", "docs/performance.md", "docs/reliability.md"} <= cited
 
 
-def test_the_readme_opens_with_the_two_commands() -> None:
-    """The landing page starts with how to run the daemon and the tests, before anything else."""
-    head = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:4]
-    assert head[0] == "```sh" and head[3] == "```"
-    assert head[1].startswith("./dev serve ") and head[2].startswith("./dev test ")
+def test_the_readme_opens_with_its_title_summary_and_the_two_commands() -> None:
+    """The landing page: the title, one line of what outboxd is, then exactly the two commands
+    (run the daemon, run the tests), before anything else."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    head = [line for line in lines[:8] if line.strip()]
+    assert head[0] == "# outboxd" and not head[1].startswith(("#", "`"))
+    assert head[2] == "```sh" and head[5] == "```"
+    assert head[3].startswith("./dev serve ") and head[4].startswith("./dev test ")
+
+
+def test_the_readme_stays_a_landing_page() -> None:
+    """Short, and no table of internal goals: the figures live in docs/performance.md."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    assert "MISS" not in text and "PASS" not in text
 
 
 def test_every_cited_markdown_file_exists() -> None:
