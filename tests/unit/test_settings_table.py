@@ -10,7 +10,7 @@ from pathlib import Path
 
 from outboxd.config import ScrapersSettings, Settings
 
-CONTRACT = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
+CONTRACT = Path(__file__).resolve().parents[2] / "docs/contract.md"
 KEY = re.compile(r"[a-z][a-z0-9_]*")
 
 
