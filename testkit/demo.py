@@ -105,12 +105,13 @@ def call(
     # The password is the fake portal's sample; a real one is never printed or logged.
     payload = f" -d '{data}'" if data else ""
     print(f"\n$ curl -s -X {method} {base}{path} {shown}{payload}".replace("  ", " "), flush=True)
-    request = urllib.request.Request(
-        base + path, data=data.encode() if data else None, headers=headers, method=method
+    url = base + path  # the daemon's own loopback http:// URL
+    request = urllib.request.Request(  # noqa: S310
+        url, data=data.encode() if data else None, headers=headers, method=method
     )
     started = time.monotonic()
     try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
+        with urllib.request.urlopen(request, timeout=60) as resp:  # noqa: S310
             status, text = resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         status, text = exc.code, exc.read().decode()
