@@ -346,6 +346,9 @@ def test_user_token_refused_then_admin_sees_the_daemon_live(
     # The overview again, now with rows, still equal to the API's numbers.
     page.goto(f"{base}/ui/")
     expect(page.get_by_test_id("accepted-total")).to_have_text("1")
+    # Finished jobs are told apart by how they ended: the SUCCEEDED one is not a failure.
+    expect(page.get_by_test_id("succeeded-total")).to_have_text("1")
+    expect(page.get_by_test_id("failed-total")).to_have_text("0")
     expect_counts_equal_stats(page, base, ADMIN)
     page.screenshot(path=str(screenshot_path("console-overview.png", tmp_path)), full_page=True)
     assert tab.foreign == []

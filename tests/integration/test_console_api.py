@@ -157,7 +157,7 @@ async def test_runtime_without_console_state(api: Client) -> None:
     }
 
 
-def test_throughput_counts_accepted_and_finished_per_minute() -> None:
+def test_throughput_counts_accepted_finished_and_failed_per_minute() -> None:
     metrics = Metrics()
     now = [6000.0]
     tp = Throughput(metrics, clock=lambda: now[0])
@@ -171,10 +171,10 @@ def test_throughput_counts_accepted_and_finished_per_minute() -> None:
     metrics.jobs_accepted.inc()
     series = tp.series()
     assert len(series) == 60
-    assert series[-2] == (6000.0, 3, 2)
-    assert series[-1] == (6060.0, 1, 0)
+    assert series[-2] == (6000.0, 3, 2, 1)  # one succeeded, one dead
+    assert series[-1] == (6060.0, 1, 0, 0)
     now[0] += 3600
-    assert all(accepted == 0 and finished == 0 for _, accepted, finished in tp.series())
+    assert all(point[1:] == (0, 0, 0) for point in tp.series())
 
 
 async def test_runtime_shows_the_claimer_pace_and_a_provider_pause(
@@ -299,7 +299,7 @@ def _directives(policy: str) -> list[str]:
         ("GET", "/ui/nowhere", 404, "C04"),
         ("GET", "/ui/jobs/not-a-job-id", 404, "C04"),
         ("GET", "/ui/assets/other.js", 404, "C04"),
-        ("GET", "/ui", 404, "C04"),
+        ("GET", "/ui/jobs/", 404, "C04"),
         ("POST", "/ui/", 405, "C10"),
         ("DELETE", "/ui/assets/app.js", 405, "C10"),
     ],
@@ -317,6 +317,24 @@ async def test_console_errors_carry_the_console_headers(
     assert "script-src 'self'" in policy
     assert resp.headers["X-Content-Type-Options"] == "nosniff"
     assert resp.headers["X-Frame-Options"] == "DENY"
+
+
+async def test_the_root_and_the_bare_ui_lead_to_the_console_and_it_has_an_icon(
+    two_role_api: tuple[Client, str, str],
+) -> None:
+    """A person who types the daemon's address lands on the console; a browser finds an icon."""
+    client, _user, _admin = two_role_api
+    icon_at = "/ui/assets/favicon.svg"
+    for path, target in (("/", "/ui/"), ("/ui", "/ui/"), ("/favicon.ico", icon_at)):
+        resp = await client.get(path, allow_redirects=False)
+        assert (resp.status, resp.headers["Location"]) == (302, target), path
+    page = await client.get("/")
+    assert page.status == 200 and page.url.path == "/ui/"
+    assert '<link rel="icon" href="/ui/assets/favicon.svg"' in await page.text()
+    icon = await client.get(icon_at)
+    assert icon.status == 200 and icon.content_type == "image/svg+xml"
+    assert (await icon.text()).startswith("<svg")
+    assert "frame-ancestors 'none'" in icon.headers["Content-Security-Policy"]
 
 
 async def test_api_errors_do_not_carry_the_console_policy(

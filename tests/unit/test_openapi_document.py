@@ -48,7 +48,7 @@ from outboxd.storage.ports import (
 
 _BASE = "urn:outboxd:openapi"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
-_PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json"}
+_PUBLIC = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/", "/ui", "/favicon.ico"}
 _T0 = 1_700_000_000.25
 
 
@@ -240,18 +240,23 @@ def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
         ("/ui/tasks", "get"),
         ("/ui/assets/app.js", "get"),
         ("/ui/assets/app.css", "get"),
+        ("/ui/assets/favicon.svg", "get"),
+        ("/", "get"),
+        ("/ui", "get"),
+        ("/favicon.ico", "get"),
     }
 
 
 def test_every_operation_has_an_id_tags_and_responses(doc: dict[str, Any]) -> None:
-    """Each operation has a unique operationId, a known tag and at least one 2xx response."""
+    """Each operation has a unique operationId, a known tag and at least one 2xx response (a
+    redirect, 3xx)."""
     tags = {t["name"] for t in doc["tags"]}
     assert tags == {"jobs", "websites", "admin", "operations", "console"}
     ids = [op.get("operationId") for _, _, op in _operations(doc)]
     assert all(ids) and len(ids) == len(set(ids))
     for path, method, op in _operations(doc):
         assert op["tags"] and set(op["tags"]) <= tags, (path, method)
-        assert any(code.startswith("2") for code in op["responses"]), (path, method)
+        assert any(code.startswith(("2", "3")) for code in op["responses"]), (path, method)
         assert "500" in op["responses"], (path, method)
 
 
@@ -267,7 +272,7 @@ def test_path_parameters_match_the_templates(doc: dict[str, Any]) -> None:
 
 
 def test_security_is_global_bearer_with_public_overrides(doc: dict[str, Any]) -> None:
-    """Bearer auth applies everywhere except the four public routes, which override it."""
+    """Bearer auth applies everywhere except the public routes, which override it."""
     assert doc["components"]["securitySchemes"]["bearer"] == {
         **doc["components"]["securitySchemes"]["bearer"],
         "type": "http",

@@ -16,17 +16,19 @@ from outboxd.observability import Metrics
 from outboxd.workers.claimer import Claimer
 from outboxd.workers.scheduler import Scheduler
 
-_COMPLETED_OUTCOMES = ("succeeded", "failed", "dead")
+_SUCCEEDED_OUTCOMES = ("succeeded",)
+_FAILED_OUTCOMES = ("failed", "dead")
 BUCKET_S = 60
 WINDOW_BUCKETS = 60
 
 
 class Throughput:
-    """Portal jobs accepted and finished per minute over the last hour.
+    """Portal jobs accepted and finished per minute over the last hour; of the finished,
+    how many ended FAILED or DEAD (the console paints them apart from the SUCCEEDED).
 
     Sampled from this process's own counters (jobs accepted by its API; jobs its
-    consumer finished as SUCCEEDED, FAILED or DEAD), kept in memory: a restart
-    starts the chart empty, and no table is written.
+    consumer finished), kept in memory: a restart starts the chart empty, and no table
+    is written.
     """
 
     def __init__(
@@ -38,37 +40,43 @@ class Throughput:
         self._buckets: dict[int, list[int]] = {}
         self._last = self._totals()
 
-    def _totals(self) -> tuple[int, int]:
+    def _totals(self) -> tuple[int, int, int]:
+        """(accepted, succeeded, failed or dead) since start."""
         reg = self._metrics.registry
-        intake = reg.get_sample_value("outboxd_jobs_accepted_total") or 0.0
-        done = sum(
-            reg.get_sample_value(
-                "outboxd_handler_duration_seconds_count", {"kind": "jobs", "outcome": o}
+
+        def handled(outcomes: tuple[str, ...]) -> int:
+            return int(
+                sum(
+                    reg.get_sample_value(
+                        "outboxd_handler_duration_seconds_count", {"kind": "jobs", "outcome": o}
+                    )
+                    or 0.0
+                    for o in outcomes
+                )
             )
-            or 0.0
-            for o in _COMPLETED_OUTCOMES
-        )
-        return int(intake), int(done)
+
+        intake = int(reg.get_sample_value("outboxd_jobs_accepted_total") or 0.0)
+        return intake, handled(_SUCCEEDED_OUTCOMES), handled(_FAILED_OUTCOMES)
 
     def sample(self) -> None:
-        intake, done = self._totals()
-        d_in, d_done = intake - self._last[0], done - self._last[1]
-        self._last = (intake, done)
+        totals = self._totals()
         minute = int(self._clock() // BUCKET_S)
-        bucket = self._buckets.setdefault(minute, [0, 0])
-        bucket[0] += d_in
-        bucket[1] += d_done
+        bucket = self._buckets.setdefault(minute, [0, 0, 0])
+        for i, (now, before) in enumerate(zip(totals, self._last, strict=True)):
+            bucket[i] += now - before
+        self._last = totals
         for old in [m for m in self._buckets if m <= minute - WINDOW_BUCKETS]:
             del self._buckets[old]
 
-    def series(self) -> list[tuple[float, int, int]]:
-        """(minute start, accepted, finished) for each of the last 60 minutes, oldest first."""
+    def series(self) -> list[tuple[float, int, int, int]]:
+        """(minute start, accepted, finished, of them failed or dead) for each of the last 60
+        minutes, oldest first."""
         self.sample()
         now_minute = int(self._clock() // BUCKET_S)
         out = []
         for m in range(now_minute - WINDOW_BUCKETS + 1, now_minute + 1):
-            b = self._buckets.get(m, [0, 0])
-            out.append((float(m * BUCKET_S), b[0], b[1]))
+            accepted, succeeded, failed = self._buckets.get(m, [0, 0, 0])
+            out.append((float(m * BUCKET_S), accepted, succeeded + failed, failed))
         return out
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -97,5 +105,5 @@ class ConsoleRuntime:
             return []
         return [(name, task, at.timestamp()) for name, task, at in self.scheduler.next_fires()]
 
-    def throughput_series(self) -> list[tuple[float, int, int]]:
+    def throughput_series(self) -> list[tuple[float, int, int, int]]:
         return self.throughput.series()

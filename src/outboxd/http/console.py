@@ -23,6 +23,14 @@ CONSOLE_PREFIX = "/ui/"
 ASSETS = {
     "/ui/assets/app.js": ("app.js", "text/javascript"),
     "/ui/assets/app.css": ("app.css", "text/css"),
+    "/ui/assets/favicon.svg": ("favicon.svg", "image/svg+xml"),
+}
+# Where a person's browser lands: the console (the root and /ui have no page of their own),
+# and the icon a browser asks for at /favicon.ico.
+REDIRECTS = {
+    "/": "/ui/",
+    "/ui": "/ui/",
+    "/favicon.ico": "/ui/assets/favicon.svg",
 }
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -64,6 +72,16 @@ page = _static("index.html", "text/html")
 def asset(path: str) -> Handler:
     name, content_type = ASSETS[path]
     return _static(name, content_type)
+
+
+def redirect(path: str) -> Handler:
+    """302 to where REDIRECTS sends `path` (not permanent: a browser asks again next time)."""
+    target = REDIRECTS[path]
+
+    async def handler(_request: web.Request) -> web.Response:
+        raise web.HTTPFound(target)
+
+    return handler
 
 
 def is_console_path(path: str) -> bool:

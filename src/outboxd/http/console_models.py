@@ -123,6 +123,7 @@ class MinuteCount(Struct):
     minute: Annotated[DateTime, Meta(description="The minute's start" + RFC3339)]
     accepted: Annotated[Count, Meta(description="Jobs accepted.")]
     finished: Annotated[Count, Meta(description="Jobs that reached SUCCEEDED, FAILED or DEAD.")]
+    failed: Annotated[Count, Meta(description="Of the finished, those now FAILED or DEAD.")]
 
 
 class StatusNames(Struct):

@@ -132,7 +132,7 @@ def _header(description: str, required: bool = True, **schema: Any) -> Schema:
 
 
 _HEADERS: Final[dict[str, Schema]] = {
-    "Location": _header("/v1/jobs/{jobId}"),
+    "Location": _header("The new job (/v1/jobs/{jobId}), or where a redirect leads."),
     "Idempotent-Replayed": _header(
         "Present on a replay of an earlier request.", False, enum=["true"]
     ),

@@ -195,7 +195,7 @@ def runtime_model(
     checks: dict[str, str],
     claimer: tuple[float | None, float | None, float | None] | None,
     schedules: Iterable[tuple[str, str, float]],
-    throughput: Iterable[tuple[float, int, int]],
+    throughput: Iterable[tuple[float, int, int, int]],
 ) -> console_models.Runtime:
     """What only this process knows, for the console."""
     return console_models.Runtime(
@@ -208,8 +208,8 @@ def runtime_model(
             console_models.Schedule(name, task, cast(str, iso(at))) for name, task, at in schedules
         ],
         throughput=[
-            console_models.MinuteCount(cast(str, iso(at)), accepted, finished)
-            for at, accepted, finished in throughput
+            console_models.MinuteCount(cast(str, iso(at)), accepted, finished, failed)
+            for at, accepted, finished, failed in throughput
         ],
         task_types=list(BUILTIN_TASKS),
         statuses=console_models.StatusNames(

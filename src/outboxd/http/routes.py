@@ -517,6 +517,19 @@ def _console_file(
     )
 
 
+def _console_redirect(path: str, operation_id: str, summary: str) -> Route:
+    return Route(
+        "GET",
+        path,
+        console.redirect(path),
+        operation_id,
+        "console",
+        summary,
+        ok=(Ok(302, f"To {console.REDIRECTS[path]}.", media="", headers=("Location",)),),
+        access="public",
+    )
+
+
 _CONSOLE: Final[tuple[Route, ...]] = (
     _console_page(
         "/ui/", "consoleOverview", "Overview: counts, queues, readiness, pace, schedules, chart."
@@ -541,6 +554,12 @@ _CONSOLE: Final[tuple[Route, ...]] = (
     _console_page("/ui/tasks", "consoleTasks", "Recent task runs and an enqueue form."),
     _console_file("/ui/assets/app.js", "consoleScript", "The console's script.", "text/javascript"),
     _console_file("/ui/assets/app.css", "consoleStyles", "The console's stylesheet.", "text/css"),
+    _console_file(
+        "/ui/assets/favicon.svg", "consoleIcon", "The console's icon.", "image/svg+xml"
+    ),
+    _console_redirect("/", "rootToConsole", "The root: the console."),
+    _console_redirect("/ui", "consoleSlash", "The console without its trailing slash."),
+    _console_redirect("/favicon.ico", "favicon", "The icon browsers ask for by default."),
 )
 
 ROUTES: Final[tuple[Route, ...]] = (*_API, *_ADMIN, *_OPERATIONS, *_CONSOLE)

@@ -36,6 +36,7 @@ from outboxd.services.portal_jobs import login_locked
 from outboxd.services.retries import dead_job_error, job_verdict
 from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
 from outboxd.storage.ports import (
+    RELAY_UNSENT_STATUSES,
     TERMINAL_TASK_STATUSES,
     JobRecord,
     LoginFailure,
@@ -346,12 +347,11 @@ class Consumer:
     ) -> tuple[JobRecord | None, JobRecord | None]:
         """Start the run; a QUEUED job whose outbox row a publisher still holds is started
         once its SENT mark commits, so its timeline reads dispatched before started (the
-        message can arrive before the mark: decision 0031). The wait is here, not a bounce
-        through SQS, which would spend a receive; after half the visibility it gives up and
-        the caller bounces the message as for a job held elsewhere. Returns the run, or the
-        job as read when it did not start."""
-        deadline = time.monotonic() + self._visibility_s / 2
-        pause = 0.005
+        message can arrive before the mark: decision 0031). The wait is here, bounded by the
+        publisher's lease on the row, and keeps the message invisible meanwhile: a bounce
+        through SQS would spend a receive. Returns the run, or the job as read when it did
+        not start."""
+        pause, kept = 0.005, time.monotonic()
         while True:
             running = await self._store.start_job_run(
                 job_id, self._clock(), self._visibility_s, msg.receive_count
@@ -359,14 +359,15 @@ class Consumer:
             if running is not None:
                 return running, None
             held = await self._store.get_job(job_id)
-            if (
-                held is None
-                or held.status != "QUEUED"
-                or held.cancel_requested
-                or time.monotonic() >= deadline
-            ):
+            if held is None or held.status != "QUEUED" or held.cancel_requested:
                 return None, held
-            await asyncio.sleep(pause)
+            row = await self._store.latest_relay_row_for_job(job_id)
+            if row is None or row.status not in RELAY_UNSENT_STATUSES or row.claimed_until is None:
+                return None, held  # nothing to wait for (a start refused for another reason)
+            if time.monotonic() - kept >= self._visibility_s / 2:
+                await self._queues.change_visibility("jobs", msg.receipt_handle, self._visibility_s)
+                kept = time.monotonic()
+            await asyncio.sleep(min(pause, max(0.0, row.claimed_until - self._clock())))
             pause = min(2 * pause, 0.2)
 
     async def _login_locked(self, subject: str) -> bool:

@@ -421,13 +421,16 @@
   function renderChart(box, points) {
     const w = 1000;
     const h = 120;
-    const max = Math.max(1, ...points.map((p) => Math.max(p.accepted, p.finished)));
+    // Finished jobs are painted by how they ended: SUCCEEDED green, FAILED or DEAD red.
+    points = points.map((p) => ({ ...p, succeeded: p.finished - p.failed }));
+    const keys = ["accepted", "succeeded", "failed"];
+    const max = Math.max(1, ...points.map((p) => Math.max(...keys.map((k) => p[k]))));
     const chart = svg("svg", { class: "chart", viewBox: `0 0 ${w} ${h + 14}`, role: "img", "data-testid": "chart" });
     chart.appendChild(svg("line", { class: "axis", x1: 0, y1: h, x2: w, y2: h }));
     const slot = w / Math.max(points.length, 1);
-    const bw = Math.max(1, slot / 2 - 1);
+    const bw = Math.max(1, slot / keys.length - 1);
     points.forEach((p, i) => {
-      ["accepted", "finished"].forEach((key, j) => {
+      keys.forEach((key, j) => {
         const bh = (p[key] / max) * (h - 4);
         const r = svg("rect", { class: key, x: i * slot + j * bw, y: h - bh, width: bw, height: bh });
         r.appendChild(svg("title", {}, `${fmtTime(p.minute)}: ${p[key]} ${key}`));
@@ -442,7 +445,7 @@
     const total = (k) => points.reduce((a, p) => a + p[k], 0);
     const legend = (key) =>
       el("span", {}, el("span", { class: "sw " + key }), key + ": ", el("b", { testid: key + "-total", text: total(key) }));
-    replace(box, chart, el("div", { class: "legend" }, legend("accepted"), legend("finished")));
+    replace(box, chart, el("div", { class: "legend" }, ...keys.map(legend)));
   }
 
   function renderSchedules(box, items) {
