@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from outboxd.http import inputs
-from outboxd.http.deps import deps_of
+from outboxd.http.deps import deps_of, principal_of
 
 # A body and its entity tag (the tag's opaque part).
 Encoded = tuple[bytes, str]
@@ -55,9 +55,9 @@ async def held_view(
         body, etag = await read()
         return tagged(body, etag, 304 if matches(tags, etag) else 200, weak=weak)
     # The hold is taken before the read: a change committed after the read still wakes it.
-    async with deps.waits.hold_view(key, read) as hold:
+    async with deps.waits.hold_view(key, principal_of(request).user, read) as hold:
         body, etag = await read()
-        if hold is None:  # api.max_waiters held already, or stopping: no wait applied
+        if hold is None:  # api.max_waiters (or the user's share) held, or stopping: no wait
             return tagged(body, etag, 304 if matches(tags, etag) else 200, weak=weak)
         if not matches(tags, etag):  # stale: the client has not seen this body
             return tagged(body, etag, applied=wait_s, weak=weak)
