@@ -143,3 +143,25 @@ def test_held_requests_never_take_every_connection(
         assert extra.status == 304 and "preference-applied" not in extra.headers, extra
     _door_is_open(live, bob_waits=False)
     assert live.waits.held == 30
+
+
+def test_a_user_sending_two_hundred_waits_on_kept_alive_connections(
+    make_live_api: Callable[..., LiveApi], holds: list[socket.socket]
+) -> None:
+    """The hostile case as found: server.max_connections = 200 and one user sending 200
+    waits, each on a keep-alive connection it never reads. 100 are held (the user's share);
+    the other 100 are answered at once without Preference-Applied and their connections
+    closed by the daemon, so the user cannot keep them open and fill the listener."""
+    live = make_live_api(auth=TOKENS, server={"max_connections": 200})
+    job_id, etag = _new_job(live, ALICE, "alice-1")
+    kept_alive = _wait(job_id, etag, ALICE).replace(b"Connection: close\r\n", b"")
+    _hold(live, holds, kept_alive, 100)
+    for _ in range(100):
+        with live.connect(PROMPT_S) as sock:
+            sock.sendall(kept_alive)
+            # The daemon closes it after the answer (else this times out).
+            extra = parse_response(read_until_closed(sock, PROMPT_S))
+        assert extra.status == 304 and "preference-applied" not in extra.headers, extra
+        assert extra.headers.get("connection") == "close", extra
+    _door_is_open(live, bob_waits=True)
+    assert live.waits.held_by("alice") == 100

@@ -127,7 +127,7 @@ async def get_job(request: web.Request) -> web.Response:
         job = visible_job(request, await deps.store.get_job(job_id))
         body, etag = _encoded(job)
         if hold is None:  # api.max_waiters (or the user's share) held, or stopping: no wait
-            return tagged(body, etag, 304 if matches(tags, etag) else 200)
+            return tagged(body, etag, 304 if matches(tags, etag) else 200, refused=True)
         if tags is None:
             if job.terminal:
                 return tagged(body, etag, applied=wait_s)

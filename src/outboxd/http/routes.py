@@ -147,8 +147,8 @@ _API: Final[tuple[Route, ...]] = (
         "CANCELLED) or N seconds pass (200). An If-None-Match that is not the current ETag "
         "answers 200 at once. `Preference-Applied: wait=N` says a wait was applied; a server "
         "holding its api.max_waiters requests already, or the caller's "
-        "api.max_waiters_per_user, answers at once without it. A held request is answered at "
-        "once when the daemon stops.",
+        "api.max_waiters_per_user, answers at once without it (and closes the connection). "
+        "A held request is answered at once when the daemon stops.",
     ),
     Route(
         "GET",
