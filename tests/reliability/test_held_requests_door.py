@@ -116,7 +116,6 @@ def test_one_user_holding_its_share_leaves_the_door_open(
         auth=TOKENS,
         api={"max_waiters_per_user": 20},
         server={"max_connections": 64},
-        storage={"pool_size": 2},
     )
     job_id, etag = _new_job(live, ALICE, "alice-1")
     _hold(live, holds, _wait(job_id, etag, ALICE), 20)
