@@ -109,8 +109,9 @@ async def run_backend(backend: str, wd: Path, stub_url: str, count: int) -> Resu
     async with database(backend, "waiters", wd) as db:
         tag = wd.name[-8:].replace("-", "")
         config = {
-            "server": {"host": "127.0.0.1", "port": 0, "max_connections": count + 200},
-            "api": {"max_waiters": count, "max_wait_s": WAIT_S},
+            # Held requests may take three quarters of the connections; all are one user's.
+            "server": {"host": "127.0.0.1", "port": 0, "max_connections": count * 4 // 3 + 200},
+            "api": {"max_waiters": count, "max_waiters_per_user": count, "max_wait_s": WAIT_S},
             "storage": {"url": db},
             "sqs": {
                 "endpoint_url": stub_url,

@@ -43,13 +43,24 @@ class ServerSettings:
     max_header_bytes: int = 16 * 1024
 
 
+def waiters_within(max_connections: int) -> int:
+    """The most requests `api.max_waiters` may hold on `server.max_connections`: three
+    quarters, so a quarter of the connections (one at least) is always left to everyone
+    else: other users, /healthz, /readyz (docs/decisions/0030-per-user-bounds.md)."""
+    return max_connections * 3 // 4
+
+
 @dataclass(frozen=True)
 class ApiSettings:
     require_dispatch: bool = False
     # `Prefer: wait=N` on GET /v1/jobs/{id}: N is clamped to this (whole seconds).
     max_wait_s: int = 60
-    # Requests held at once; past it a waiting request is answered at once.
-    max_waiters: int = 10_000
+    # Requests held at once; past it a waiting request is answered at once. Each keeps its
+    # connection: at most `waiters_within(server.max_connections)`, and that when absent
+    # (see _derive_defaults): 768 for the default 1024 connections.
+    max_waiters: int = 768
+    # One user's share of them (0: no request of anyone is held).
+    max_waiters_per_user: int = 100
     # Per-user caps, 0 = off: one token may serve a whole backend.
     max_active_jobs_per_user: int = 0
     max_websites_per_user_per_hour: int = 0
@@ -334,6 +345,9 @@ def _derive_defaults(data: dict[str, Any]) -> None:
             return
         data.setdefault(section, {}).setdefault(key, value)
 
+    connections = _number(data.get("server"), "max_connections")
+    if connections is not None and connections.is_integer():
+        fill("api", "max_waiters", waiters_within(int(connections)))
     visibility = _number(data.get("sqs"), "visibility_timeout_s")
     if visibility is not None and visibility > 0:
         fill("consumer", "heartbeat_s", visibility / 3)

@@ -7,7 +7,7 @@ from functools import reduce
 from typing import Any
 from urllib.parse import urlsplit
 
-from outboxd.config import ROLES, ConfigError, Settings, is_loopback_host
+from outboxd.config import ROLES, ConfigError, Settings, is_loopback_host, waiters_within
 from outboxd.cron import CronError, CronSchedule, parse_timezone
 
 
@@ -195,7 +195,17 @@ def validate(s: Settings) -> None:
         "must be at most 128 letters, digits and ASCII punctuation (no spaces)",
     )
     need(0 <= s.api.max_wait_s <= 3600, "api.max_wait_s", "must be an integer 0-3600")
-    not_negative("api.max_waiters")
+    not_negative("api.max_waiters", "api.max_waiters_per_user")
+    # Each held request keeps its connection: held ones alone must never fill the listener.
+    # Only a value written can fail this (api.max_waiters follows server.max_connections
+    # where it is not: config.py _derive_defaults).
+    need(
+        s.api.max_waiters <= waiters_within(s.server.max_connections),
+        "api.max_waiters",
+        f"({s.api.max_waiters}) must stay below server.max_connections "
+        f"({s.server.max_connections}) with room to spare: at most three quarters of it "
+        f"({waiters_within(s.server.max_connections)})",
+    )
     if not s.auth.tokens and "api" in s.daemon.roles:
         need(
             is_loopback_host(s.server.host),

@@ -27,6 +27,17 @@ class SecurityError(OutboxdError):
     """Key material is missing or a ciphertext cannot be opened."""
 
 
+class CapReached(OutboxdError):
+    """The store refused a write past a per-user cap, counted in the transaction that would
+    have written it: `count` of the user's rows count toward the cap (for a cap per period,
+    `oldest` is the time of the oldest of them)."""
+
+    def __init__(self, count: int, oldest: float | None = None) -> None:
+        super().__init__(f"{count} counted toward the cap")
+        self.count = count
+        self.oldest = oldest
+
+
 class QuotaExceeded(OutboxdError):
     """A per-user cap is reached; `retry_after_s` is when trying again may succeed."""
 

@@ -106,7 +106,12 @@ def test_a_thousand_held_requests_are_answered_when_the_job_finishes(
     spawn_daemon: DaemonFactory,
     portal_thread: PortalThread,
 ) -> None:
-    daemon = spawn_daemon(pipeline_config(server={"port": 0, "max_connections": 1500}))
+    # One user's thousand held requests: its share raised to all of them.
+    daemon = spawn_daemon(
+        pipeline_config(
+            server={"port": 0, "max_connections": 1500}, api={"max_waiters_per_user": 1000}
+        )
+    )
     base = daemon.start()
     portal_thread.run(lambda: setattr(portal_thread.portal, "delay_s", 0.5))  # ~6 s a job
     resp = post_job(base, "thousand")

@@ -316,7 +316,7 @@ async def test_body_at_the_limit_is_accepted(
 
 async def test_unknown_route_is_404_c04(api: Client, store: SqlStore, db_url: str) -> None:
     """An unknown path answers 404 C04 problem+json."""
-    for path in ("/v1/nope", "/v1/portal-link-jobs/extra", "/"):
+    for path in ("/v1/nope", "/v1/portal-link-jobs/extra", "/v2"):
         resp = await api.get(path)
         await assert_problem(resp, 404, "C04")
     await assert_nothing_stored(db_url)

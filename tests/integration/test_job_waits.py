@@ -214,7 +214,7 @@ async def test_a_change_between_the_read_and_the_wait_still_wakes_the_hold(
     await store.create_portal_job(
         placeholder_job(job_id, str(uuid.uuid4()), job_id, "bob"), now=time.time()
     )
-    async with waits.hold(job_id) as hold:
+    async with waits.hold(job_id, "local") as hold:
         assert hold is not None
         seen = await store.get_job(job_id)
         assert seen is not None and seen.status == "QUEUED"

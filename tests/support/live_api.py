@@ -53,6 +53,10 @@ class LiveApi:
         deps = build_api_deps(
             settings, self.store, KeyRing([os.urandom(32)]), self.metrics, None, None
         )
+        assert deps.waits is not None
+        # The requests held now (read from the test's thread: a plain int).
+        self.waits = waits = deps.waits
+        self._waits_task: asyncio.Task[None] | None = None
 
         async def start() -> tuple[ApiServer, asyncio.Event, asyncio.Task[None]]:
             server = ApiServer(
@@ -64,6 +68,8 @@ class LiveApi:
             )
             stop = asyncio.Event()
             task = asyncio.create_task(server.run(stop))
+            # As the daemon runs them: held requests are answered at once on stop.
+            self._waits_task = asyncio.create_task(waits.run(stop))
             await asyncio.wait_for(server.bound.wait(), 30)
             return server, stop, task
 
@@ -115,6 +121,8 @@ class LiveApi:
             async def stop() -> None:
                 self._stop.set()
                 await asyncio.wait_for(self._task, 30)
+                if self._waits_task is not None:
+                    await self._waits_task
                 await self.store.close()
 
             self.lt.run(stop())

@@ -108,3 +108,34 @@ def test_empty_endpoint_from_the_environment_is_refused() -> None:
 @pytest.mark.parametrize("value", ["embedded", "http://127.0.0.1:4566", "https://sqs.example.com"])
 def test_good_endpoints_are_kept(value: str) -> None:
     assert load({"sqs": {"endpoint_url": value}}).sqs.endpoint_url == value
+
+
+def test_max_waiters_follows_max_connections_unless_written() -> None:
+    """Held requests keep their connections: api.max_waiters is at most three quarters of
+    server.max_connections. The defaults agree (768 of 1024); a written max_connections
+    alone brings max_waiters along, so only a written max_waiters can break the rule."""
+    defaults = load({})
+    assert (defaults.server.max_connections, defaults.api.max_waiters) == (1024, 768)
+    assert defaults.api.max_waiters_per_user == 100
+    assert load({"server": {"max_connections": 40}}).api.max_waiters == 30
+    assert load({"server": {"max_connections": 1}}).api.max_waiters == 0
+    env = Settings.from_mapping({}, env={"OUTBOXD_SERVER__MAX_CONNECTIONS": "200"})
+    assert env.api.max_waiters == 150
+    # Written and within it: kept as written.
+    written = {"server": {"max_connections": 40}, "api": {"max_waiters": 10}}
+    assert load(written).api.max_waiters == 10
+    assert load({"api": {"max_waiters": 768}}).api.max_waiters == 768
+    for raw in (
+        {"api": {"max_waiters": 769}},
+        {"api": {"max_waiters": 10_000}},
+        {"server": {"max_connections": 40}, "api": {"max_waiters": 31}},
+    ):
+        msg = config_error(raw)
+        assert msg.startswith("config: api.max_waiters:") and "server.max_connections" in msg, msg
+    assert config_error({"api": {"max_waiters_per_user": -1}}).startswith(
+        "config: api.max_waiters_per_user:"
+    )
+    # A max_connections of the wrong type is left for its own error, not this rule's.
+    assert config_error({"server": {"max_connections": "many"}}).startswith(
+        "config: server.max_connections:"
+    )

@@ -205,7 +205,9 @@ def build_api_deps(
         readiness=readiness,
         gauges=StatsGauges(metrics, admin, readiness, settings.metrics.refresh_s),
         runtime=runtime,
-        waits=JobWaits(store, store.changes, settings.api.max_waiters),
+        waits=JobWaits(
+            store, store.changes, settings.api.max_waiters, settings.api.max_waiters_per_user
+        ),
         tracing=tracing,
     )
 

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from outboxd.http import inputs
-from outboxd.http.deps import deps_of
+from outboxd.http.deps import deps_of, principal_of
 
 # A body and its entity tag (the tag's opaque part).
 Encoded = tuple[bytes, str]
@@ -30,15 +30,31 @@ def matches(tags: list[str] | None, etag: str) -> bool:
 
 
 def tagged(
-    body: bytes, etag: str, status: int = 200, applied: int | None = None, weak: bool = False
+    body: bytes,
+    etag: str,
+    status: int = 200,
+    applied: int | None = None,
+    weak: bool = False,
+    refused: bool = False,
 ) -> web.Response:
-    """The answer with its ETag (and Preference-Applied when a wait was applied)."""
+    """The answer with its ETag (and Preference-Applied when a wait was applied).
+
+    `refused`: a wait was asked for and not applied (api.max_waiters or the user's share
+    held already, or stopping). The connection is closed after the answer, so a client
+    asking for more waits than it may cannot keep the refused ones' connections open and
+    fill server.max_connections that way (docs/decisions/0030-per-user-bounds.md)."""
     headers = {"ETag": f'{"W/" if weak else ""}"{etag}"'}
     if applied is not None:
         headers["Preference-Applied"] = f"wait={applied}"
     if status == 304:
-        return web.Response(status=304, headers=headers)
-    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+        resp = web.Response(status=304, headers=headers)
+    else:
+        resp = web.Response(
+            body=body, status=status, content_type="application/json", headers=headers
+        )
+    if refused:
+        resp.force_close()
+    return resp
 
 
 async def held_view(
@@ -55,10 +71,10 @@ async def held_view(
         body, etag = await read()
         return tagged(body, etag, 304 if matches(tags, etag) else 200, weak=weak)
     # The hold is taken before the read: a change committed after the read still wakes it.
-    async with deps.waits.hold_view(key, read) as hold:
+    async with deps.waits.hold_view(key, principal_of(request).user, read) as hold:
         body, etag = await read()
-        if hold is None:  # api.max_waiters held already, or stopping: no wait applied
-            return tagged(body, etag, 304 if matches(tags, etag) else 200, weak=weak)
+        if hold is None:  # api.max_waiters (or the user's share) held, or stopping: no wait
+            return tagged(body, etag, 304 if matches(tags, etag) else 200, weak=weak, refused=True)
         if not matches(tags, etag):  # stale: the client has not seen this body
             return tagged(body, etag, applied=wait_s, weak=weak)
         ending, (new_body, new_etag) = await hold.until(lambda v: v[1] != etag, wait_s)

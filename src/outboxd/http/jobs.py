@@ -123,11 +123,11 @@ async def get_job(request: web.Request) -> web.Response:
         body, etag = _encoded(job)
         return tagged(body, etag, 304 if matches(tags, etag) else 200)
     # The hold is taken before the read: a change committed after the read still wakes it.
-    async with deps.waits.hold(job_id) as hold:
+    async with deps.waits.hold(job_id, principal_of(request).user) as hold:
         job = visible_job(request, await deps.store.get_job(job_id))
         body, etag = _encoded(job)
-        if hold is None:  # api.max_waiters held already, or stopping: no wait applied
-            return tagged(body, etag, 304 if matches(tags, etag) else 200)
+        if hold is None:  # api.max_waiters (or the user's share) held, or stopping: no wait
+            return tagged(body, etag, 304 if matches(tags, etag) else 200, refused=True)
         if tags is None:
             if job.terminal:
                 return tagged(body, etag, applied=wait_s)

@@ -80,8 +80,8 @@ _VIEW_WAIT: Final = (
     "ETag, the request is held until a change of any job alters the answer (200, the new "
     "ETag; read at most once a second while jobs keep changing) or N seconds pass (304); "
     "an ETag that is not the current one, or no If-None-Match, answers at once. Held "
-    "requests count toward api.max_waiters with those on jobs, and are answered at once "
-    "when the daemon stops."
+    "requests count toward api.max_waiters and api.max_waiters_per_user with those on "
+    "jobs, and are answered at once when the daemon stops."
 )
 
 # ------------------------------------------------------------------ the API
@@ -146,8 +146,9 @@ _API: Final[tuple[Route, ...]] = (
         "(304); without If-None-Match, until the job is finished (SUCCEEDED, FAILED, DEAD or "
         "CANCELLED) or N seconds pass (200). An If-None-Match that is not the current ETag "
         "answers 200 at once. `Preference-Applied: wait=N` says a wait was applied; a server "
-        "holding its api.max_waiters requests already answers at once without it. A held "
-        "request is answered at once when the daemon stops.",
+        "holding its api.max_waiters requests already, or the caller's "
+        "api.max_waiters_per_user, answers at once without it (and closes the connection). "
+        "A held request is answered at once when the daemon stops.",
     ),
     Route(
         "GET",

@@ -13,7 +13,10 @@ change, at most one per `VIEW_SETTLE_S` while jobs keep changing.
 
 A request registers its hold before it reads, so a change committed between its read and
 its wait still wakes it. `api.max_waiters` bounds the requests held at once, jobs and
-views together; the daemon's stop Event answers all of them at once.
+views together, and `api.max_waiters_per_user` one user's share of them, so one user
+cannot take every hold; the daemon's stop Event answers all of them at once. (Each held
+request keeps its HTTP connection: `api.max_waiters` stays below `server.max_connections`,
+config_checks.py, so held requests cannot fill the listener.)
 """
 
 from __future__ import annotations
@@ -97,9 +100,12 @@ class JobWaits:
     store: JobReader
     changes: JobChanges
     max_waiters: int
+    max_waiters_per_user: int | None = None
     view_settle_s: float = VIEW_SETTLE_S
     _watches: dict[str, _Watch[Any]] = field(default_factory=dict, init=False)
     _held: int = field(default=0, init=False)
+    # Requests held now per user (a user holding none has no entry).
+    _held_by: dict[str, int] = field(default_factory=dict, init=False)
     _stopping: bool = field(default=False, init=False)
     _stopped: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
@@ -118,29 +124,41 @@ class JobWaits:
                 if not h.fut.done():
                     h.fut.set_result("stopped")
 
+    def held_by(self, user: str) -> int:
+        """Requests `user` holds now."""
+        return self._held_by.get(user, 0)
+
     def hold(
-        self, job_id: str
+        self, job_id: str, user: str
     ) -> contextlib.AbstractAsyncContextManager[Hold[JobRecord | None] | None]:
-        """A hold on `job_id`, registered before the caller reads the job; None (answer at
-        once) past `api.max_waiters` or while the daemon stops."""
+        """A hold on `job_id` for `user`, registered before the caller reads the job; None
+        (answer at once) past `api.max_waiters`, past `user`'s `api.max_waiters_per_user`,
+        or while the daemon stops."""
 
         async def read() -> JobRecord | None:
             return await self.store.get_job(job_id)
 
-        return self._hold(job_id, read, 0.0)
+        return self._hold(job_id, user, read, 0.0)
 
     def hold_view(
-        self, key: str, read: Callable[[], Awaitable[T]]
+        self, key: str, user: str, read: Callable[[], Awaitable[T]]
     ) -> contextlib.AbstractAsyncContextManager[Hold[T] | None]:
-        """A hold on a view of many jobs that `read` reads, woken by any job's change; the
-        holds of one `key` share its reads, so `key` must name all `read` depends on."""
-        return self._hold(_VIEW + key, read, self.view_settle_s)
+        """A hold for `user` on a view of many jobs that `read` reads, woken by any job's
+        change; the holds of one `key` share its reads, so `key` must name all `read`
+        depends on. None as for `hold`."""
+        return self._hold(_VIEW + key, user, read, self.view_settle_s)
 
     @contextlib.asynccontextmanager
     async def _hold(
-        self, key: str, read: Callable[[], Awaitable[T]], settle_s: float
+        self, key: str, user: str, read: Callable[[], Awaitable[T]], settle_s: float
     ) -> AsyncIterator[Hold[T] | None]:
-        if self._stopping or self._held >= self.max_waiters:
+        mine = self._held_by.get(user, 0)
+        per_user = self.max_waiters_per_user
+        if (
+            self._stopping
+            or self._held >= self.max_waiters
+            or (per_user is not None and mine >= per_user)
+        ):
             yield None
             return
         watch: _Watch[T] | None = self._watches.get(key)
@@ -153,10 +171,16 @@ class JobWaits:
         h: _Hold[T] = _Hold(asyncio.get_running_loop().create_future())
         watch.holds.append(h)
         self._held += 1
+        self._held_by[user] = mine + 1
         try:
             yield Hold(self, key, h)
         finally:
             self._held -= 1
+            left = self._held_by[user] - 1
+            if left:
+                self._held_by[user] = left
+            else:
+                del self._held_by[user]
             watch.holds.remove(h)
             if not watch.holds and self._watches.get(key) is watch:
                 del self._watches[key]

@@ -9,7 +9,7 @@ from typing import Protocol
 
 import structlog
 
-from outboxd.errors import OutboxdError, QuotaExceeded, StorageError
+from outboxd.errors import CapReached, OutboxdError, QuotaExceeded, StorageError
 from outboxd.ids import new_id
 from outboxd.observability import log_info
 from outboxd.security import KeyRing
@@ -20,7 +20,6 @@ from outboxd.storage.ports import (
     JobRecord,
     JobStore,
     NewPortalJob,
-    QuotaStore,
     RelayRow,
     RelayStore,
 )
@@ -70,7 +69,7 @@ class Dispatcher(Protocol):
         ...
 
 
-class JobsStore(JobStore, RelayStore, QuotaStore, Protocol):
+class JobsStore(JobStore, RelayStore, Protocol):
     pass
 
 
@@ -108,17 +107,8 @@ class PortalJobService:
 
         `traceparent` is the trace the job carries to the worker (a replay keeps the one
         the job was made with). QuotaExceeded when api.max_active_jobs_per_user is on and
-        reached (a replay of an existing job never is). The count is read before the
-        intake: concurrent new requests of one user may pass it together, by as many as
-        run at once."""
-        if self.max_active_jobs:
-            active = await self.store.job_quota(user, idempotency_key, self.max_active_jobs)
-            if active is not None and active >= self.max_active_jobs:
-                raise QuotaExceeded(
-                    f"{active} jobs of this user are QUEUED or RUNNING "
-                    f"(api.max_active_jobs_per_user = {self.max_active_jobs})",
-                    ACTIVE_JOBS_RETRY_AFTER_S,
-                )
+        reached (a replay of an existing job never is). The jobs are counted in the intake's
+        own transaction, so concurrent requests of one user never pass the cap together."""
         job_id, outbox_id = new_id(), new_id()
         # Sealed before the transaction so the transaction holds no CPU work;
         # the job id as associated data ties the ciphertext to its row.
@@ -126,25 +116,28 @@ class PortalJobService:
             {"username": req.username, "password": req.password}, associated_data=job_id
         )
         now = self.clock()
-        intake = await self.store.create_portal_job(
-            NewPortalJob(
-                job_id=job_id,
-                outbox_id=outbox_id,
-                user_id=user,
-                idempotency_key=idempotency_key,
-                fingerprint=self.keys.fingerprint(req.canonical()),
-                portal=req.portal,
-                key_id=sealed.key_id,
-                sealed=sealed.ciphertext,
-                # The row is claimed in the intake transaction: the publish right after
-                # the commit needs no claim transaction of its own.
-                claimed_until=(
-                    self.dispatcher.intake_claim_until(now) if self.dispatcher else None
-                ),
-                traceparent=traceparent,
-            ),
-            now=now,
+        new = NewPortalJob(
+            job_id=job_id,
+            outbox_id=outbox_id,
+            user_id=user,
+            idempotency_key=idempotency_key,
+            fingerprint=self.keys.fingerprint(req.canonical()),
+            portal=req.portal,
+            key_id=sealed.key_id,
+            sealed=sealed.ciphertext,
+            # The row is claimed in the intake transaction: the publish right after
+            # the commit needs no claim transaction of its own.
+            claimed_until=(self.dispatcher.intake_claim_until(now) if self.dispatcher else None),
+            traceparent=traceparent,
         )
+        try:
+            intake = await self.store.create_portal_job(new, now, self.max_active_jobs)
+        except CapReached as exc:
+            raise QuotaExceeded(
+                f"{exc.count} jobs of this user are QUEUED or RUNNING "
+                f"(api.max_active_jobs_per_user = {self.max_active_jobs})",
+                ACTIVE_JOBS_RETRY_AFTER_S,
+            ) from None
         job, outbox = intake.job, intake.outbox
         if not intake.created and not self.keys.fingerprint_matches(
             job.fingerprint, req.canonical()

@@ -12,17 +12,16 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import idna
 import structlog
 
-from outboxd.errors import QuotaExceeded
+from outboxd.errors import CapReached, QuotaExceeded
 from outboxd.ids import new_id
 from outboxd.storage.ports import (
     WEBSITE_QUOTA_PERIOD_S,
     Page,
-    QuotaStore,
     Website,
     WebsiteStore,
 )
@@ -104,13 +103,9 @@ def normalize_domain(text: str) -> str:
     return ascii_name
 
 
-class WebsitesStore(WebsiteStore, QuotaStore, Protocol):
-    pass
-
-
 @dataclass(eq=False, repr=False)
 class WebsiteService:
-    store: WebsitesStore
+    store: WebsiteStore
     clock: Callable[[], float] = time.time
     max_per_user_per_hour: int = 0
 
@@ -119,21 +114,27 @@ class WebsiteService:
     ) -> tuple[Website, bool]:
         """Upsert by domain. QuotaExceeded when api.max_websites_per_user_per_hour is on and
         `user` registered that many new websites in the last hour (a known domain, which
-        costs no classification, never is)."""
+        costs no classification, never is); counted in the registration's own transaction,
+        so concurrent requests of one user never pass the cap together."""
         now = self.clock()
         counted = user if self.max_per_user_per_hour else None
-        if counted is not None:
-            quota = await self.store.website_quota(counted, domain, now - WEBSITE_QUOTA_PERIOD_S)
-            if quota is not None and quota[0] >= self.max_per_user_per_hour:
-                oldest = quota[1] if quota[1] is not None else now
-                raise QuotaExceeded(
-                    f"this user registered {quota[0]} new websites in the last hour "
-                    f"(api.max_websites_per_user_per_hour = {self.max_per_user_per_hour})",
-                    max(1, math.ceil(oldest + WEBSITE_QUOTA_PERIOD_S - now)),
-                )
-        website, created = await self.store.register_website(
-            new_id(), new_id(), domain, favicon_url, now, registered_by=counted
-        )
+        try:
+            website, created = await self.store.register_website(
+                new_id(),
+                new_id(),
+                domain,
+                favicon_url,
+                now,
+                registered_by=counted,
+                max_per_period=self.max_per_user_per_hour if counted is not None else 0,
+            )
+        except CapReached as exc:
+            oldest = exc.oldest if exc.oldest is not None else now
+            raise QuotaExceeded(
+                f"this user registered {exc.count} new websites in the last hour "
+                f"(api.max_websites_per_user_per_hour = {self.max_per_user_per_hour})",
+                max(1, math.ceil(oldest + WEBSITE_QUOTA_PERIOD_S - now)),
+            ) from None
         if created:
             log.info("website_registered", website_id=website.id, domain=domain)
         return website, created

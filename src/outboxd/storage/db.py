@@ -221,6 +221,10 @@ class Features:
     # The database pushes notifications to a listening connection (`Database.listen`);
     # otherwise other processes' changes are found by polling.
     notifies: bool = False
+    # Write transactions run side by side: a check a body makes before it writes (a
+    # per-user cap's count) takes the user's lock first (`cap_lock`), or two transactions
+    # could pass it together. Otherwise one write runs at a time, and the check holds as is.
+    concurrent_writes: bool = False
 
     def __post_init__(self) -> None:
         if self.outcomes_share_commits and self.intake_in_one_statement:

@@ -23,6 +23,11 @@ once. Bodies given here must therefore be safe to run twice: when a commit's out
 unknown the rows may already be there, and the rerun must find them (intake and
 registration are keyed on the idempotency key and the domain, so it does). Each caller
 is answered only after the transaction holding its rows committed.
+
+A body may take a lock of its own before it writes (a per-user cap's, named by `order`):
+such a member is never written by the `bulk` statement, and a group with such members runs
+them in the order of their names, so two groups in flight never wait for each other's locks
+in a cycle (docs/decisions/0030-per-user-bounds.md).
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class _Member:
     item: Any
     fut: asyncio.Future[Any]
     taken: bool = False
+    order: str | None = None
 
 
 class GroupCommitter:
@@ -93,11 +99,15 @@ class GroupCommitter:
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = GroupStats()
 
-    async def run(self, body: TxBody[T], item: Any = None) -> T:
+    async def run(self, body: TxBody[T], item: Any = None, order: str | None = None) -> T:
         """`db.run(body)`, committed together with whatever else is waiting.
 
         `item` is what the `bulk` body needs to write this member (when there is one).
+        `order` names the lock the body takes first (a user's, for a cap): the member is
+        written by its own body, never by `bulk`, in the order of its name in the group.
         """
+        if order is not None:
+            item = None  # no item: `bulk` never writes it (it could not take the lock)
         if not self._pending and self._writers < self.max_groups:
             # Nothing waiting: the single path, at once, cancellable as `db.run` is.
             self._writers += 1
@@ -108,7 +118,7 @@ class GroupCommitter:
                 self._wake()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        member = _Member(body, item, fut)
+        member = _Member(body, item, fut, order=order)
         self._pending.append(member)
         self._wake()
         # A caller cancelled before its group is taken is dropped (its future is cancelled
@@ -170,11 +180,12 @@ class GroupCommitter:
             self._wake()
 
     async def _one(self, body: TxBody[Any], item: Any) -> Any:
-        """One member on its own: the `bulk` body when there is one (on Postgres one
-        statement, one round trip less than the member's own body), else `db.run(body)`.
+        """One member on its own: the `bulk` body when there is one and the member has an
+        item (on Postgres one statement, one round trip less than the member's own body),
+        else `db.run(body)`.
         Should bulk not write the item (its key was taken, or a row refused), the member's
         own body runs, so the answer is the one it would get alone."""
-        if self._bulk is not None:
+        if self._bulk is not None and item is not None:
             try:
                 values = await self._db.run(self._bulk([item], time.time()), one_statement=True)
             except StorageUnavailable:
@@ -191,8 +202,12 @@ class GroupCommitter:
             return
         self.stats.groups += 1
         self.stats.largest = max(self.stats.largest, len(batch))
+        locking = any(m.order is not None for m in batch)
+        if locking:
+            # Locks taken in one order by every group: none waits for another in a cycle.
+            batch.sort(key=lambda m: m.order or "")
         try:
-            if self._bulk is not None and await self._write_bulk(batch):
+            if self._bulk is not None and not locking and await self._write_bulk(batch):
                 return
             outcomes = await self._db.run_group([m.body for m in batch])
         except Exception as exc:

@@ -337,7 +337,14 @@ def decode_cursor(cursor: str | None) -> tuple[float | None, str | None]:
 
 
 class JobStore(Protocol):
-    async def create_portal_job(self, new: NewPortalJob, now: float) -> JobIntake: ...
+    async def create_portal_job(
+        self, new: NewPortalJob, now: float, max_active: int = 0
+    ) -> JobIntake:
+        """The job and its outbox row, or the job the user's key names already (a replay).
+        `max_active` > 0: CapReached, writing nothing, when the user has that many QUEUED or
+        RUNNING jobs, counted in the intake's own transaction (a replay never is)."""
+        ...
+
     async def get_job(self, job_id: str) -> JobRecord | None: ...
     async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None: ...
     async def get_job_and_relay_row(
@@ -442,22 +449,6 @@ class Listening(Protocol):
         ...
 
 
-class QuotaStore(Protocol):
-    """What the per-user caps read before an intake or a registration (only when on)."""
-
-    async def job_quota(self, user_id: str, idempotency_key: str, limit: int) -> int | None:
-        """None when the user's key names a job already (a replay, never refused); else
-        how many of the user's jobs are QUEUED or RUNNING, counted up to `limit`."""
-        ...
-
-    async def website_quota(
-        self, user_id: str, domain: str, since: float
-    ) -> tuple[int, float | None] | None:
-        """None when the domain is registered already (an upsert that creates nothing);
-        else the user's registrations after `since` and the oldest of their times."""
-        ...
-
-
 class LoginLockStore(Protocol):
     async def login_failures(self, subject: str, since: float, limit: int) -> list[float]:
         """The times of `subject`'s recorded login failures after `since`, newest first,
@@ -536,9 +527,12 @@ class WebsiteStore(Protocol):
         favicon_url: str | None,
         now: float,
         registered_by: str | None = None,
+        max_per_period: int = 0,
     ) -> tuple[Website, bool]:
         """Upsert by domain; with `registered_by`, a new website is also counted for that
-        user (and the user's counts older than an hour dropped) in the same transaction."""
+        user (and the user's counts older than an hour dropped) in the same transaction.
+        `max_per_period` > 0: CapReached, writing nothing, when `registered_by` counted that
+        many in the last WEBSITE_QUOTA_PERIOD_S (a known domain never is)."""
         ...
 
     async def get_website(self, domain: str) -> Website | None: ...

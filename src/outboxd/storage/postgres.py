@@ -140,6 +140,7 @@ class PostgresDatabase:
         rerun_unavailable=True,
         events_in_statement=True,
         notifies=True,
+        concurrent_writes=True,
     )
 
     def __init__(self, dsn: str, pool_size: int, acquire_timeout_s: float) -> None:

@@ -329,6 +329,9 @@ SELECT * FROM task_runs
  LIMIT :limit;
 
 -- ---------------------------------------------------------------- per-user caps (read only when on)
+-- Read inside the intake's or the registration's own transaction, after the user's
+-- `cap_lock` where writes run side by side (postgres.sql): the count and the write it
+-- allows are one step.
 
 -- name: job_quota
 -- The user's active jobs through the (user_id, idempotency_key) index: cheap while a token

@@ -294,3 +294,11 @@ SELECT job.id
 -- `payloads` (its token and up to 200 job ids): a statement of its own after the commits,
 -- never inside a write transaction (docs/decisions/0023-notify-after-commit.md).
 SELECT pg_notify('outboxd_jobs', p) FROM unnest(CAST(:payloads AS text[])) AS p;
+
+-- name: cap_lock
+-- A per-user cap's lock (storage/store/base.py `_cap_lock`), held until the transaction ends:
+-- the user's concurrent intakes (or registrations) take turns from here to their commit, so
+-- the count that follows sees every row the others wrote. An advisory lock needs no row, no
+-- table and nothing to clean up; two users whose ids hash alike merely take turns. `hashtext`
+-- need only agree among the sessions of one server, which it does.
+SELECT pg_advisory_xact_lock(CAST(:cap AS integer), hashtext(:user_id));

@@ -100,7 +100,6 @@ def _check(store: SqlStore) -> None:
     """mypy proves here that SqlStore satisfies every port."""
     _jobs: ports.JobStore = store
     _login_lock: ports.LoginLockStore = store
-    _quota: ports.QuotaStore = store
     _relay_store: ports.RelayStore = store
     _tasks: ports.TaskStore = store
     _websites: ports.WebsiteStore = store

@@ -21,6 +21,11 @@ from outboxd.storage.store.records import dump, inserted_relay_row, job_record, 
 
 T = TypeVar("T")
 
+# The lock spaces of the per-user caps (`cap_lock`'s first key): each cap's users take
+# turns on their own, never with the other cap's (arbitrary constants, "obj1" and "obw1").
+JOBS_CAP = 0x6F626A31
+WEBSITES_CAP = 0x6F627731
+
 
 class StoreBase:
     """Set up by `SqlStore.__init__`; each part (jobs, relay, ...) adds its methods."""
@@ -42,6 +47,13 @@ class StoreBase:
     def _count(self, name: str, params: Mapping[str, Any]) -> Generator[Op, Any, int]:
         n: int = yield execute(self.q[name], params)
         return n
+
+    def _cap_lock(self, cap: int, user_id: str) -> Generator[Op, Any, None]:
+        """Where writes run side by side, the user's lock for `cap`, held to the commit:
+        the user's other writes under that cap wait here, so what the body counts next is
+        what they committed. Nothing where one write runs at a time (SQLite)."""
+        if self.db.features.concurrent_writes:
+            yield execute(self.q["cap_lock"], {"cap": cap, "user_id": user_id})
 
     def _event_params(self, event: NewEvent) -> dict[str, Any]:
         return {

@@ -11,7 +11,7 @@ import json
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any, Literal
 
-from outboxd.errors import InvalidState, NotFound, StorageUnavailable
+from outboxd.errors import CapReached, InvalidState, NotFound, StorageUnavailable
 from outboxd.storage.db import Op, TxBody, execute, fetch
 from outboxd.storage.ports import (
     CancelOutcome,
@@ -26,7 +26,7 @@ from outboxd.storage.ports import (
     RelayRow,
     redriven_event,
 )
-from outboxd.storage.store.base import StoreBase
+from outboxd.storage.store.base import JOBS_CAP, StoreBase
 from outboxd.storage.store.records import (
     dump,
     inserted_job,
@@ -44,8 +44,27 @@ _CANCEL_LOOKS = 3
 
 
 class SqlJobs(StoreBase):
-    async def create_portal_job(self, new: NewPortalJob, now: float) -> JobIntake:
-        def body() -> Generator[Op, Any, JobIntake]:
+    async def create_portal_job(
+        self, new: NewPortalJob, now: float, max_active: int = 0
+    ) -> JobIntake:
+        def body() -> Generator[Op, Any, JobIntake | CapReached]:
+            if max_active:
+                # The count and the insert are one step: no other intake of this user
+                # commits in between (docs/decisions/0030-per-user-bounds.md).
+                yield from self._cap_lock(JOBS_CAP, new.user_id)
+                quota = yield from self._one(
+                    "job_quota",
+                    {
+                        "user_id": new.user_id,
+                        "idempotency_key": new.idempotency_key,
+                        "limit": max_active,
+                    },
+                )
+                assert quota is not None
+                if not quota["taken"] and quota["active"] >= max_active:
+                    # Returned, not raised: nothing was written, and a member that raised
+                    # would be rolled back and run again alone.
+                    return CapReached(int(quota["active"]))
             params = new_job_params(new, now)
             if (yield from self._count("insert_job", params)):
                 job = inserted_job(params)
@@ -70,9 +89,13 @@ class SqlJobs(StoreBase):
             return JobIntake(job=job_record(row), outbox=latest, created=False)
 
         if self.group is None:
-            intake: JobIntake = await self.db.run(body)
+            intake = await self.db.run(body)
         else:
-            intake = await self.group.run(body, (new, now))
+            intake = await self.group.run(
+                body, (new, now), order=new.user_id if max_active else None
+            )
+        if isinstance(intake, CapReached):
+            raise intake
         if intake.created:  # nobody waits on this job yet; a held listing may
             self.changes.committed((intake.job.id,))
         return intake
@@ -206,16 +229,6 @@ class SqlJobs(StoreBase):
         if done is not None:
             self.changes.committed((done.id,))
         return done
-
-    async def job_quota(self, user_id: str, idempotency_key: str, limit: int) -> int | None:
-        row = await self._record(
-            "job_quota",
-            {"user_id": user_id, "idempotency_key": idempotency_key, "limit": limit},
-            dict,
-            write=False,
-        )
-        assert row is not None
-        return None if row["taken"] else int(row["active"])
 
     async def login_failures(self, subject: str, since: float, limit: int) -> list[float]:
         def body() -> Generator[Op, Any, list[float]]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
-from outboxd.errors import InvalidState, NotFound
+from outboxd.errors import CapReached, InvalidState, NotFound
 from outboxd.storage.db import Op, execute
 from outboxd.storage.ports import WEBSITE_QUOTA_PERIOD_S, Page, Website, WorkRow
-from outboxd.storage.store.base import StoreBase
+from outboxd.storage.store.base import WEBSITES_CAP, StoreBase
 from outboxd.storage.store.records import website_record, work_record
 
 
@@ -22,8 +22,25 @@ class SqlWebsites(StoreBase):
         favicon_url: str | None,
         now: float,
         registered_by: str | None = None,
+        max_per_period: int = 0,
     ) -> tuple[Website, bool]:
-        def body() -> Generator[Op, Any, tuple[Website, bool]]:
+        capped = registered_by if max_per_period else None
+
+        def body() -> Generator[Op, Any, tuple[Website, bool] | CapReached]:
+            if capped is not None:
+                # The count and the insert are one step: no other registration of this
+                # user commits in between (docs/decisions/0030-per-user-bounds.md).
+                yield from self._cap_lock(WEBSITES_CAP, capped)
+                quota = yield from self._one(
+                    "website_quota",
+                    {"user_id": capped, "domain": domain, "since": now - WEBSITE_QUOTA_PERIOD_S},
+                )
+                assert quota is not None
+                if not quota["taken"] and quota["recent"] >= max_per_period:
+                    oldest = quota["oldest"]
+                    # Returned, not raised: nothing was written, and a member that raised
+                    # would be rolled back and run again alone.
+                    return CapReached(int(quota["recent"]), float(oldest))
             inserted = yield from self._one(
                 "insert_website",
                 {"id": website_id, "domain": domain, "favicon_url": favicon_url, "now": now},
@@ -46,20 +63,12 @@ class SqlWebsites(StoreBase):
             return website_record(row), inserted is not None
 
         if self.website_group is None:
-            return await self.db.run(body)
-        return await self.website_group.run(body)
-
-    async def website_quota(
-        self, user_id: str, domain: str, since: float
-    ) -> tuple[int, float | None] | None:
-        row = await self._record(
-            "website_quota", {"user_id": user_id, "domain": domain, "since": since}, dict, False
-        )
-        assert row is not None
-        if row["taken"]:
-            return None
-        oldest = row["oldest"]
-        return int(row["recent"]), (float(oldest) if oldest is not None else None)
+            done = await self.db.run(body)
+        else:
+            done = await self.website_group.run(body, order=capped)
+        if isinstance(done, CapReached):
+            raise done
+        return done
 
     async def get_website(self, domain: str) -> Website | None:
         return await self._record(
