@@ -451,7 +451,9 @@ async def _serve(
         components.append(("relay", relay))
     if "consumer" in roles:
         scraper = SuwonScraper(
-            settings.scrapers.suwon, pacing=portal_pacing(settings.scrapers.suwon, store)
+            settings.scrapers.suwon,
+            pacing=portal_pacing(settings.scrapers.suwon, store),
+            count=metrics.portal_request,
         )
         stack.push_async_callback(scraper.close)
         components.append(
@@ -473,7 +475,7 @@ async def _serve(
             )
         )
     if "claimer" in roles:
-        classifier = build_classifier(settings.scrapers.classifier, env)
+        classifier = build_classifier(settings.scrapers.classifier, env, metrics.ai_request)
         stack.push_async_callback(classifier.close)
         console.claimer = Claimer(store, classifier, settings.claimer, metrics, pace=store)
         components.append(("claimer", console.claimer))
