@@ -463,9 +463,11 @@ class Metrics:
     `roles` are the daemon's roles (all of them when None): a gauge that only one role
     sets is registered only where that role runs, so a process without the claimer
     exports no claimer tick to alert on.
+    `schema` is the newest migration this code knows for its database (build_info's
+    `schema` label; empty when not given).
     """
 
-    def __init__(self, roles: Iterable[str] | None = None) -> None:
+    def __init__(self, roles: Iterable[str] | None = None, schema: int | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         running = None if roles is None else frozenset(roles)
@@ -483,8 +485,13 @@ class Metrics:
             return Gauge(name, doc, labels, registry=r if here else None)
 
         ProcessCollector(registry=r)
-        self.build_info = gauge("outboxd_build_info", "Always 1; `version` is outboxd's", "version")
-        self.build_info.labels(package_version()).set(1)
+        self.build_info = gauge(
+            "outboxd_build_info",
+            "Always 1; `version` is outboxd's, `schema` the newest migration it knows",
+            "version",
+            "schema",
+        )
+        self.build_info.labels(package_version(), "" if schema is None else str(schema)).set(1)
         self.http_requests = counter(
             "outboxd_http_requests", "HTTP requests by route and status", "route", "status"
         )
