@@ -166,8 +166,9 @@ async def test_ai_requests_are_counted_by_outcome(ai: FakeAI) -> None:
     connection refused: `error`."""
     metrics = Metrics()
     env = {AI_KEY_ENV: AI_KEY}
-    client = OpenAIClassifier(ai_settings(ai, timeout_s=0.5), env, metrics.ai_request)
+    client = OpenAIClassifier(ai_settings(ai), env, metrics.ai_request)
     wrong_key = OpenAIClassifier(ai_settings(ai), {AI_KEY_ENV: "sk-wrong"}, metrics.ai_request)
+    impatient = OpenAIClassifier(ai_settings(ai, timeout_s=0.3), env, metrics.ai_request)
     try:
         assert await client.classify("example.com", None)
         ai.malformed = True
@@ -184,11 +185,12 @@ async def test_ai_requests_are_counted_by_outcome(ai: FakeAI) -> None:
             await wrong_key.classify("example.com", None)
         ai.delay_s = 2.0
         with pytest.raises(ProviderUnavailable):
-            await client.classify("example.com", None)
+            await impatient.classify("example.com", None)
         ai.delay_s = 0.0
     finally:
         await client.close()
         await wrong_key.close()
+        await impatient.close()
     nowhere = dataclasses.replace(ai_settings(ai), base_url=f"http://127.0.0.1:{_closed_port()}")
     gone = OpenAIClassifier(nowhere, env, metrics.ai_request)
     try:
