@@ -417,6 +417,8 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
     print()
     for table, age in stats.oldest_pending_age_s.items():
         print(f"oldest pending {table:<14} {'-' if age is None else f'{age:.1f} s'}")
+    running = stats.oldest_running_job_age_s
+    print(f"oldest running jobs           {'-' if running is None else f'{running:.1f} s'}")
     for name, pace in body.pace.items():
         print(_pace_line(name, pace))
     if stats.queues_error is not None:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, MutableMapping
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TextIO, TypeVar
+from typing import Any, Literal, TextIO, TypeVar, get_args
 
 import msgspec
 import structlog
@@ -449,6 +449,12 @@ def package_version() -> str:
 DEAD_TABLES = ("jobs", "relay_outbox", "task_runs")
 # Where the stats gauges come from (`outboxd_stats_refresh_success{source}`).
 STATS_SOURCES = ("database", "sqs")
+# How one request to the portal or the AI provider ended (`outboxd_portal_requests_total`,
+# `outboxd_ai_requests_total`): answered (`ok`), refused (`rejected`: a 4xx or a rejected
+# login), `unavailable` (5xx), `rate_limited` (429), `timeout`, or `error` (no answer:
+# refused, reset, unresolvable).
+RequestOutcome = Literal["ok", "rejected", "unavailable", "rate_limited", "timeout", "error"]
+REQUEST_OUTCOMES: tuple[RequestOutcome, ...] = get_args(RequestOutcome)
 
 
 class Metrics:
@@ -457,9 +463,11 @@ class Metrics:
     `roles` are the daemon's roles (all of them when None): a gauge that only one role
     sets is registered only where that role runs, so a process without the claimer
     exports no claimer tick to alert on.
+    `schema` is the newest migration this code knows for its database (build_info's
+    `schema` label; empty when not given).
     """
 
-    def __init__(self, roles: Iterable[str] | None = None) -> None:
+    def __init__(self, roles: Iterable[str] | None = None, schema: int | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         running = None if roles is None else frozenset(roles)
@@ -477,8 +485,13 @@ class Metrics:
             return Gauge(name, doc, labels, registry=r if here else None)
 
         ProcessCollector(registry=r)
-        self.build_info = gauge("outboxd_build_info", "Always 1; `version` is outboxd's", "version")
-        self.build_info.labels(package_version()).set(1)
+        self.build_info = gauge(
+            "outboxd_build_info",
+            "Always 1; `version` is outboxd's, `schema` the newest migration it knows",
+            "version",
+            "schema",
+        )
+        self.build_info.labels(package_version(), "" if schema is None else str(schema)).set(1)
         self.http_requests = counter(
             "outboxd_http_requests", "HTTP requests by route and status", "route", "status"
         )
@@ -501,9 +514,22 @@ class Metrics:
         for table in DEAD_TABLES:
             # Exported from the start at 0: the first DEAD row is an increase, not a new series.
             self.dead.labels(table)
+        self.portal_requests = counter(
+            "outboxd_portal_requests", "Requests to the portal, by outcome", "outcome"
+        )
+        self.ai_requests = counter(
+            "outboxd_ai_requests", "Requests to the AI provider, by outcome", "outcome"
+        )
+        for outcome in REQUEST_OUTCOMES:
+            self.portal_requests.labels(outcome)
+            self.ai_requests.labels(outcome)
         self.rows = gauge("outboxd_rows", "Rows by table and status", "table", "status")
         self.oldest_pending_age = gauge(
             "outboxd_oldest_pending_age_seconds", "Age of the oldest pending row", "table"
+        )
+        self.oldest_running_job_age = gauge(
+            "outboxd_oldest_running_job_age_seconds",
+            "Age (since it was accepted) of the oldest RUNNING job, 0 when none runs",
         )
         self.queue_depth = gauge(
             "outboxd_queue_depth", "SQS messages by queue and state", "queue", "state"
@@ -555,3 +581,11 @@ class Metrics:
         self.pace_sessions = gauge(
             "outboxd_pace_sessions", "Session leases held now, per paced resource", "resource"
         )
+
+    def portal_request(self, outcome: RequestOutcome) -> None:
+        """Count one request to the portal (the scraper's callback)."""
+        self.portal_requests.labels(outcome).inc()
+
+    def ai_request(self, outcome: RequestOutcome) -> None:
+        """Count one request to the AI provider (the classifier's callback)."""
+        self.ai_requests.labels(outcome).inc()

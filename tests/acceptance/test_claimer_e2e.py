@@ -15,6 +15,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from testkit.moto import MotoServer
 
 from tests.acceptance.claimer_rig import (
@@ -27,7 +28,7 @@ from tests.acceptance.claimer_rig import (
 )
 from tests.acceptance.conftest import DaemonFactory
 from tests.conftest import postgres_only
-from tests.reliability.harness import register_website
+from tests.reliability.harness import http, register_website
 from tests.support.ops import ROOT
 from tests.support.waits import eventually_sync
 
@@ -79,6 +80,10 @@ def test_two_daemons_share_the_work_and_never_call_for_one_website_twice(
     work = rig.work()
     assert len(work) == 2 * n
     assert all(r["category"] == "technology" and r["attempt_count"] == 1 for r in work.values())
+    # Each daemon counted its own requests to the provider, every one answered.
+    counted = [ai_requests(url) for url in (url_one, url_two)]
+    assert sum(c["ok"] for c in counted) == 2 * n, counted
+    assert all(v == 0 for c in counted for outcome, v in c.items() if outcome != "ok"), counted
     # Both instances took part once two were running.
     for d in (one, two):
         classified = [e for e in d.events() if e.get("event") == "website_classified"]
@@ -87,6 +92,18 @@ def test_two_daemons_share_the_work_and_never_call_for_one_website_twice(
         )
     assert one.terminate() == 0
     assert two.terminate() == 0
+
+
+def ai_requests(base_url: str) -> dict[str, float]:
+    """`outboxd_ai_requests_total` by outcome, from a daemon's /metrics."""
+    resp = http("GET", base_url, "/metrics")
+    assert resp.status == 200, resp.text
+    return {
+        s.labels["outcome"]: s.value
+        for f in text_string_to_metric_families(resp.text)
+        for s in f.samples
+        if s.name == "outboxd_ai_requests_total"
+    }
 
 
 # --- a daemon killed with a row in PROCESSING ------------------------------------------------

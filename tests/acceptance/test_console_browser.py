@@ -706,6 +706,16 @@ def test_embedded_default_shows_relay_states_and_a_job_without_its_password(
     expect(page.get_by_test_id("count-relay_outbox-SENT")).to_have_text("1")
     expect(page.get_by_test_id("count-relay_outbox-DEAD")).to_have_text("0")
     expect(page.get_by_test_id("schedules")).to_contain_text("nightly-prune")
+    # Nothing runs; then a job the failing portal keeps RUNNING (retried, waiting in SQS):
+    # the jobs card shows its age, which "oldest pending" (QUEUED jobs only) never did.
+    running = page.get_by_test_id("oldest-running-jobs")
+    expect(running).to_have_text("—")
+    portal = portal_thread.portal
+    portal_thread.run(lambda: setattr(portal, "always_fail_503", True))
+    submit_job(base, {})
+    expect(running).to_have_text(re.compile(r"^\d+(\.\d)? (ms|s|min)$"), timeout=30_000)
+    expect(page.get_by_test_id("oldest-jobs")).to_have_text("—")
+    portal_thread.run(lambda: setattr(portal, "always_fail_503", False))
 
     page.goto(f"{base}/ui/jobs/{job_id}")
     expect(page.get_by_test_id("job-id")).to_have_text(job_id)

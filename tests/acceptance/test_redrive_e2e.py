@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
+from outboxd.storage.db import backend_of, known_schema_version
 from tests.acceptance.conftest import ConfigFactory, DaemonFactory, PortalThread
 from tests.support.ops import run_cli
 from tests.support.waits import eventually
@@ -54,14 +55,12 @@ async def test_dead_jobs_redriven_by_api_and_cli_succeed(
         portal_thread.run(lambda: setattr(portal, "always_fail_503", fails))
 
     portal_fails(True)
-    daemon = spawn_daemon(
-        pipeline_config(
-            sqs={"max_receive_count": 2, "visibility_timeout_s": 10},
-            consumer={"heartbeat_s": 2, "dlq_sweep_s": 0.5},
-            daemon={"roles": ["api", "relay", "consumer"]},
-        ),
-        name="d",
+    config = pipeline_config(
+        sqs={"max_receive_count": 2, "visibility_timeout_s": 10},
+        consumer={"heartbeat_s": 2, "dlq_sweep_s": 0.5},
+        daemon={"roles": ["api", "relay", "consumer"]},
     )
+    daemon = spawn_daemon(config, name="d")
     base = await asyncio.to_thread(daemon.start)
     try:
         async with aiohttp.ClientSession() as http:
@@ -140,6 +139,27 @@ async def test_dead_jobs_redriven_by_api_and_cli_succeed(
             assert metrics[("outboxd_dead_total", (("table", "jobs"),))] == 2
             assert metrics[("outboxd_rows", (("status", "DEAD"), ("table", "jobs")))] == 0
             assert "process_start_time_seconds" in names
+            # The portal's requests by outcome: the first request of each of the four
+            # failed runs answered 503; each of the two runs after the redrives made a
+            # job's twelve requests.
+            portal = {
+                dict(labels)["outcome"]: value
+                for (name, labels), value in metrics.items()
+                if name == "outboxd_portal_requests_total"
+            }
+            assert portal == {
+                "ok": 24,
+                "unavailable": 4,
+                "rejected": 0,
+                "rate_limited": 0,
+                "timeout": 0,
+                "error": 0,
+            }
+            known = known_schema_version(backend_of(config["storage"]["url"]))
+            schemas = {
+                dict(labels)["schema"] for (name, labels) in metrics if name == "outboxd_build_info"
+            }
+            assert schemas == {str(known)}
     finally:
         code = await asyncio.to_thread(daemon.terminate)
     assert code == 0, daemon.all_output()[-3000:]

@@ -359,7 +359,7 @@ async def test_every_status_the_process_and_the_build_are_exported(
     assert ("relay_outbox", "SUPERSEDED") in shown and ("jobs", "DEAD") in shown
     for table in ("jobs", "relay_outbox", "task_runs"):
         assert sample(text, "outboxd_dead_total", table=table) == 0
-    assert sample(text, "outboxd_build_info", version=package_version()) == 1
+    assert sample(text, "outboxd_build_info", version=package_version(), schema="") == 1
     assert {
         "process_start_time_seconds",
         "process_cpu_seconds_total",

@@ -11,8 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
-from outboxd.observability import Metrics
+from outboxd.observability import REQUEST_OUTCOMES, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "contrib" / "prometheus" / "alerts.yml"
@@ -88,8 +89,35 @@ def test_the_alerts_cover_what_operators_need() -> None:
         "OutboxdRelayFailing",
         "OutboxdRateLimited",
         "OutboxdRestarting",
+        "OutboxdPortalFailing",
+        "OutboxdAiFailing",
+        "OutboxdJobRunningTooLong",
     ):
         assert f"alert: {alert}" in text, alert
+
+
+def test_the_promtool_cases_use_exported_series() -> None:
+    """The input series of the promtool cases are named as the daemon exports them, and a
+    request counter's `outcome` is one the daemon counts: a case on a made-up series would
+    pass while the rule never fires in production."""
+    cases = ALERT_TESTS.read_text()
+    series = re.findall(r'^\s*- series: "(\w+)\{(.*)\}"$', cases, re.MULTILINE)
+    assert len(series) > 50
+    unknown = {name for name, _ in series if name != "up"} - exported_names()
+    assert unknown == set()
+    for name, labels in series:
+        if name in ("outboxd_portal_requests_total", "outboxd_ai_requests_total"):
+            outcome = re.search(r'outcome=\\"(\w+)\\"', labels)
+            assert outcome and outcome.group(1) in REQUEST_OUTCOMES, (name, labels)
+
+
+def test_the_request_counters_start_at_zero_for_every_outcome() -> None:
+    """Every outcome of the portal and AI counters is exported from the start, so a share of
+    failures has a denominator before the first failure and the first one is an increase."""
+    text = generate_latest(Metrics().registry).decode()
+    for family in ("outboxd_portal_requests_total", "outboxd_ai_requests_total"):
+        for outcome in REQUEST_OUTCOMES:
+            assert f'{family}{{outcome="{outcome}"}} 0.0' in text, (family, outcome)
 
 
 def test_every_alert_has_a_promtool_case_that_fires() -> None:
@@ -102,7 +130,8 @@ def test_every_alert_has_a_promtool_case_that_fires() -> None:
 
 
 CLUSTER_WIDE = re.compile(
-    r"\b(?:outboxd_rows|outboxd_oldest_pending_age_seconds|outboxd_queue_depth|outboxd_pace_\w+)\b"
+    r"\b(?:outboxd_rows|outboxd_oldest_pending_age_seconds|outboxd_oldest_running_job_age_seconds"
+    r"|outboxd_queue_depth|outboxd_pace_\w+)\b"
 )
 SUM = re.compile(r"\bsum\s*(?:(?:by|without)\s*\([^()]*\)\s*)?\(")
 

@@ -45,7 +45,7 @@ from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.changes import default_instance
-from outboxd.storage.db import sqlite_path
+from outboxd.storage.db import backend_of, known_schema_version, sqlite_path
 from outboxd.storage.store import SqlStore, first_step, open_configured
 from outboxd.tracing import NO_TRACING, Tracing, configure_tracing
 from outboxd.workers.claimer import Claimer
@@ -69,7 +69,22 @@ async def open_configured_store(settings: Settings) -> SqlStore:
         applied = await first_step(store, store.db.migrate())
         if applied:
             log.info("migrations_applied", migrations=applied)
+    await first_step(store, warn_if_schema_newer(store))
     return store
+
+
+async def warn_if_schema_newer(store: SqlStore) -> None:
+    """`schema_newer_than_code` (a warning, once at start) when a newer release migrated the
+    database: this code runs on it, blind to what the newer migrations added."""
+    database = await store.db.schema_version()
+    known = known_schema_version(store.db.backend)
+    if database is not None and database > known:
+        log.warning(
+            "schema_newer_than_code",
+            database_schema=database,
+            code_schema=known,
+            hint="a newer outboxd migrated this database: run that release, or one as new",
+        )
 
 
 # While `serve` waits for its database or migrates: a `storage_waiting` line at most this
@@ -361,7 +376,7 @@ async def _serve(
     stack: contextlib.AsyncExitStack,
     tracing: Tracing = NO_TRACING,
 ) -> int:
-    metrics = Metrics(roles)
+    metrics = Metrics(roles, schema=known_schema_version(backend_of(settings.storage.url)))
     listeners: list[socket.socket] = []
     if "api" in roles:
         if not settings.auth.tokens and not is_loopback_host(settings.server.host):
@@ -453,7 +468,9 @@ async def _serve(
         components.append(("relay", relay))
     if "consumer" in roles:
         scraper = SuwonScraper(
-            settings.scrapers.suwon, pacing=portal_pacing(settings.scrapers.suwon, store)
+            settings.scrapers.suwon,
+            pacing=portal_pacing(settings.scrapers.suwon, store),
+            count=metrics.portal_request,
         )
         stack.push_async_callback(scraper.close)
         components.append(
@@ -475,7 +492,7 @@ async def _serve(
             )
         )
     if "claimer" in roles:
-        classifier = build_classifier(settings.scrapers.classifier, env)
+        classifier = build_classifier(settings.scrapers.classifier, env, metrics.ai_request)
         stack.push_async_callback(classifier.close)
         console.claimer = Claimer(store, classifier, settings.claimer, metrics, pace=store)
         components.append(("claimer", console.claimer))

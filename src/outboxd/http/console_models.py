@@ -88,6 +88,13 @@ class Stats(Struct, rename="camel"):
 
     tables: TableCounts
     oldest_pending_age_seconds: PendingAges
+    oldest_running_job_age_seconds: Annotated[
+        _Age | None,
+        Meta(
+            description="Age in seconds (since it was accepted) of the oldest RUNNING job: "
+            "published, waiting in SQS or being scraped; null when none runs."
+        ),
+    ]
     pace: Annotated[
         dict[str, PaceSlot],
         Meta(

@@ -168,6 +168,7 @@ def stats_model(stats: Stats) -> console_models.Stats:
         oldest_pending_age_seconds=console_models.PendingAges(
             age["jobs"], age["relay_outbox"], age["work_outbox"], age["task_runs"]
         ),
+        oldest_running_job_age_seconds=stats.oldest_running_job_age_s,
         pace={p.name: pace_model(p) for p in stats.pace},
         queues=queues,
     )

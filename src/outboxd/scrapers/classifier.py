@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import aiohttp
 
 from outboxd.config import ClassifierRule, ClassifierSettings
+from outboxd.observability import RequestOutcome
 
 __all__ = [
     "ClassificationError",
@@ -62,6 +63,14 @@ class RateLimited(Exception):
         super().__init__(f"rate limited; retry after {retry_after_s:g}s")
         self.retry_after_s = retry_after_s
         self.message = str(self)
+
+
+CountRequest = Callable[[RequestOutcome], None]
+"""Called once per request to the provider with how it ended (`Metrics.ai_request`)."""
+
+
+def _uncounted(_outcome: RequestOutcome) -> None:
+    return None
 
 
 class Classifier(Protocol):
@@ -147,7 +156,12 @@ class OpenAIClassifier:
     relies on that convention) and, when known, `Favicon: <url>`.
     """
 
-    def __init__(self, settings: ClassifierSettings, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        settings: ClassifierSettings,
+        env: Mapping[str, str],
+        count: CountRequest = _uncounted,
+    ) -> None:
         key = env.get(settings.api_key_env, "").strip()
         if not key:
             raise ValueError(
@@ -167,6 +181,7 @@ class OpenAIClassifier:
             + ". No punctuation, no explanation."
         )
         self._session: aiohttp.ClientSession | None = None
+        self._count = count
 
     def __repr__(self) -> str:
         return f"OpenAIClassifier(url={self._url!r}, model={self._model!r})"
@@ -209,13 +224,16 @@ class OpenAIClassifier:
                 retry_after = resp.headers.get("Retry-After")
                 body = await resp.read()
         except TimeoutError:
+            self._count("timeout")
             raise ProviderUnavailable("provider timed out") from None
         except aiohttp.ClientError as exc:
+            self._count("error")
             # The exception text can hold the URL but never the headers, so it is safe.
             raise ProviderUnavailable(
                 self._safe(f"provider unreachable: {type(exc).__name__}: {exc}")
             ) from None
 
+        self._count(_outcome(status))
         text = body.decode("utf-8", errors="replace")
         if status == 429:
             raise RateLimited(parse_retry_after(retry_after))
@@ -249,8 +267,23 @@ class OpenAIClassifier:
             self._session = None
 
 
-def build_classifier(settings: ClassifierSettings, env: Mapping[str, str]) -> Classifier:
-    """The classifier the settings ask for; `ValueError` when its API key is missing."""
+def _outcome(status: int) -> RequestOutcome:
+    """How an answer with this HTTP status counts (a 200 whose body is unusable is `ok`:
+    the provider answered)."""
+    if status == 429:
+        return "rate_limited"
+    if status >= 500:
+        return "unavailable"
+    if status >= 400:
+        return "rejected"
+    return "ok"
+
+
+def build_classifier(
+    settings: ClassifierSettings, env: Mapping[str, str], count: CountRequest = _uncounted
+) -> Classifier:
+    """The classifier the settings ask for; `ValueError` when its API key is missing.
+    `count` sees every request to the provider (the offline rules make none)."""
     if settings.provider == "openai":
-        return OpenAIClassifier(settings, env)
+        return OpenAIClassifier(settings, env, count)
     return RulesClassifier(settings)

@@ -27,6 +27,7 @@ from yarl import URL
 
 from outboxd.config import SuwonScraperSettings
 from outboxd.errors import OutboxdError
+from outboxd.observability import RequestOutcome
 
 __all__ = [
     "CheckHook",
@@ -48,6 +49,13 @@ ProgressCallback = Callable[[str, int, int], Awaitable[None]]
 CheckHook = Callable[[], Awaitable[None]]
 """Awaited before every portal request (each redirect hop too); whatever it raises ends the
 call there (the consumer's cancel: a request already sent is not cut off)."""
+CountRequest = Callable[[RequestOutcome], None]
+"""Called once per portal request (each redirect hop too) with how it ended
+(`Metrics.portal_request`)."""
+
+
+def _uncounted(_outcome: RequestOutcome) -> None:
+    return None
 
 
 class PortalError(OutboxdError):
@@ -323,8 +331,14 @@ class _Job:
 class SuwonScraper:
     """Fetches one student's academic record per call; see the module docstring for limits."""
 
-    def __init__(self, settings: SuwonScraperSettings, pacing: PortalPacing | None = None) -> None:
+    def __init__(
+        self,
+        settings: SuwonScraperSettings,
+        pacing: PortalPacing | None = None,
+        count: CountRequest = _uncounted,
+    ) -> None:
         self._settings = settings
+        self._count = count
         self._portal = settings.portal_base_url.rstrip("/")
         self._info = settings.info_base_url.rstrip("/")
         self._pacing: PortalPacing = pacing or InstancePacing(
@@ -432,12 +446,13 @@ class SuwonScraper:
             "username": job.username,
             "password": job.password,
         }
-        page = await self._send(job, "POST", login, data=form, headers={"Referer": str(index)})
+        page = await self._send(
+            job, "POST", login, data=form, headers={"Referer": str(index)}, refused=_login_refused
+        )
         # Checked before the status: a rejection must never look retryable.
-        if _contains_any(page.body, _WRONG_CREDENTIALS_BYTES):
-            raise PortalError("PORTAL_AUTH_FAILED", "portal rejected the username or password")
-        if _contains_any(page.body, _LOCKED_BYTES) or _LOCKED_WORD_RE.search(page.body):
-            raise PortalError("PORTAL_AUTH_FAILED", "portal account is locked")
+        refusal = _login_refused(page.body)
+        if refusal is not None:
+            raise PortalError("PORTAL_AUTH_FAILED", refusal)
         _expect_ok(page)
 
         await job.progress("SSO", 0, 0)
@@ -482,8 +497,10 @@ class SuwonScraper:
         *,
         data: Mapping[str, str] | bytes | None = None,
         headers: Mapping[str, str] | None = None,
+        refused: Callable[[bytes], str | None] | None = None,
     ) -> _Page:
-        """One request and its redirects, each spaced and timed on its own."""
+        """One request and its redirects, each spaced, timed and counted on its own: a
+        final page with a 4xx, or one `refused` finds a refusal in, counts as `rejected`."""
         http = job.http
         # Redirects are followed by hand so that every hop passes the check and the spacer.
         for _ in range(_MAX_REDIRECTS + 1):
@@ -500,12 +517,15 @@ class SuwonScraper:
                     status = resp.status
                     location = resp.headers.get("Location")
             except TimeoutError:
+                self._count("timeout")
                 raise PortalError(
                     "PORTAL_UNAVAILABLE", f"portal did not answer within {self._timeout.total}s"
                 ) from None
             except aiohttp.InvalidURL:
+                self._count("error")
                 raise _bad("portal sent an unusable URL") from None
             except aiohttp.ClientError as exc:
+                self._count("error")
                 raise PortalError(
                     "PORTAL_UNAVAILABLE", f"portal unreachable ({type(exc).__name__})"
                 ) from exc
@@ -518,7 +538,16 @@ class SuwonScraper:
                 elapsed_ms=round((time.monotonic() - started) * 1000),
             )
             if status >= 500 or status == 429:
+                self._count("unavailable" if status >= 500 else "rate_limited")
                 raise PortalError("PORTAL_UNAVAILABLE", f"portal answered HTTP {status}")
+            if status >= 400 or (
+                refused is not None
+                and status not in _REDIRECT_STATUSES
+                and refused(body) is not None
+            ):
+                self._count("rejected")
+            else:
+                self._count("ok")
             if status in _REDIRECT_STATUSES and location:
                 try:
                     url = url.join(URL(location, encoded=True))
@@ -529,6 +558,15 @@ class SuwonScraper:
                 continue
             return _Page(url=url, status=status, body=body)
         raise _bad("portal redirected too many times")
+
+
+def _login_refused(body: bytes) -> str | None:
+    """Why the portal refused a login, by its answer page; None when it did not."""
+    if _contains_any(body, _WRONG_CREDENTIALS_BYTES):
+        return "portal rejected the username or password"
+    if _contains_any(body, _LOCKED_BYTES) or _LOCKED_WORD_RE.search(body):
+        return "portal account is locked"
+    return None
 
 
 def _expect_ok(page: _Page) -> _Page:

@@ -175,15 +175,22 @@ class Stats:
     pace: list[PaceState]
     queues: dict[QueueKind, QueueDepth] | None  # None without a queue or when SQS failed
     queues_error: str | None = None  # why SQS did not answer
+    # The oldest RUNNING job's age since it was accepted; None when none runs. RUNNING is
+    # published: waiting in SQS or being scraped (a backlog in SQS shows here, not above).
+    oldest_running_job_age_s: float | None = None
 
 
 async def database_stats(store: StatsStore) -> Stats:
-    """Row counts per table and status, oldest pending ages, cluster pace (no queues)."""
+    """Row counts per table and status, oldest pending ages, the oldest running job's age,
+    cluster pace (no queues)."""
     now = time.time()
     tables: dict[str, dict[str, int]] = {table: {} for table in TABLE_STATUSES}
     oldest: dict[str, float | None] = {}
+    running: float | None = None
     for sc in await store.status_counts():
         tables.setdefault(sc.table, {})[sc.status] = sc.count
+        if sc.table == "jobs" and sc.status == "RUNNING":
+            running = sc.oldest_created_at
         if sc.status in _PENDING_STATUSES.get(sc.table, ()) and sc.oldest_created_at is not None:
             prev = oldest.get(sc.table)
             oldest[sc.table] = min(prev, sc.oldest_created_at) if prev else sc.oldest_created_at
@@ -192,7 +199,13 @@ async def database_stats(store: StatsStore) -> Stats:
         for t in tables
         for ts in [oldest.get(t)]
     }
-    return Stats(tables, ages, await store.pace_states(now), None)
+    return Stats(
+        tables,
+        ages,
+        await store.pace_states(now),
+        None,
+        oldest_running_job_age_s=None if running is None else round(max(0.0, now - running), 3),
+    )
 
 
 async def collect_stats(store: StatsStore, queues: QueueStats | None) -> Stats:

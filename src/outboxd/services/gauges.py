@@ -80,6 +80,7 @@ class StatsGauges:
                 m.rows.labels(table, status).set(counts.get(status, 0))
         for table, age in stats.oldest_pending_age_s.items():
             m.oldest_pending_age.labels(table).set(age or 0.0)
+        m.oldest_running_job_age.set(stats.oldest_running_job_age_s or 0.0)
         m.pace_last_slot.clear()
         m.pace_next_slot.clear()
         m.pace_paused_until.clear()

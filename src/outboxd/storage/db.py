@@ -88,6 +88,16 @@ def load_migrations(backend: Backend) -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
+def known_schema_version(backend: Backend) -> int:
+    """The newest migration this code carries for `backend` (the schema it knows)."""
+    return max(version for version, _, _ in load_migrations(backend))
+
+
+def backend_of(url: str) -> Backend:
+    """The backend a `storage.url` names: the one rule the driver is picked by."""
+    return "sqlite" if url.startswith("sqlite:///") else "postgres"
+
+
 class Connection(Protocol):
     async def fetch(self, q: Query, params: Params) -> list[Row]: ...
     async def execute(self, q: Query, params: Params) -> int: ...
@@ -268,6 +278,11 @@ class Database(Protocol):
     async def migrate(self) -> list[str]: ...
     async def pending_migrations(self) -> list[str]:
         """Names of the migrations not applied yet; reads only (no table is created)."""
+        ...
+
+    async def schema_version(self) -> int | None:
+        """The newest migration applied to the database (None before any); reads only.
+        Higher than `known_schema_version` when a newer release migrated it."""
         ...
 
     async def ping(self) -> None: ...

@@ -360,14 +360,22 @@ class PostgresDatabase:
         return applied
 
     async def pending_migrations(self) -> list[str]:
+        done = await self._applied_versions()
+        return [name for version, name, _ in load_migrations("postgres") if version not in done]
+
+    async def schema_version(self) -> int | None:
+        return max(await self._applied_versions(), default=None)
+
+    async def _applied_versions(self) -> set[int]:
+        """The versions in schema_migrations (none before the first migration)."""
         async with self._acquire() as conn:
             try:
-                done: set[int] = set()
-                if await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
-                    done = {r[0] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+                if not await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL"):
+                    return set()
+                rows = await conn.fetch("SELECT version FROM schema_migrations")
+                return {int(r[0]) for r in rows}
             except (asyncpg.PostgresError, *_PG_UNAVAILABLE) as exc:
                 raise _pg_error(exc) from exc
-        return [name for version, name, _ in load_migrations("postgres") if version not in done]
 
     async def ping(self) -> None:
         async with self._acquire() as conn:

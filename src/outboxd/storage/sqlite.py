@@ -300,18 +300,24 @@ class SqliteDatabase:
             return await self._writer.call(apply)
 
     async def pending_migrations(self) -> list[str]:
-        def check(conn: sqlite3.Connection) -> list[str]:
+        done = await self._applied_versions()
+        return [name for version, name, _ in load_migrations("sqlite") if version not in done]
+
+    async def schema_version(self) -> int | None:
+        return max(await self._applied_versions(), default=None)
+
+    async def _applied_versions(self) -> set[int]:
+        """The versions in schema_migrations (none before the first migration)."""
+
+        def read(conn: sqlite3.Connection) -> set[int]:
             found = conn.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
             ).fetchone()
-            done = (
-                {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
-                if found
-                else set()
-            )
-            return [name for version, name, _ in load_migrations("sqlite") if version not in done]
+            if not found:
+                return set()
+            return {int(r[0]) for r in conn.execute("SELECT version FROM schema_migrations")}
 
-        return await self._reader.call(check)
+        return await self._reader.call(read)
 
     async def ping(self) -> None:
         await self._reader.call(lambda c: c.execute("SELECT 1").fetchall())

@@ -365,9 +365,20 @@
           "Oldest pending: ",
           el("span", { testid: "oldest-" + name, text: fmtDuration(oldest === null ? null : oldest + since) }),
         ),
+        // A job waiting in SQS is RUNNING, not pending: the backlog a failing portal leaves.
+        name === "jobs" ? runningLine(stats.oldestRunningJobAgeSeconds, since) : null,
       );
     });
     replace(box, cards);
+  }
+
+  function runningLine(age, since) {
+    return el(
+      "p",
+      { class: "muted" },
+      "Oldest running: ",
+      el("span", { testid: "oldest-running-jobs", text: fmtDuration(age === null || age === undefined ? null : age + since) }),
+    );
   }
 
   function renderHealth(box, stats, runtime) {

@@ -18,7 +18,7 @@ from typing import TypeVar
 from outboxd.config import Settings
 from outboxd.storage import ports
 from outboxd.storage.changes import JobChanges, default_instance
-from outboxd.storage.db import Database, load_queries, sqlite_path
+from outboxd.storage.db import Database, backend_of, load_queries, sqlite_path
 from outboxd.storage.group import GroupCommitter
 from outboxd.storage.notifier import ChangeNotifier, heard
 from outboxd.storage.postgres import PostgresDatabase
@@ -115,7 +115,7 @@ async def open_database(
     """The driver for `url`, open: the one place a URL picks a driver, and with it the
     `Features` the store and group commit follow."""
     db: SqliteDatabase | PostgresDatabase
-    if url.startswith("sqlite:///"):
+    if backend_of(url) == "sqlite":
         db = SqliteDatabase(sqlite_path(url, base_dir), acquire_timeout_s)
     else:
         db = PostgresDatabase(url, pool_size, acquire_timeout_s)

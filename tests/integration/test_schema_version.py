@@ -1,0 +1,92 @@
+"""A daemon on a database a newer release migrated says so at start (`schema_newer_than_code`,
+with both versions), whether it migrates or not; on its own schema it says nothing. Both
+backends: the newer migration is a row of schema_migrations, as a newer release leaves it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from structlog.testing import capture_logs
+
+from outboxd.config import Settings
+from outboxd.daemon.app import open_configured_store
+from outboxd.observability import Metrics
+from outboxd.storage.db import backend_of, known_schema_version, load_migrations
+from outboxd.storage.store import SqlStore
+from tests.conftest import SettingsFactory
+from tests.support.db import raw_execute
+
+
+async def future_migration(db_url: str, version: int) -> None:
+    """What a newer release's migration leaves in schema_migrations."""
+    if backend_of(db_url) == "sqlite":
+        await raw_execute(
+            db_url, "INSERT INTO schema_migrations VALUES (?, ?, 0)", version, "future.sql"
+        )
+    else:
+        await raw_execute(
+            db_url, "INSERT INTO schema_migrations (version, name) VALUES (?, ?)", version, "f.sql"
+        )
+
+
+async def start(make_settings: SettingsFactory, auto_migrate: bool) -> list[dict[str, object]]:
+    """The store opened as `serve` opens it: the warnings it logged."""
+    settings = make_settings(storage={"auto_migrate": auto_migrate})
+    with capture_logs() as logs:
+        store = await open_configured_store(settings)
+    await store.close()
+    return [e for e in logs if e["event"] == "schema_newer_than_code"]
+
+
+@pytest.mark.parametrize("auto_migrate", [True, False])
+async def test_a_newer_schema_is_warned_about_at_start(
+    store: SqlStore, db_url: str, make_settings: SettingsFactory, auto_migrate: bool
+) -> None:
+    known = known_schema_version(store.db.backend)
+    # On its own schema (the `store` fixture migrated it): nothing to say.
+    assert await store.db.schema_version() == known
+    assert await start(make_settings, auto_migrate) == []
+
+    await future_migration(db_url, known + 3)
+    try:
+        assert await store.db.schema_version() == known + 3
+        warned = await start(make_settings, auto_migrate)
+        # Still nothing pending: the code's own migrations are all there.
+        assert await store.db.pending_migrations() == []
+    finally:
+        # The Postgres test database is shared by the session's tests (emptied, not dropped).
+        await raw_execute(db_url, "DELETE FROM schema_migrations WHERE version > ?", known)
+    assert len(warned) == 1, warned
+    assert warned[0]["log_level"] == "warning"
+    assert warned[0]["database_schema"] == known + 3
+    assert warned[0]["code_schema"] == known
+
+
+async def test_an_empty_database_has_no_schema_version(tmp_path: Path) -> None:
+    """Before the first migration there is no version to compare (and no warning). SQLite
+    only: the session's Postgres database is migrated once for all its tests."""
+    settings = Settings.from_mapping(
+        {"storage": {"url": "sqlite:///empty.db", "auto_migrate": False}},
+        env={},
+        base_dir=tmp_path,
+    )
+    with capture_logs() as logs:
+        store = await open_configured_store(settings)
+    try:
+        assert await store.db.schema_version() is None
+    finally:
+        await store.close()
+    assert [e for e in logs if e["event"] == "schema_newer_than_code"] == []
+
+
+def test_build_info_names_the_schema_the_code_knows() -> None:
+    """`outboxd_build_info{schema}`: each backend's newest migration, as the daemon passes it."""
+    for backend in ("sqlite", "postgres"):
+        newest = max(v for v, _, _ in load_migrations(backend))
+        text = generate_latest(Metrics(schema=known_schema_version(backend)).registry).decode()
+        assert f'schema="{newest}"' in text, backend
+    assert known_schema_version("postgres") == 8
+    assert backend_of("sqlite:///x.db") == "sqlite"
+    assert backend_of("postgresql://127.0.0.1/test") == "postgres"
