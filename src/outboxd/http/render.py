@@ -40,7 +40,8 @@ def job_model(job: JobRecord) -> models.Job:
             job.error_code, job.error_message or "", locked if locked else msgspec.UNSET
         )
     waiting = None
-    if job.wait_until is not None and job.wait_for is not None and not job.terminal:
+    # Parked (services/parking.py): shown until the park's message is published (RUNNING).
+    if job.wait_until is not None and job.wait_for is not None and job.status == "QUEUED":
         waiting = models.WaitingFor(
             dependency=job.wait_for.get("dependency", "portal"),
             state=job.wait_for.get("state", "login_throttled"),
