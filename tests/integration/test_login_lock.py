@@ -20,7 +20,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from outboxd.queue.messages import encode_job
 from outboxd.queue.sqs import OutgoingMessage
 from outboxd.security import KeyRing, generate_key
-from outboxd.storage.login_ports import LoginFailure
+from outboxd.storage.login_ports import LoginFailure, LoginPlan, LoginState
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.support.api import assert_problem
@@ -114,6 +114,20 @@ async def test_the_guesser_is_locked_not_the_student(
     await _no_plaintext(db_url, SAMPLE_SNO, SAMPLE_PASSWORD, "pw-wrong")
 
 
+async def test_a_guesser_sending_at_once_gets_no_more_tries(make_rig: RigFactory) -> None:
+    """Eight wrong passwords from one user for one username, sent at once to four handler
+    slots: the portal sees three logins (each try counts while under way), the rest end
+    PORTAL_LOGIN_LOCKED."""
+    rig = await make_rig()
+    rig.start_consumer()
+    jobs = [await rig.create(SAMPLE_SNO, f"pw-guess-{n}", user="mallory") for n in range(8)]
+    await asyncio.gather(*(_publish(rig, outbox_id) for _, outbox_id in jobs))
+    ends = [await rig.wait_status(job_id, *FINAL) for job_id, _ in jobs]
+    codes = sorted(str(j.error_code) for j in ends)
+    assert codes == ["PORTAL_AUTH_FAILED"] * 3 + ["PORTAL_LOGIN_LOCKED"] * 5
+    assert rig.portal.login_attempts == {SAMPLE_SNO: 3}
+
+
 # ---------------------------------------------------------------- the total threshold
 
 
@@ -139,7 +153,7 @@ async def test_past_the_total_threshold_jobs_wait_and_try_one_login_at_a_time(
     assert body["status"] == "QUEUED" and body["error"] is None
     assert body["waitingFor"]["dependency"] == "portal"
     assert body["waitingFor"]["state"] == "login_throttled"
-    state = await store.login_state(subject, 0, 100)
+    state = await store.login_state(subject, 0)
     assert state.throttle is not None
     newest = max(f.failed_at for f in state.failures)
     # The first try a minute after the failure that crossed the threshold.
@@ -172,7 +186,7 @@ async def test_past_the_total_threshold_jobs_wait_and_try_one_login_at_a_time(
     ends = {(await rig.job(j)).status for j in (first, second)}
     assert ends == {"FAILED", "QUEUED"}
     assert rig.portal.login_attempts == {SAMPLE_SNO: 5}
-    state = await store.login_state(subject, 0, 100)
+    state = await store.login_state(subject, 0)
     assert state.throttle is not None and state.throttle.delay_s == 120
     assert state.throttle.holder is None  # the failed try gave it back
     assert not any(j.status in ("DEAD",) for j in [await rig.job(first), await rig.job(second)])
@@ -216,19 +230,44 @@ async def test_a_parked_jobs_old_message_is_deleted_unrun(
     assert rig.portal.login_attempts == {SAMPLE_SNO: 2}
 
 
-async def test_two_takers_of_a_throttled_try_one_gets_it(store: SqlStore) -> None:
-    """The try is one guarded update: of two instances asking at once, one holds it; the
-    other learns when the next may start. Taking it doubles the spacing."""
+async def test_tries_at_once_are_decided_one_after_another(store: SqlStore) -> None:
+    """Each try is decided under the username's lock and recorded as under way before the
+    next is decided: six jobs of one user at once, three go (the per-user threshold) and
+    three are locked; past the total, of six takers of the throttle's one try one gets it,
+    which doubles the spacing. A try given back no longer counts."""
     now = time.time()
 
-    async def take(holder: str) -> Any:
-        return await store.take_login_try("s" * 64, holder, now, now - 1, 60, 3600, 30)
+    def per_user(state: LoginState) -> LoginPlan:
+        mine = [f for f in state.failures if f.user_id == "mallory"]
+        return LoginPlan("locked", now + WINDOW) if len(mine) >= 3 else LoginPlan("go")
 
-    tries = await asyncio.gather(*(take(f"job-{n}") for n in range(6)))
-    assert sum(t.taken for t in tries) == 1
-    winner = next(t for t in tries if t.taken)
-    assert winner.throttle.delay_s == 120 and abs(winner.throttle.next_try_at - (now + 120)) < 1
-    assert all(t.throttle.free_at() >= now + 30 for t in tries if not t.taken)
+    got = await asyncio.gather(
+        *(
+            store.reserve_login("a" * 64, f"job-{n}", "mallory", now + n / 1000, 0, 30, per_user)
+            for n in range(6)
+        )
+    )
+    assert sum(g.reserved for g in got) == 3
+    assert sorted(g.plan.action for g in got) == ["go"] * 3 + ["locked"] * 3
+    under_way = await store.login_state("a" * 64, 0)
+    assert len(under_way.failures) == 3 and all(f.attempt_of for f in under_way.failures)
+
+    throttled = LoginPlan("throttled", first_try_at=now - 1, first_delay_s=60, max_delay_s=WINDOW)
+    tries = await asyncio.gather(
+        *(
+            store.reserve_login("b" * 64, f"job-{n}", f"u{n}", now, 0, 30, lambda _: throttled)
+            for n in range(6)
+        )
+    )
+    assert sum(t.reserved for t in tries) == 1
+    winner = next(t for t in tries if t.reserved)
+    assert winner.throttle is not None and winner.throttle.delay_s == 120
+    assert abs(winner.throttle.next_try_at - (now + 120)) < 1
+    assert all(t.throttle is not None and t.throttle.free_at() >= now + 30 for t in tries)
+    holder = str(winner.throttle.holder)
+    assert await store.release_login_try("b" * 64, holder)
+    state = await store.login_state("b" * 64, 0)
+    assert state.failures == [] and state.throttle is not None and state.throttle.holder is None
 
 
 async def _try_due(db_url: str) -> None:
@@ -331,9 +370,7 @@ async def test_the_cli_lists_and_unlocks_one_username(
     done = run_cli("portal", "unlock", SAMPLE_SNO, "--config", str(config))
     assert done.returncode == 0, done.stderr
     assert subject in done.stdout and "3 failed logins" in done.stdout
-    line = next(
-        json.loads(x) for x in done.stderr.splitlines() if "portal_login_unlocked" in x
-    )
+    line = next(json.loads(x) for x in done.stderr.splitlines() if "portal_login_unlocked" in x)
     assert line["actor"].startswith("cli:") and line["subject"] == subject
     left = await sql(db_url, "SELECT user_id FROM portal_login_failures")
     assert [u[0] for u in left] == ["bob"]

@@ -22,7 +22,13 @@ import structlog
 from outboxd.config import SuwonScraperSettings
 from outboxd.security import KeyRing
 from outboxd.services.parking import WaitingFor
-from outboxd.storage.login_ports import LoginFailureRow, LoginLockStore, LoginThrottle
+from outboxd.storage.login_ports import (
+    LoginFailureRow,
+    LoginLockStore,
+    LoginPlan,
+    LoginState,
+    LoginThrottle,
+)
 from outboxd.storage.ports import JobRecord
 
 log = structlog.get_logger(__name__)
@@ -37,9 +43,7 @@ LOGIN_LOCKED_ERROR: Final = (
 LOGIN_THROTTLED: Final = WaitingFor("portal", "login_throttled")
 # The first spacing of a throttled username's tries; it doubles up to the window.
 FIRST_TRY_DELAY_S: Final = 60.0
-# At most this many failures are read for one username (the window's, a few times over:
-# each user stops at its own threshold) and for the operator's listing.
-_SUBJECT_ROWS: Final = 1000
+# At most this many failures are read for the operator's listing.
 _LISTING_ROWS: Final = 10_000
 
 
@@ -67,9 +71,9 @@ Action = Literal["go", "locked", "wait", "try"]
 
 @dataclass(frozen=True)
 class LoginVerdict:
-    """What a job may do before its login: `go`; `locked` (this user, until `until`);
-    `wait` (the username is throttled, next try at `until`); `try` (throttled, and this
-    job holds the one try)."""
+    """What a job may do before its login: `go` (its try recorded as under way); `locked`
+    (this user, until `until`); `wait` (the username is throttled, next try at `until`);
+    `try` (throttled, and this job holds the one try)."""
 
     subject: str
     action: Action
@@ -99,38 +103,46 @@ class LoginGuard:
         s, now = self.settings, self.clock()
         window = s.auth_failure_window_s
         subject = self.keys.login_subject(job.portal, username)
+
+        def decide(state: LoginState) -> LoginPlan:
+            # Tries under way count as failures: jobs running at once cannot all pass.
+            mine = [f.failed_at for f in state.failures if f.user_id == job.user_id]
+            until = locked_until(mine, now, window, s.max_auth_failures)
+            if until is not None:
+                return LoginPlan("locked", until)
+            everyone = [f.failed_at for f in state.failures]
+            if not login_locked(everyone, now, window, s.max_auth_failures_total):
+                return LoginPlan("go")
+            first_delay = min(FIRST_TRY_DELAY_S, window)
+            return LoginPlan(
+                "throttled",
+                first_try_at=everyone[0] + first_delay,
+                first_delay_s=first_delay,
+                max_delay_s=max(window, first_delay),
+            )
+
         # Failures older than two windows cannot matter: the last must be within one, and
         # the others within one of it.
-        state = await self.store.login_state(subject, now - 2 * window, _SUBJECT_ROWS)
-        mine = [f.failed_at for f in state.failures if f.user_id == job.user_id]
-        until = locked_until(mine, now, window, s.max_auth_failures)
-        if until is not None:
-            return LoginVerdict(subject, "locked", until)
-        everyone = [f.failed_at for f in state.failures]
-        if not login_locked(everyone, now, window, s.max_auth_failures_total):
-            return LoginVerdict(subject, "go")
-        first_delay = min(FIRST_TRY_DELAY_S, window)
-        tried = await self.store.take_login_try(
-            subject,
-            job.id,
-            now,
-            first_try_at=everyone[0] + first_delay,
-            first_delay_s=first_delay,
-            max_delay_s=max(window, first_delay),
-            hold_s=self.hold_s,
+        got = await self.store.reserve_login(
+            subject, job.id, job.user_id, now, now - 2 * window, self.hold_s, decide
         )
-        if tried.taken:
+        if got.plan.action == "locked":
+            return LoginVerdict(subject, "locked", got.plan.until)
+        if got.plan.action == "go":
+            return LoginVerdict(subject, "go")
+        if got.reserved:
             return LoginVerdict(subject, "try")
-        return LoginVerdict(subject, "wait", tried.throttle.free_at())
+        assert got.throttle is not None
+        return LoginVerdict(subject, "wait", got.throttle.free_at())
 
     def forget_before(self) -> float:
         """Failures older than this no longer matter (dropped when a new one is counted)."""
         return self.clock() - 2 * self.settings.auth_failure_window_s
 
     async def give_back(self, verdict: LoginVerdict | None, job: JobRecord) -> None:
-        """A throttled try `job` held, given back (its run ended without a login verdict;
-        after one, the outcome's transaction gave it back already and this changes nothing)."""
-        if verdict is not None and verdict.action == "try":
+        """The try `job` went ahead with, given back: its run ended without a login verdict
+        (the outcomes that have one settle the try in their own transaction)."""
+        if verdict is not None and verdict.action in ("go", "try"):
             await self.store.release_login_try(verdict.subject, job.id)
 
 

@@ -8,9 +8,9 @@ A username appears here only as its subject: a keyed hash (security.py `login_su
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,13 @@ class LoginFailure:
 
 @dataclass(frozen=True)
 class LoginFailureRow:
-    """One recorded failed login: for whom (subject), from whom (user_id), when."""
+    """One recorded failed login: for whom (subject), from whom (user_id), when; or a try
+    still under way (`attempt_of`: its job), which counts the same until its outcome."""
 
     subject: str
     user_id: str | None
     failed_at: float
+    attempt_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,37 +61,56 @@ class LoginState:
 
 
 @dataclass(frozen=True)
-class LoginTry:
-    """A request for a throttled subject's try: whether `holder` got it, and the row after."""
+class LoginPlan:
+    """What the lock's rule (services/portal_logins.py) makes of a subject's state: `go`,
+    `locked` (until `until`), or `throttled` (the throttle row, if made now: first try at
+    `first_try_at`, spaced by `first_delay_s`, doubling up to `max_delay_s`)."""
 
-    taken: bool
-    throttle: LoginThrottle
+    action: Literal["go", "locked", "throttled"]
+    until: float | None = None
+    first_try_at: float = 0.0
+    first_delay_s: float = 0.0
+    max_delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoginReservation:
+    """What `reserve_login` did: the plan, whether the job's try is now recorded as under
+    way (it counts as a failure until its outcome says otherwise), and, when throttled,
+    the throttle row after the take."""
+
+    plan: LoginPlan
+    reserved: bool
+    throttle: LoginThrottle | None = None
 
 
 class LoginLockStore(Protocol):
-    async def login_state(self, subject: str, since: float, limit: int) -> LoginState:
-        """`subject`'s failures after `since` (newest first, at most `limit`) and its
-        throttle row, in one read."""
+    async def login_state(self, subject: str, since: float) -> LoginState:
+        """`subject`'s failures after `since` (newest first; tries under way among them)
+        and its throttle row, in one read."""
         ...
 
-    async def take_login_try(
+    async def reserve_login(
         self,
         subject: str,
         holder: str,
+        user_id: str,
         now: float,
-        first_try_at: float,
-        first_delay_s: float,
-        max_delay_s: float,
+        since: float,
         hold_s: float,
-    ) -> LoginTry:
-        """The one try of a throttled subject, in one transaction: its throttle row made
-        when missing (first try at `first_try_at`, spaced by `first_delay_s`); taken by
-        `holder` when the row's time has come and no live holder has it, which doubles the
-        spacing (at most `max_delay_s`) and moves the next try that far ahead."""
+        decide: Callable[[LoginState], LoginPlan],
+    ) -> LoginReservation:
+        """A login try for job `holder` of `user_id`, in one transaction that holds the
+        subject's lock (concurrent tries for one username are decided one after another):
+        the subject's state after `since` read, `decide`d on, and the try recorded as under
+        way when the plan lets it go. Throttled, it goes only when the throttle's one try is
+        taken: its row made when missing, taken when its time has come and no live holder
+        has it (held `hold_s`), which doubles the spacing and moves the next try that far."""
         ...
 
     async def release_login_try(self, subject: str, holder: str) -> bool:
-        """`holder` gives the subject's try back (its run ended without a login verdict)."""
+        """`holder`'s try given back (its run ended without a login verdict): no longer
+        counted, and the throttle's try free again."""
         ...
 
     async def clear_login_subject(self, subject: str) -> int:

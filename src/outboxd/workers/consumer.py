@@ -33,7 +33,7 @@ from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
 from outboxd.security import KeyRing, Sealed
 from outboxd.services.parking import parked_for_another_message
-from outboxd.services.portal_logins import LOGIN_LOCKED_ERROR, LoginGuard, LoginVerdict
+from outboxd.services.portal_logins import LOGIN_LOCKED_ERROR, LoginGuard
 from outboxd.services.retries import dead_job_error, job_verdict
 from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
 from outboxd.storage.login_ports import LoginFailure, LoginLockStore
@@ -41,7 +41,7 @@ from outboxd.storage.ports import TERMINAL_TASK_STATUSES, JobRecord
 from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent
 from outboxd.workers.dlq_sweep import DlqQueues, DlqStore, DlqSweep, DlqSweeper
 from outboxd.workers.handler_slots import HandlerSlots, until_stopped
-from outboxd.workers.login_gate import LoginGate
+from outboxd.workers.login_gate import LoginGate, LoginRun
 from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
 
 log = structlog.get_logger(__name__)
@@ -286,17 +286,18 @@ class Consumer:
             return "failed"
         if verdict is not None and verdict.action == "wait":
             return await self._gate.park(running, msg.receipt_handle, verdict, bind)
+        login = LoginRun(verdict)
         try:
-            return await self._run_portal(running, msg, creds, verdict, bind)
+            return await self._run_portal(running, msg, creds, login, bind)
         finally:
-            await self._gate.give_back(verdict, running)
+            await self._gate.give_back(login, running)
 
     async def _run_portal(
         self,
         running: JobRecord,
         msg: ReceivedMessage,
         creds: Mapping[str, Any],
-        verdict: LoginVerdict | None,
+        login: LoginRun,
         bind: Mapping[str, Any],
     ) -> str:
         job_id = running.id
@@ -333,7 +334,7 @@ class Consumer:
             await _end(heartbeat, state)
             login_failure = None
             if exc.code == "PORTAL_AUTH_FAILED":
-                login_failure = self._gate.failure(verdict, running)
+                login_failure = login.failure(self._gate, running)
             return await self._after_failure(
                 state.job, msg, (exc.code, exc.message), exc.retryable, bind, login_failure
             )
@@ -357,7 +358,7 @@ class Consumer:
                 "SUCCEEDED",
                 self._clock(),
                 result=result,
-                login_success=verdict.subject if verdict is not None else None,
+                login_success=login.success(),
             )
         )
         if finished is None:

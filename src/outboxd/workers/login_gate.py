@@ -6,8 +6,10 @@ job's login, its verdict carried out; after it, what the outcome counts.
 - `wait` (the username is throttled and its one try is not this job's): the job is parked
   until the next try (services/parking.py) and its message deleted, so the wait spends no
   SQS receive;
-- `try` / `go`: the login goes ahead; its success forgets the username's counts, a
-  rejected password counts for this user, in the transaction of the job's outcome.
+- `try` / `go`: the login goes ahead, its try recorded as under way (counted as a failure,
+  so jobs running at once cannot all pass); its success forgets the username's counts, a
+  rejected password counts for this user, in the transaction of the job's outcome; any
+  other end of the run gives the try back.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
@@ -63,13 +66,34 @@ class LoginGate:
         await self._queues.delete("jobs", receipt_handle)
         return "parked"
 
-    def failure(self, verdict: LoginVerdict | None, job: JobRecord) -> LoginFailure | None:
-        """A rejected password to count, for this job's user."""
-        if verdict is None:
-            return None
-        return LoginFailure(verdict.subject, self._guard.forget_before(), user_id=job.user_id)
+    def forget_before(self) -> float:
+        return self._guard.forget_before()
 
-    async def give_back(self, verdict: LoginVerdict | None, job: JobRecord) -> None:
-        """The throttled try this job held, given back however its run ended."""
+    async def give_back(self, login: LoginRun, job: JobRecord) -> None:
+        """The try this job went ahead with, given back unless its outcome settled it (a run
+        that ended otherwise: a retry, a cancel, a crash of the handler)."""
+        if login.settled:
+            return
         with contextlib.suppress(StorageError, QueueError):
-            await asyncio.shield(self._guard.give_back(verdict, job))
+            await asyncio.shield(self._guard.give_back(login.verdict, job))
+
+
+@dataclass
+class LoginRun:
+    """One run's login verdict, and whether its outcome settled the try (a success
+    forgets the username's counts, a rejected password counts for this user)."""
+
+    verdict: LoginVerdict | None
+    settled: bool = False
+
+    def success(self) -> str | None:
+        """The subject whose counts a success forgets."""
+        self.settled = True
+        return self.verdict.subject if self.verdict is not None else None
+
+    def failure(self, gate: LoginGate, job: JobRecord) -> LoginFailure | None:
+        """A rejected password to count, for this job's user."""
+        self.settled = True
+        if self.verdict is None:
+            return None
+        return LoginFailure(self.verdict.subject, gate.forget_before(), user_id=job.user_id)

@@ -371,14 +371,28 @@ ON CONFLICT (subject, failed_at) DO NOTHING;
 -- name: login_failures_trim
 DELETE FROM portal_login_failures WHERE subject = :subject AND failed_at < :before;
 
+-- name: login_subject_lock
+-- One login decision per username at a time. SQLite: the write transaction (BEGIN IMMEDIATE)
+-- is serialised already; Postgres takes a transaction-scoped advisory lock (postgres.sql).
+SELECT 1 AS locked;
+
+-- name: login_attempt_insert
+-- A login try under way, counted as a failure until its outcome (attempt_of: its job).
+INSERT INTO portal_login_failures (subject, failed_at, user_id, attempt_of)
+VALUES (:subject, :now, :user_id, :holder)
+ON CONFLICT (subject, failed_at) DO NOTHING;
+
+-- name: login_attempt_delete
+DELETE FROM portal_login_failures WHERE subject = :subject AND attempt_of = :holder;
+
 -- name: login_failures_of
-SELECT subject, user_id, failed_at FROM portal_login_failures
+SELECT subject, user_id, failed_at, attempt_of FROM portal_login_failures
  WHERE subject = :subject AND failed_at > :since
  ORDER BY failed_at DESC
  LIMIT :limit;
 
 -- name: login_failures_all
-SELECT subject, user_id, failed_at FROM portal_login_failures
+SELECT subject, user_id, failed_at, attempt_of FROM portal_login_failures
  WHERE failed_at > :since
  ORDER BY failed_at DESC
  LIMIT :limit;

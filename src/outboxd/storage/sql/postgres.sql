@@ -191,6 +191,11 @@ SELECT job_id, MAX(seq) AS seq FROM job_events
 -- name: delete_job_events_of
 DELETE FROM job_events WHERE job_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
 
+-- name: login_subject_lock
+-- One login decision per username at a time (released at the transaction's end); the first
+-- key names this use (decision 0028), the second the username's keyed hash.
+SELECT pg_advisory_xact_lock(28, hashtext(:subject));
+
 -- name: login_throttles_of
 SELECT * FROM portal_login_throttle
  WHERE subject IN (SELECT jsonb_array_elements_text(CAST(:subjects AS jsonb)));

@@ -5,22 +5,27 @@ Subjects are keyed hashes; the store never sees a username."""
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 from outboxd.storage.db import Op, Query, Row, execute, fetch
 from outboxd.storage.login_ports import (
     LoginFailure,
     LoginFailureRow,
+    LoginPlan,
+    LoginReservation,
     LoginState,
     LoginThrottle,
-    LoginTry,
 )
 from outboxd.storage.store.base import StoreBase
 
+# A username's failures read for a decision: a window's worth, a few times over (each user
+# stops at its own threshold, and everyone together at the total).
+_ROWS = 1000
+
 
 def _failure(r: Row) -> LoginFailureRow:
-    return LoginFailureRow(r["subject"], r["user_id"], float(r["failed_at"]))
+    return LoginFailureRow(r["subject"], r["user_id"], float(r["failed_at"]), r["attempt_of"])
 
 
 def _throttle(r: Row) -> LoginThrottle:
@@ -40,6 +45,8 @@ def count_login_failure(
     """A failed login, counted in its job's outcome transaction: the subject's old failures
     dropped, and the try the job held (a throttled username's) given back."""
     subject = failure.subject
+    # The try recorded as under way becomes this failure (at the time of its outcome).
+    yield execute(q["login_attempt_delete"], {"subject": subject, "holder": holder})
     yield execute(
         q["login_failure_insert"], {"subject": subject, "now": now, "user_id": failure.user_id}
     )
@@ -55,56 +62,77 @@ def forget_login(q: Mapping[str, Query], subject: str) -> Generator[Op, Any, int
 
 
 class SqlLogins(StoreBase):
-    async def login_state(self, subject: str, since: float, limit: int) -> LoginState:
-        def body() -> Generator[Op, Any, LoginState]:
-            rows = yield fetch(
-                self.q["login_failures_of"], {"subject": subject, "since": since, "limit": limit}
-            )
-            row = yield from self._one("login_throttle_select", {"subject": subject})
-            return LoginState([_failure(r) for r in rows], None if row is None else _throttle(row))
+    def _state(self, subject: str, since: float) -> Generator[Op, Any, LoginState]:
+        rows = yield fetch(
+            self.q["login_failures_of"], {"subject": subject, "since": since, "limit": _ROWS}
+        )
+        row = yield from self._one("login_throttle_select", {"subject": subject})
+        return LoginState([_failure(r) for r in rows], None if row is None else _throttle(row))
 
-        return await self.db.read(body)
+    async def login_state(self, subject: str, since: float) -> LoginState:
+        return await self.db.read(lambda: self._state(subject, since))
 
-    async def take_login_try(
+    async def reserve_login(
         self,
         subject: str,
         holder: str,
+        user_id: str,
         now: float,
-        first_try_at: float,
-        first_delay_s: float,
-        max_delay_s: float,
+        since: float,
         hold_s: float,
-    ) -> LoginTry:
-        def body() -> Generator[Op, Any, LoginTry]:
+        decide: Callable[[LoginState], LoginPlan],
+    ) -> LoginReservation:
+        def body() -> Generator[Op, Any, LoginReservation]:
+            # One decision per username at a time: on SQLite the write transaction is
+            # serialised already, on Postgres a transaction-scoped advisory lock.
+            yield execute(self.q["login_subject_lock"], {"subject": subject})
+            state = yield from self._state(subject, since)
+            plan = decide(state)  # the rule is the service's; the store records
+            if plan.action == "locked":
+                return LoginReservation(plan, False)
+            throttle = None
+            if plan.action == "throttled":
+                yield execute(
+                    self.q["login_throttle_ensure"],
+                    {
+                        "subject": subject,
+                        "first_try_at": plan.first_try_at,
+                        "first_delay_s": plan.first_delay_s,
+                        "stale_before": now - plan.max_delay_s,
+                    },
+                )
+                taken = yield from self._one(
+                    "login_try_take",
+                    {
+                        "subject": subject,
+                        "holder": holder,
+                        "now": now,
+                        "max_delay_s": plan.max_delay_s,
+                        "hold_s": hold_s,
+                    },
+                )
+                if taken is None:
+                    row = yield from self._one("login_throttle_select", {"subject": subject})
+                    assert row is not None  # made above, in this transaction
+                    return LoginReservation(plan, False, _throttle(row))
+                throttle = _throttle(taken)
             yield execute(
-                self.q["login_throttle_ensure"],
-                {
-                    "subject": subject,
-                    "first_try_at": first_try_at,
-                    "first_delay_s": first_delay_s,
-                    "stale_before": now - max_delay_s,
-                },
+                self.q["login_attempt_insert"],
+                {"subject": subject, "now": now, "user_id": user_id, "holder": holder},
             )
-            taken = yield from self._one(
-                "login_try_take",
-                {
-                    "subject": subject,
-                    "holder": holder,
-                    "now": now,
-                    "max_delay_s": max_delay_s,
-                    "hold_s": hold_s,
-                },
-            )
-            if taken is not None:
-                return LoginTry(True, _throttle(taken))
-            row = yield from self._one("login_throttle_select", {"subject": subject})
-            assert row is not None  # made above, in this transaction
-            return LoginTry(False, _throttle(row))
+            return LoginReservation(plan, True, throttle)
 
         return await self.db.run(body)
 
     async def release_login_try(self, subject: str, holder: str) -> bool:
-        return await self._changed("login_try_release", {"subject": subject, "holder": holder})
+        def body() -> Generator[Op, Any, bool]:
+            n = yield from self._count(
+                "login_attempt_delete", {"subject": subject, "holder": holder}
+            )
+            m = yield from self._count("login_try_release", {"subject": subject, "holder": holder})
+            return bool(n or m)
+
+        return await self.db.run(body)
 
     async def clear_login_subject(self, subject: str) -> int:
         return await self.db.run(lambda: forget_login(self.q, subject))

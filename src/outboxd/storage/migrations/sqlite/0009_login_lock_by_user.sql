@@ -3,8 +3,11 @@
 -- Additive only: the previous release runs on this schema (it writes failures without a
 -- user, which count toward the total only, and ignores the columns and table below).
 --
--- portal_login_failures.user_id: who submitted the job whose login failed.
+-- portal_login_failures.user_id: who submitted the job whose login failed. attempt_of: set on a
+-- login try still under way (its job id): it counts as a failure until its outcome, so jobs
+-- running at once cannot all pass the count.
 ALTER TABLE portal_login_failures ADD COLUMN user_id TEXT;
+ALTER TABLE portal_login_failures ADD COLUMN attempt_of TEXT;
 
 -- portal_login_throttle: one row per username (keyed hash) past
 -- scrapers.suwon.max_auth_failures_total: when its next login may be tried (next_try_at,
