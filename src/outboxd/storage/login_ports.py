@@ -16,9 +16,9 @@ from typing import Literal, Protocol
 @dataclass(frozen=True)
 class LoginFailure:
     """A PORTAL_AUTH_FAILED outcome to count for the login lock: its subject (a keyed hash,
-    never the username), the user who submitted the job (None: not known), and the time
-    before which that subject's older failures no longer matter (they are dropped in the
-    same transaction). A job holding the subject's throttled try gives it back there too."""
+    never the username), the time before which that subject's older failures no longer
+    matter (they are dropped in the same transaction), and the submitting user (None: the
+    job's owner, as it always is). The job's try under way is settled there too."""
 
     subject: str
     forget_before: float

@@ -243,7 +243,7 @@ class SqlJobs(StoreBase):
             if login_success is not None:
                 yield from forget_login(self.q, login_success)
             if login_failure is not None:
-                yield from count_login_failure(self.q, login_failure, job.id, now)
+                yield from count_login_failure(self.q, login_failure, job, now)
             return job_record(row)
 
         done = await self.db.run(body)

@@ -17,6 +17,7 @@ from outboxd.storage.login_ports import (
     LoginState,
     LoginThrottle,
 )
+from outboxd.storage.ports import JobRecord
 from outboxd.storage.store.base import StoreBase
 
 # A username's failures read for a decision: a window's worth, a few times over (each user
@@ -40,16 +41,16 @@ def _throttle(r: Row) -> LoginThrottle:
 
 
 def count_login_failure(
-    q: Mapping[str, Query], failure: LoginFailure, holder: str, now: float
+    q: Mapping[str, Query], failure: LoginFailure, job: JobRecord, now: float
 ) -> Generator[Op, Any, None]:
-    """A failed login, counted in its job's outcome transaction: the subject's old failures
-    dropped, and the try the job held (a throttled username's) given back."""
-    subject = failure.subject
+    """A failed login, counted in its job's outcome transaction for the user who submitted
+    the job (unless `failure` names another): the subject's old failures dropped, and the
+    try the job held given back."""
+    subject, holder = failure.subject, job.id
+    user_id = failure.user_id if failure.user_id is not None else job.user_id
     # The try recorded as under way becomes this failure (at the time of its outcome).
     yield execute(q["login_attempt_delete"], {"subject": subject, "holder": holder})
-    yield execute(
-        q["login_failure_insert"], {"subject": subject, "now": now, "user_id": failure.user_id}
-    )
+    yield execute(q["login_failure_insert"], {"subject": subject, "now": now, "user_id": user_id})
     yield execute(q["login_failures_trim"], {"subject": subject, "before": failure.forget_before})
     yield execute(q["login_try_release"], {"subject": subject, "holder": holder})
 
