@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from outboxd.cli_portal import add_portal_parser, portal_command
 from outboxd.config import ConfigError, Settings
 from outboxd.errors import InvalidState, NotFound, OutboxdError
 from outboxd.security import generate_key, generate_token, hash_token
@@ -160,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
         "true, and print the four queue URLs. Idempotent. Needs sqs:CreateQueue and "
         "sqs:SetQueueAttributes; not for the embedded SQS.",
     )
+    add_portal_parser(sub, commands)
     token = sub("token", "API tokens")
     tsub = commands(token, "token_command")
     tc = tsub(
@@ -311,6 +313,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         "outbox": _outbox,
         "jobs": _jobs,
         "queues": _queues,
+        "portal": portal_command,
     }
     try:
         return asyncio.run(handlers[cmd](settings, args))

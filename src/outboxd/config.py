@@ -133,10 +133,13 @@ class SuwonScraperSettings:
     verify_tls: bool = True
     # "cluster": min_interval_s and max_concurrency hold across instances (docs/pacing.md).
     pace_scope: Literal["instance", "cluster"] = "instance"
-    # After this many PORTAL_AUTH_FAILED jobs for one portal username within the window,
-    # its further jobs fail PORTAL_LOGIN_LOCKED without a login (0 = off).
+    # After this many PORTAL_AUTH_FAILED jobs from one user for one portal username within
+    # the window, that user's further jobs for it fail PORTAL_LOGIN_LOCKED without a login
+    # (0 = off). After max_auth_failures_total from anyone, the username's jobs wait and
+    # try one login at a time, spaced by a doubling delay (0 = off).
     max_auth_failures: int = 3
     auth_failure_window_s: float = 3600.0
+    max_auth_failures_total: int = 10
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,9 @@ def validate(s: Settings) -> None:
     at_least_one("scrapers.suwon.max_concurrency")
     not_negative("scrapers.suwon.min_interval_s")
     not_negative("scrapers.suwon.max_auth_failures", why="must not be negative (0: no lock)")
+    not_negative(
+        "scrapers.suwon.max_auth_failures_total", why="must not be negative (0: no throttle)"
+    )
     positive("scrapers.suwon.auth_failure_window_s")
     cl = s.scrapers.classifier
     need(len(cl.categories) > 0, "scrapers.classifier.categories", "must not be empty")

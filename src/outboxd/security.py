@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import threading
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,12 @@ class RandomBytes:
 
 
 random_bytes = RandomBytes()
+
+
+def normalized_login(username: str) -> str:
+    """A portal username as the login lock knows it: NFKC, surrounding whitespace removed,
+    case folded. Intake refuses a username this changes (one person, one count)."""
+    return unicodedata.normalize("NFKC", username).strip().casefold()
 
 
 class KeyRing:
@@ -212,9 +219,9 @@ class KeyRing:
 
     def login_subject(self, portal: str, username: str) -> str:
         """Who a portal login is for, as the login lock stores it: a hex HMAC-SHA256 of the
-        portal and username under a key derived from the first key (never the username).
-        A new first key starts every count afresh."""
-        data = f"{portal}\x00{username}".encode("utf-8", "surrogatepass")
+        portal and the username's normalized form (`normalized_login`) under a key derived
+        from the first key (never the username). A new first key starts every count afresh."""
+        data = f"{portal}\x00{normalized_login(username)}".encode("utf-8", "surrogatepass")
         return hmac.new(self._keys[0].login_key, data, hashlib.sha256).hexdigest()
 
     @staticmethod

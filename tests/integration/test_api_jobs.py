@@ -414,9 +414,10 @@ async def test_admin_can_read_any_job(make_client: ClientFactory, store: SqlStor
         "progress",
         "error",
         "result",
+        "waitingFor",
         "cancelRequested",
     }
-    assert body["cancelRequested"] is False
+    assert body["cancelRequested"] is False and body["waitingFor"] is None
     assert "password" not in json.dumps(body) and "pw-jobs" not in json.dumps(body)
 
 

@@ -21,6 +21,7 @@ TABLES = (
     "pace",
     "pace_leases",
     "portal_login_failures",
+    "portal_login_throttle",
     "website_registrations",
 )
 

@@ -29,6 +29,7 @@ LAYERS = {
     "workers": 3,
     "daemon": 4,
     "cli": 5,
+    "cli_portal": 5,
     "__main__": 6,
 }
 SIDE_BY_SIDE = ("http", "workers")

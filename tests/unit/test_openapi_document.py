@@ -222,6 +222,9 @@ def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
         ("/v1/admin/stats", "get"),
         ("/v1/admin/tasks", "post"),
         ("/v1/admin/tasks", "get"),
+        # The portal login lock: who caused which lock, and the unlock.
+        ("/v1/admin/portal-logins", "get"),
+        ("/v1/admin/portal-logins/unlock", "post"),
         ("/healthz", "get"),
         ("/readyz", "get"),
         ("/metrics", "get"),

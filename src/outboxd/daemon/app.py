@@ -42,6 +42,7 @@ from outboxd.services.admin import AdminService
 from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
+from outboxd.services.portal_logins import PortalLoginAdmin
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.changes import default_instance
@@ -219,6 +220,7 @@ def build_api_deps(
         metrics=metrics,
         readiness=readiness,
         gauges=StatsGauges(metrics, admin, readiness, settings.metrics.refresh_s),
+        logins=PortalLoginAdmin(store, keys, settings.scrapers.suwon),
         runtime=runtime,
         waits=JobWaits(
             store, store.changes, settings.api.max_waiters, settings.api.max_waiters_per_user

@@ -19,6 +19,7 @@ from outboxd.services.admin import AdminService
 from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import PortalJobService
+from outboxd.services.portal_logins import PortalLoginAdmin
 from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.ports import JobStore, RelayStore, StatsStore, TaskStore
@@ -55,6 +56,8 @@ class ApiDeps:
     metrics: Metrics
     readiness: Readiness
     gauges: StatsGauges
+    # The portal login lock's listing and unlock.
+    logins: PortalLoginAdmin
     runtime: RuntimeView | None = None
     # Requests held on a job (`Prefer: wait`); None: every request is answered at once.
     waits: JobWaits | None = None

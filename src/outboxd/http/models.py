@@ -101,7 +101,8 @@ class PortalLinkRequest(_Body):
             max_length=64,
             pattern=SHOWN_TEXT,
             description="Portal user id; not blank, no control or bidirectional control "
-            "characters.",
+            "characters, and in normal form: unchanged by NFKC, removing surrounding "
+            "whitespace and case folding (a student number is).",
         ),
     ]
     password: Annotated[
@@ -281,17 +282,42 @@ class JobProgress(Struct):
     total: Annotated[int, Meta(ge=0, description="Units in this step (0 when not counted).")]
 
 
-class JobError(Struct):
+class JobError(Struct, rename="camel"):
     """The last error; null once the job SUCCEEDED."""
 
     code: Annotated[
         str,
         Meta(
-            description="PORTAL_AUTH_FAILED, PORTAL_UNAVAILABLE, PORTAL_SESSION_EXPIRED, "
-            "PORTAL_BAD_RESPONSE or RETRIES_EXHAUSTED."
+            description="PORTAL_AUTH_FAILED, PORTAL_LOGIN_LOCKED, PORTAL_UNAVAILABLE, "
+            "PORTAL_SESSION_EXPIRED, PORTAL_BAD_RESPONSE, HANDLER_ERROR, "
+            "CREDENTIALS_UNREADABLE or RETRIES_EXHAUSTED."
         ),
     ]
     message: str
+    locked_until: (
+        Annotated[
+            DateTime,
+            Meta(
+                description="PORTAL_LOGIN_LOCKED only: when this user's lock on the portal "
+                "username runs out; a job submitted after it is tried" + RFC3339
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
+
+
+class WaitingFor(Struct):
+    """What a QUEUED job waits for before it runs again."""
+
+    dependency: Annotated[Literal["portal"], Meta(description="The outside system.")]
+    state: Annotated[
+        Literal["login_throttled"],
+        Meta(
+            description="login_throttled: the portal username had too many failed logins; "
+            "its jobs try one login at a time, spaced by a doubling delay."
+        ),
+    ]
+    until: Annotated[DateTime, Meta(description="When it is tried next" + RFC3339)]
 
 
 class Job(Struct, rename="camel"):
@@ -312,6 +338,10 @@ class Job(Struct, rename="camel"):
     progress: JobProgress | None
     error: JobError | None
     result: PortalResult | None
+    waiting_for: Annotated[
+        WaitingFor | None,
+        Meta(description="Set while the job is parked, waiting for an outside system."),
+    ]
     cancel_requested: Annotated[
         bool,
         Meta(
@@ -334,7 +364,7 @@ class JobEvent(Struct, rename="camel"):
             "(error), started (receiveCount), progress (step, done, total), retry_scheduled "
             "(code, delayS), released (given back at a shutdown), succeeded, failed (code), "
             "dead (code), redriven (outboxId), cancel_requested and cancelled (by: owner, "
-            "admin or consumer)."
+            "admin or consumer), parked (dependency, state, waitS, outboxId)."
         ),
     ]
     status: Annotated[JobStatus, Meta(description="The job's status after the event.")]
@@ -508,6 +538,7 @@ MODELS: Final = (
     Job,
     JobProgress,
     JobError,
+    WaitingFor,
     JobEvent,
     JobTimeline,
     PortalResult,

@@ -33,11 +33,20 @@ def iso(ts: float | None) -> str | None:
 
 
 def job_model(job: JobRecord) -> models.Job:
-    error = (
-        models.JobError(job.error_code, job.error_message or "")
-        if job.error_code is not None and job.status != "SUCCEEDED"
-        else None
-    )
+    error = None
+    if job.error_code is not None and job.status != "SUCCEEDED":
+        locked = iso(job.locked_until) if job.error_code == "PORTAL_LOGIN_LOCKED" else None
+        error = models.JobError(
+            job.error_code, job.error_message or "", locked if locked else msgspec.UNSET
+        )
+    waiting = None
+    # Parked (services/parking.py): shown until the park's message is published (RUNNING).
+    if job.wait_until is not None and job.wait_for is not None and job.status == "QUEUED":
+        waiting = models.WaitingFor(
+            dependency=job.wait_for.get("dependency", "portal"),
+            state=job.wait_for.get("state", "login_throttled"),
+            until=cast(str, iso(job.wait_until)),
+        )
     # progress and result are the stored JSON documents, sent as they are.
     progress: Any = dict(job.progress) if job.progress is not None else None
     result: Any = dict(job.result) if job.result is not None else None
@@ -53,6 +62,7 @@ def job_model(job: JobRecord) -> models.Job:
         progress=progress,
         error=error,
         result=result,
+        waiting_for=waiting,
         cancel_requested=job.cancel_requested,
     )
 

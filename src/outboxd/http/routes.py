@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from outboxd.http import admin, console, console_models, jobs, models, ops, websites
+from outboxd.http import (
+    admin,
+    console,
+    console_models,
+    jobs,
+    login_models,
+    logins,
+    models,
+    ops,
+    websites,
+)
 from outboxd.http.endpoints import Link, Ok, Param, Route, Schema
 from outboxd.http.inputs import ERROR_CODE_PATTERN
 from outboxd.http.problems import (
@@ -373,6 +383,37 @@ _ADMIN: Final[tuple[Route, ...]] = (
             LIMIT,
             CURSOR,
         ),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/portal-logins",
+        logins.list_portal_logins,
+        "listPortalLogins",
+        "admin",
+        "Portal usernames with failed logins (by keyed hash): who caused them, and their locks.",
+        ok=(Ok(200, "The usernames, most recently failed first.", login_models.PortalLoginPage),),
+        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(
+            _query(
+                "locked",
+                "true: only usernames locked for some user or throttled; false: only the others.",
+                {"type": "string", "enum": ["true", "false"]},
+            ),
+            LIMIT,
+        ),
+    ),
+    Route(
+        "POST",
+        "/v1/admin/portal-logins/unlock",
+        logins.unlock_portal_login,
+        "unlockPortalLogin",
+        "admin",
+        "Forget one portal username's failed logins and throttle (logged with the acting user).",
+        ok=(Ok(200, "What was cleared.", login_models.PortalLoginUnlocked),),
+        errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
+        access="admin",
+        request=login_models.PortalLoginUnlockRequest,
     ),
     Route(
         "GET",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -27,21 +27,6 @@ from outboxd.storage.ports import (
 log = structlog.get_logger(__name__)
 
 PORTALS = ("suwon",)
-
-
-def login_locked(failures: Sequence[float], now: float, window_s: float, max_failures: int) -> bool:
-    """Whether a portal username is locked: `max_failures` of its jobs ended
-    PORTAL_AUTH_FAILED within `window_s`, and `window_s` has not yet passed since the last.
-
-    `failures`: the times of its recorded failures, newest first (the `max_failures`
-    newest suffice). Guessing a password through the daemon then stops after a few tries
-    per window, whoever sends the jobs, and the portal never sees the guesses that would
-    lock the student's account.
-    """
-    if max_failures <= 0 or len(failures) < max_failures:
-        return False
-    last = failures[0]
-    return now - last < window_s and last - failures[max_failures - 1] <= window_s
 
 
 class IdempotencyConflict(OutboxdError):

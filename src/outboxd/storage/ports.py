@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar, get_args
 
 from outboxd.errors import InvalidState, NotFound
+from outboxd.storage.login_ports import LoginFailure
 
 JobStatus = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "DEAD", "CANCELLED"]
 # SUPERSEDED: a DEAD row whose job was redriven since (a fresh row carries the retry): kept
@@ -38,6 +39,7 @@ JobEventType = Literal[
     "redriven",
     "cancel_requested",
     "cancelled",
+    "parked",
 ]
 # The one spelling of each status set: the API's filters, the OpenAPI enums and the
 # CLI's choices all read these tuples.
@@ -89,6 +91,13 @@ class JobRecord:
     cancel_requested: bool = False
     # W3C trace context (`traceparent`) the job was accepted with, or the one it started.
     traceparent: str | None = None
+    # Parked (services/parking.py): QUEUED until `wait_until`, waiting for `wait_for`
+    # ({"dependency", "state"}); only the message of outbox row `wait_outbox_id` starts it.
+    wait_until: float | None = None
+    wait_for: Mapping[str, Any] | None = None
+    wait_outbox_id: str | None = None
+    # PORTAL_LOGIN_LOCKED: when the lock it ended with runs out.
+    locked_until: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -131,16 +140,6 @@ class NewPortalJob:
     # and the row to the relay loop.
     claimed_until: float | None = None
     traceparent: str | None = None
-
-
-@dataclass(frozen=True)
-class LoginFailure:
-    """A PORTAL_AUTH_FAILED outcome to count for the login lock: its subject (a keyed hash,
-    never the username), and the time before which that subject's older failures no longer
-    matter (they are dropped in the same transaction)."""
-
-    subject: str
-    forget_before: float
 
 
 @dataclass(frozen=True)
@@ -354,8 +353,23 @@ class JobStore(Protocol):
         ...
 
     async def start_job_run(
-        self, job_id: str, now: float, lease_s: float, receive_count: int | None = None
-    ) -> JobRecord | None: ...
+        self,
+        job_id: str,
+        now: float,
+        lease_s: float,
+        receive_count: int | None = None,
+        outbox_id: str | None = None,
+    ) -> JobRecord | None:
+        """A lease on the job, RUNNING (a parked one only for its own row's message)."""
+        ...
+
+    async def park_job(
+        self, job: JobRecord, outbox_id: str, until: float, wait_for: Mapping[str, Any], now: float
+    ) -> JobRecord | None:
+        """A RUNNING job QUEUED until `until`, waiting for `wait_for`, with a fresh outbox
+        row due then (the only message that starts it again); None: no longer ours."""
+        ...
+
     async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool: ...
     async def update_job_progress(
         self, job: JobRecord, progress: Mapping[str, Any], now: float
@@ -372,9 +386,12 @@ class JobStore(Protocol):
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
         login_failure: LoginFailure | None = None,
+        login_success: str | None = None,
+        locked_until: float | None = None,
     ) -> JobRecord | None:
-        """The job's outcome; with `login_failure`, that failure is recorded in the same
-        transaction (only when the outcome was written)."""
+        """The job's outcome; in its transaction (when written) `login_failure` is counted,
+        or `login_success`'s (a subject's) failures and throttle are forgotten.
+        `locked_until`: when the PORTAL_LOGIN_LOCKED it ends with runs out."""
         ...
 
     async def job_retry_later(
@@ -449,10 +466,6 @@ class Listening(Protocol):
         ...
 
 
-class LoginLockStore(Protocol):
-    async def login_failures(self, subject: str, since: float, limit: int) -> list[float]:
-        """The times of `subject`'s recorded login failures after `since`, newest first,
-        at most `limit` of them."""
         ...
 
 

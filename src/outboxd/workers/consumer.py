@@ -32,19 +32,18 @@ from outboxd.queue.messages import id_field as _message_id_field  # the one mess
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
 from outboxd.security import KeyRing, Sealed
-from outboxd.services.portal_jobs import login_locked
+from outboxd.services.parking import parked_for_another_message
+from outboxd.services.portal_logins import LOGIN_LOCKED_ERROR, LoginGuard
 from outboxd.services.retries import dead_job_error, job_verdict
 from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
-from outboxd.storage.ports import (
-    RELAY_UNSENT_STATUSES,
-    TERMINAL_TASK_STATUSES,
-    JobRecord,
-    LoginFailure,
-    LoginLockStore,
-)
+from outboxd.storage.login_ports import LoginFailure, LoginLockStore
+from outboxd.storage.ports import TERMINAL_TASK_STATUSES, JobRecord
 from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent
 from outboxd.workers.dlq_sweep import DlqQueues, DlqStore, DlqSweep, DlqSweeper
+from outboxd.workers.handler_slots import HandlerSlots, until_stopped
+from outboxd.workers.login_gate import LoginGate, LoginRun
 from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
+from outboxd.workers.run_start import start_when_marked
 
 log = structlog.get_logger(__name__)
 
@@ -80,13 +79,6 @@ class ConsumerStore(DlqStore, LoginLockStore, TaskControllerStore, Protocol):
     pass
 
 
-# What a job for a locked portal username ends with (docs/contract.md, job error codes).
-LOGIN_LOCKED_ERROR = (
-    "PORTAL_LOGIN_LOCKED",
-    "too many failed logins for this portal username recently; not tried (retry later)",
-)
-
-
 class Consumer:
     def __init__(
         self,
@@ -105,10 +97,6 @@ class Consumer:
     ) -> None:
         self._store = store
         self._tracing = tracing
-        lock = portal_settings or SuwonScraperSettings()
-        # The login lock: scrapers.suwon.max_auth_failures within auth_failure_window_s.
-        self._max_auth_failures = lock.max_auth_failures
-        self._auth_window_s = lock.auth_failure_window_s
         self._queues = queues
         # Every answered receive sets outboxd_consumer_last_receive_timestamp_seconds.
         self._last_receive = metrics.consumer_last_receive
@@ -121,14 +109,19 @@ class Consumer:
         # Separate slot pools: a long poll holds its slots while it waits, so a
         # shared pool would let an idle jobs queue starve the tasks queue. Tasks
         # are maintenance work on a FIFO queue: one at a time is enough.
-        self._slots: dict[QueueKind, _Slots] = {
-            "jobs": _Slots(consumer_settings.max_concurrency),
-            "tasks": _Slots(1),
+        self._slots: dict[QueueKind, HandlerSlots] = {
+            "jobs": HandlerSlots(consumer_settings.max_concurrency),
+            "tasks": HandlerSlots(1),
         }
         self._task_ctx = TaskContext(store, clock, dead_retention_s)
         # The visibility a heartbeat renews to, and the job lease it keeps:
         # never 0, so a heartbeat always has something to extend.
         self._visibility_s = max(1, sqs_settings.visibility_timeout_s)
+        # The portal login lock (workers/login_gate.py): a throttled try is held a lease long.
+        guard = LoginGuard(
+            store, keys, portal_settings or SuwonScraperSettings(), self._visibility_s, clock
+        )
+        self._gate = LoginGate(guard, store, queues, clock)
         # Handlers and heartbeats that could not reach the database or SQS: logged as one
         # outage, and while the database is down no message is received (each receive
         # would bring a message one delivery closer to the DLQ for nothing).
@@ -161,7 +154,7 @@ class Consumer:
             slots = self._slots[kind]
             free = await slots.reserve()
             try:
-                messages = await _until_stopped(
+                messages = await until_stopped(
                     self._queues.receive(kind, free, self._sqs.wait_time_s), stop
                 )
             except QueueError as exc:
@@ -242,11 +235,21 @@ class Consumer:
         # whose cancel was not requested), so the usual delivery costs one statement; the
         # job is read only when it did not start, to tell a finished job from one held
         # elsewhere.
-        running, held = await self._start_when_marked(job_id, msg)
+        # A parked job starts only from the message of the row that parked it (its outbox id).
+        outbox_id = _message_id_field(msg.body, "outboxId")
+        running, held = await start_when_marked(
+            self._store, self._queues, msg, job_id, outbox_id, self._visibility_s, self._clock
+        )
         if running is None:
             if held is None or held.terminal:
                 status = held.status if held else None
                 log.info("message_for_finished_job", status=status, **bind)
+                await self._queues.delete("jobs", msg.receipt_handle)
+                return "skipped"
+            if parked_for_another_message(held, outbox_id):
+                # Parked since this message was sent (services/parking.py): the park's own
+                # outbox row delivers the job when due; this copy goes unrun.
+                log.info("message_for_parked_job", **bind)
                 await self._queues.delete("jobs", msg.receipt_handle)
                 return "skipped"
             if held.cancel_requested and (held.lease_until or 0) < self._clock():
@@ -274,13 +277,31 @@ class Consumer:
         except SecurityError as exc:
             await self._finish_failed(running, msg, ("CREDENTIALS_UNREADABLE", str(exc)), bind)
             return "failed"
-        subject = None
-        if self._max_auth_failures > 0:
-            subject = self._keys.login_subject(running.portal, str(creds.get("username", "")))
-            if await self._login_locked(subject):
-                # Before the login: the portal never sees it, from any user.
-                await self._finish_failed(running, msg, LOGIN_LOCKED_ERROR, bind)
-                return "failed"
+        # Before the login (workers/login_gate.py): a locked-out user's job fails, a
+        # throttled username's waits; the portal sees neither.
+        verdict = await self._gate.check(running, str(creds.get("username", "")))
+        if verdict is not None and verdict.action == "locked":
+            await self._finish_failed(
+                running, msg, LOGIN_LOCKED_ERROR, bind, locked_until=verdict.until
+            )
+            return "failed"
+        if verdict is not None and verdict.action == "wait":
+            return await self._gate.park(running, msg.receipt_handle, verdict, bind)
+        login = LoginRun(verdict)
+        try:
+            return await self._run_portal(running, msg, creds, login, bind)
+        finally:
+            await self._gate.give_back(login, running)
+
+    async def _run_portal(
+        self,
+        running: JobRecord,
+        msg: ReceivedMessage,
+        creds: Mapping[str, Any],
+        login: LoginRun,
+        bind: Mapping[str, Any],
+    ) -> str:
+        job_id = running.id
         state = _RunState(running)
 
         async def progress(step: str, done: int, total: int) -> None:
@@ -313,8 +334,8 @@ class Consumer:
         except PortalError as exc:
             await _end(heartbeat, state)
             login_failure = None
-            if subject is not None and exc.code == "PORTAL_AUTH_FAILED":
-                login_failure = LoginFailure(subject, self._clock() - 2 * self._auth_window_s)
+            if exc.code == "PORTAL_AUTH_FAILED":
+                login_failure = login.failure(self._gate, running)
             return await self._after_failure(
                 state.job, msg, (exc.code, exc.message), exc.retryable, bind, login_failure
             )
@@ -331,8 +352,15 @@ class Consumer:
             )
         await _end(heartbeat, state)
         crash_point("after_handler_before_commit")
+        # A successful login forgets the username's counts, in the outcome's transaction.
         finished = await asyncio.shield(
-            self._store.finish_job(state.job, "SUCCEEDED", self._clock(), result=result)
+            self._store.finish_job(
+                state.job,
+                "SUCCEEDED",
+                self._clock(),
+                result=result,
+                login_success=login.success(),
+            )
         )
         if finished is None:
             log.warning("job_outcome_lost_race", **bind)
@@ -342,44 +370,6 @@ class Consumer:
         await self._queues.delete("jobs", msg.receipt_handle)
         return "succeeded"
 
-    async def _start_when_marked(
-        self, job_id: str, msg: ReceivedMessage
-    ) -> tuple[JobRecord | None, JobRecord | None]:
-        """Start the run; a QUEUED job whose outbox row a publisher still holds is started
-        once its SENT mark commits, so its timeline reads dispatched before started (the
-        message can arrive before the mark: decision 0031). The wait is here, bounded by the
-        publisher's lease on the row, and keeps the message invisible meanwhile: a bounce
-        through SQS would spend a receive. Returns the run, or the job as read when it did
-        not start."""
-        pause, kept = 0.005, time.monotonic()
-        while True:
-            running = await self._store.start_job_run(
-                job_id, self._clock(), self._visibility_s, msg.receive_count
-            )
-            if running is not None:
-                return running, None
-            held = await self._store.get_job(job_id)
-            if held is None or held.status != "QUEUED" or held.cancel_requested:
-                return None, held
-            row = await self._store.latest_relay_row_for_job(job_id)
-            if row is None or row.status not in RELAY_UNSENT_STATUSES or row.claimed_until is None:
-                return None, held  # nothing to wait for (a start refused for another reason)
-            if time.monotonic() - kept >= self._visibility_s / 2:
-                await self._queues.change_visibility("jobs", msg.receipt_handle, self._visibility_s)
-                kept = time.monotonic()
-            await asyncio.sleep(min(pause, max(0.0, row.claimed_until - self._clock())))
-            pause = min(2 * pause, 0.2)
-
-    async def _login_locked(self, subject: str) -> bool:
-        now = self._clock()
-        window = self._auth_window_s
-        # Failures older than two windows cannot matter: the last must be within one, and
-        # the others within one of it.
-        recent = await self._store.login_failures(
-            subject, now - 2 * window, self._max_auth_failures
-        )
-        return login_locked(recent, now, window, self._max_auth_failures)
-
     async def _finish_failed(
         self,
         job: JobRecord,
@@ -387,10 +377,16 @@ class Consumer:
         error: tuple[str, str],
         bind: Mapping[str, Any],
         login_failure: LoginFailure | None = None,
+        locked_until: float | None = None,
     ) -> None:
         finished = await asyncio.shield(
             self._store.finish_job(
-                job, "FAILED", self._clock(), error=error, login_failure=login_failure
+                job,
+                "FAILED",
+                self._clock(),
+                error=error,
+                login_failure=login_failure,
+                locked_until=locked_until,
             )
         )
         log.warning("job_failed", error_code=error[0], error=error[1], **bind)
@@ -555,54 +551,12 @@ class Consumer:
         return await DlqSweeper(self._queues, self._store, self._metrics, self._clock).sweep()
 
 
-class _Slots:
-    """Handler slots of one queue: a receive asks for no more messages than are free,
-    so nothing received waits invisible behind a busy handler."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._busy = 0
-        self._cond = asyncio.Condition()
-
-    async def reserve(self) -> int:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self._busy < self._capacity)
-            free = min(10, self._capacity - self._busy)
-            self._busy += free
-            return free
-
-    async def release(self, n: int) -> None:
-        if n <= 0:
-            return
-        async with self._cond:
-            self._busy -= n
-            self._cond.notify_all()
-
-
 @dataclass
 class _RunState:
     job: JobRecord
     # Cleared when the handler ends the heartbeat: a cancellation swallowed on the way
     # (wait_for on Python 3.11 can) must not keep it beating, and the handler waiting.
     beating: bool = True
-
-
-async def _until_stopped(
-    coro: Awaitable[list[ReceivedMessage]], stop: asyncio.Event
-) -> list[ReceivedMessage] | None:
-    """The result of `coro`, or None (coro cancelled) once `stop` is set first."""
-    task = asyncio.ensure_future(coro)
-    stopper = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopper.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, QueueError):
-        await task
-    return None
 
 
 async def _end(heartbeat: asyncio.Task[Any], state: _RunState) -> None:

@@ -20,7 +20,7 @@ ON CONFLICT (user_id, idempotency_key) DO NOTHING;
 -- publishes it right after the commit.
 INSERT INTO relay_outbox (id, kind, job_id, task_id, status, next_attempt_at, dedup_id, created_at,
                           claimed_until, attempt_count, traceparent)
-VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :now, :dedup_id, :now,
+VALUES (:id, :kind, :job_id, :task_id, 'PENDING', :next_attempt_at, :dedup_id, :now,
         :claimed_until, :attempt_count, :traceparent);
 
 -- name: select_job
@@ -36,21 +36,35 @@ SELECT * FROM relay_outbox WHERE job_id = :job_id ORDER BY created_at DESC, id D
 SELECT * FROM relay_outbox WHERE id = :id;
 
 -- name: start_job_run
--- A job whose cancel was requested is not started again: the consumer cancels it instead.
+-- A job whose cancel was requested is not started again: the consumer cancels it instead. A
+-- parked job (park_job) starts only from the message of the outbox row that parked it
+-- (:outbox_id, the message's): an older message of it, redelivered, is refused.
 -- Nor is a QUEUED job whose outbox row a publisher holds right now: its message is on SQS
 -- but its SENT mark (and `dispatched` event) has not committed yet, and the timeline must
 -- read dispatched before started (docs/decisions/0031-timeline-in-causal-order.md). Once
 -- the holder's lease runs out (it died), the job starts without the mark.
 UPDATE jobs
    SET status = 'RUNNING', attempts = attempts + 1, lease_until = :lease_until,
-       updated_at = :now, version = version + 1, error_code = NULL, error_message = NULL
+       updated_at = :now, version = version + 1, error_code = NULL, error_message = NULL,
+       wait_until = NULL, wait_for = NULL, wait_outbox_id = NULL
  WHERE id = :id AND status IN ('QUEUED', 'RUNNING')
    AND (lease_until IS NULL OR lease_until < :now)
    AND NOT cancel_requested
+   AND (wait_outbox_id IS NULL OR wait_outbox_id = CAST(:outbox_id AS TEXT))
    AND (status = 'RUNNING'
         OR NOT EXISTS (SELECT 1 FROM relay_outbox r
                         WHERE r.job_id = :id AND r.status IN ('PENDING', 'RETRYABLE_FAILED')
                           AND r.claimed_until >= :now))
+RETURNING *;
+
+-- name: park_job
+-- The job's holder parks it (services/parking.py): QUEUED, no lease, waiting until
+-- :wait_until for :wait_for; the outbox row inserted with it (due then) is the one whose
+-- message may start it again.
+UPDATE jobs
+   SET status = 'QUEUED', lease_until = NULL, updated_at = :now, version = version + 1,
+       wait_until = :wait_until, wait_for = :wait_for, wait_outbox_id = :wait_outbox_id
+ WHERE id = :id AND version = :version AND status = 'RUNNING'
 RETURNING *;
 
 -- name: extend_job_lease
@@ -66,6 +80,7 @@ RETURNING *;
 UPDATE jobs
    SET status = :status, result = :result, error_code = :error_code,
        error_message = :error_message, finished_at = :now, updated_at = :now,
+       locked_until = :locked_until,
        lease_until = NULL, sealed = NULL, key_id = NULL, version = version + 1
  WHERE id = :id AND version = :version AND status = 'RUNNING'
 RETURNING *;
@@ -73,6 +88,7 @@ RETURNING *;
 -- name: job_dead
 UPDATE jobs
    SET status = 'DEAD', error_code = :error_code, error_message = :error_message,
+       wait_until = NULL, wait_for = NULL, wait_outbox_id = NULL,
        finished_at = :now, updated_at = :now, lease_until = NULL, version = version + 1
  WHERE id = :id AND status IN ('QUEUED', 'RUNNING')
 RETURNING *;
@@ -93,7 +109,7 @@ RETURNING *;
 UPDATE jobs
    SET status = 'QUEUED', error_code = NULL, error_message = NULL, finished_at = NULL,
        lease_until = NULL, progress = NULL, updated_at = :now, version = version + 1,
-       cancel_requested = FALSE
+       cancel_requested = FALSE, wait_until = NULL, wait_for = NULL, wait_outbox_id = NULL
  WHERE id = :id AND status = 'DEAD' AND sealed IS NOT NULL
 RETURNING *;
 
@@ -360,17 +376,76 @@ DELETE FROM website_registrations WHERE user_id = :user_id AND registered_at < :
 -- ---------------------------------------------------------------- the portal login lock
 
 -- name: login_failure_insert
-INSERT INTO portal_login_failures (subject, failed_at) VALUES (:subject, :now)
+INSERT INTO portal_login_failures (subject, failed_at, user_id) VALUES (:subject, :now, :user_id)
 ON CONFLICT (subject, failed_at) DO NOTHING;
 
 -- name: login_failures_trim
 DELETE FROM portal_login_failures WHERE subject = :subject AND failed_at < :before;
 
--- name: login_failures_recent
-SELECT failed_at FROM portal_login_failures
+-- name: login_subject_lock
+-- One login decision per username at a time. SQLite: the write transaction (BEGIN IMMEDIATE)
+-- is serialised already; Postgres takes a transaction-scoped advisory lock (postgres.sql).
+SELECT 1 AS locked;
+
+-- name: login_attempt_insert
+-- A login try under way, counted as a failure until its outcome (attempt_of: its job).
+INSERT INTO portal_login_failures (subject, failed_at, user_id, attempt_of)
+VALUES (:subject, :now, :user_id, :holder)
+ON CONFLICT (subject, failed_at) DO NOTHING;
+
+-- name: login_attempt_delete
+DELETE FROM portal_login_failures WHERE subject = :subject AND attempt_of = :holder;
+
+-- name: login_failures_of
+SELECT subject, user_id, failed_at, attempt_of FROM portal_login_failures
  WHERE subject = :subject AND failed_at > :since
  ORDER BY failed_at DESC
  LIMIT :limit;
+
+-- name: login_failures_all
+SELECT subject, user_id, failed_at, attempt_of FROM portal_login_failures
+ WHERE failed_at > :since
+ ORDER BY failed_at DESC
+ LIMIT :limit;
+
+-- name: login_failures_clear
+DELETE FROM portal_login_failures WHERE subject = :subject;
+
+-- name: login_throttle_ensure
+-- A row whose next try was due over :stale_before (a window ago) and not taken is left from
+-- an earlier episode (no job came since, so no failure is that recent): it starts afresh.
+INSERT INTO portal_login_throttle (subject, next_try_at, delay_s)
+VALUES (:subject, :first_try_at, :first_delay_s)
+ON CONFLICT (subject) DO UPDATE
+   SET next_try_at = excluded.next_try_at, delay_s = excluded.delay_s, holder = NULL,
+       held_until = NULL
+ WHERE portal_login_throttle.next_try_at < :stale_before;
+
+-- name: login_throttle_select
+SELECT * FROM portal_login_throttle WHERE subject = :subject;
+
+-- name: login_try_take
+-- The one try of a throttled username: only when its time has come and no live holder has
+-- it (the row lock, or SQLite's write lock, lets one of two takers through). The spacing
+-- doubles, up to :max_delay_s, and the next try moves that far ahead of this one.
+UPDATE portal_login_throttle
+   SET holder = :holder, held_until = CAST(:now AS DOUBLE PRECISION) + :hold_s,
+       delay_s = CASE WHEN delay_s * 2 < :max_delay_s THEN delay_s * 2 ELSE :max_delay_s END,
+       next_try_at = :now
+                     + CASE WHEN delay_s * 2 < :max_delay_s THEN delay_s * 2 ELSE :max_delay_s END
+ WHERE subject = :subject AND next_try_at <= :now
+   AND (holder IS NULL OR held_until < :now)
+RETURNING *;
+
+-- name: login_try_release
+UPDATE portal_login_throttle SET holder = NULL, held_until = NULL
+ WHERE subject = :subject AND holder = :holder;
+
+-- name: login_throttle_clear
+DELETE FROM portal_login_throttle WHERE subject = :subject;
+
+-- name: login_throttles_of
+SELECT * FROM portal_login_throttle WHERE subject IN (SELECT value FROM json_each(:subjects));
 
 -- ---------------------------------------------------------------- websites
 
@@ -562,6 +637,11 @@ UPDATE jobs SET sealed = NULL, key_id = NULL, version = version + 1
 -- name: prune_login_failures
 DELETE FROM portal_login_failures WHERE (subject, failed_at) IN (
     SELECT subject, failed_at FROM portal_login_failures WHERE failed_at < :before LIMIT :limit);
+
+-- name: prune_login_throttle
+-- A throttle whose next try is long past: no job came for the username since.
+DELETE FROM portal_login_throttle WHERE subject IN (
+    SELECT subject FROM portal_login_throttle WHERE next_try_at < :before LIMIT :limit);
 
 -- name: prune_website_registrations
 DELETE FROM website_registrations WHERE (user_id, registered_at, website_id) IN (

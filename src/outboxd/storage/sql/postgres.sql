@@ -150,6 +150,9 @@ ev AS (
 -- name: start_job_run_ev
 WITH changed AS ({start_job_run}), {event_of_changed} SELECT * FROM changed;
 
+-- name: park_job_ev
+WITH changed AS ({park_job}), {event_of_changed} SELECT * FROM changed;
+
 -- name: update_job_progress_ev
 WITH changed AS ({update_job_progress}), {event_of_changed} SELECT * FROM changed;
 
@@ -187,6 +190,15 @@ SELECT job_id, MAX(seq) AS seq FROM job_events
 
 -- name: delete_job_events_of
 DELETE FROM job_events WHERE job_id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));
+
+-- name: login_subject_lock
+-- One login decision per username at a time (released at the transaction's end); the first
+-- key names this use (decision 0028), the second the username's keyed hash.
+SELECT pg_advisory_xact_lock(28, hashtext(:subject));
+
+-- name: login_throttles_of
+SELECT * FROM portal_login_throttle
+ WHERE subject IN (SELECT jsonb_array_elements_text(CAST(:subjects AS jsonb)));
 
 -- name: delete_jobs_of
 DELETE FROM jobs WHERE id IN (SELECT jsonb_array_elements_text(CAST(:ids AS jsonb)));

@@ -5,7 +5,8 @@ comes from the named blocks of `sql/common.sql`, with per-backend overrides wher
 dialects differ (claims: `FOR UPDATE SKIP LOCKED` on Postgres, `BEGIN IMMEDIATE` on
 SQLite). Where a write is best done differently, the driver's `Features` say how; no
 part of the store asks which backend it runs on. One module per concern of
-storage/ports.py: jobs, relay, tasks, websites, pace, stats (with pruning).
+storage/ports.py: jobs, relay, tasks, websites, pace, stats (with pruning), and of
+storage/login_ports.py: the portal login lock (logins).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from outboxd.config import Settings
-from outboxd.storage import ports
+from outboxd.storage import login_ports, ports
 from outboxd.storage.changes import JobChanges, default_instance
 from outboxd.storage.db import Database, backend_of, load_queries, sqlite_path
 from outboxd.storage.group import GroupCommitter
@@ -24,6 +25,7 @@ from outboxd.storage.notifier import ChangeNotifier, heard
 from outboxd.storage.postgres import PostgresDatabase
 from outboxd.storage.sqlite import SqliteDatabase
 from outboxd.storage.store.jobs import SqlJobs
+from outboxd.storage.store.logins import SqlLogins
 from outboxd.storage.store.pace import SqlPace
 from outboxd.storage.store.relay import SqlRelay
 from outboxd.storage.store.stats import SqlStats
@@ -44,7 +46,7 @@ T = TypeVar("T")
 JOB_CHANNEL = "outboxd_jobs"
 
 
-class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
+class SqlStore(SqlJobs, SqlLogins, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
     """Every storage port. Each method is one transaction body (see `db.TxBody`),
     so SQLite runs it in one thread hop and Postgres on one connection."""
 
@@ -99,7 +101,7 @@ class SqlStore(SqlJobs, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
 def _check(store: SqlStore) -> None:
     """mypy proves here that SqlStore satisfies every port."""
     _jobs: ports.JobStore = store
-    _login_lock: ports.LoginLockStore = store
+    _login_lock: login_ports.LoginLockStore = store
     _relay_store: ports.RelayStore = store
     _tasks: ports.TaskStore = store
     _websites: ports.WebsiteStore = store

@@ -13,13 +13,13 @@ from typing import Any, Literal
 
 from outboxd.errors import CapReached, InvalidState, NotFound, StorageUnavailable
 from outboxd.storage.db import Op, TxBody, execute, fetch
+from outboxd.storage.login_ports import LoginFailure
 from outboxd.storage.ports import (
     CancelOutcome,
     JobEvent,
     JobFilter,
     JobIntake,
     JobRecord,
-    LoginFailure,
     NewEvent,
     NewPortalJob,
     Page,
@@ -27,6 +27,7 @@ from outboxd.storage.ports import (
     redriven_event,
 )
 from outboxd.storage.store.base import JOBS_CAP, StoreBase
+from outboxd.storage.store.logins import count_login_failure, forget_login
 from outboxd.storage.store.records import (
     dump,
     inserted_job,
@@ -164,14 +165,56 @@ class SqlJobs(StoreBase):
         return await self.db.read(body)
 
     async def start_job_run(
-        self, job_id: str, now: float, lease_s: float, receive_count: int | None = None
+        self,
+        job_id: str,
+        now: float,
+        lease_s: float,
+        receive_count: int | None = None,
+        outbox_id: str | None = None,
     ) -> JobRecord | None:
         detail = None if receive_count is None else {"receiveCount": receive_count}
         return await self._job_write(
             "start_job_run",
-            {"id": job_id, "now": now, "lease_until": now + lease_s},
+            {"id": job_id, "now": now, "lease_until": now + lease_s, "outbox_id": outbox_id},
             NewEvent("started", now, detail),
         )
+
+    async def park_job(
+        self, job: JobRecord, outbox_id: str, until: float, wait_for: Mapping[str, Any], now: float
+    ) -> JobRecord | None:
+        params = {
+            "id": job.id,
+            "version": job.version,
+            "now": now,
+            "wait_until": until,
+            "wait_for": dump(wait_for),
+            "wait_outbox_id": outbox_id,
+        }
+        detail = {**wait_for, "waitS": round(max(0.0, until - now), 3), "outboxId": outbox_id}
+
+        def body() -> Generator[Op, Any, JobRecord | None]:
+            row = yield from self._job_change("park_job", params, NewEvent("parked", now, detail))
+            if row is None:
+                return None
+            # The message that starts the job again: published by the relay once due.
+            yield from self._insert_relay(
+                new_relay_params(
+                    outbox_id,
+                    "job",
+                    job.id,
+                    None,
+                    job.id,
+                    now,
+                    traceparent=row["traceparent"],
+                    due_at=until,
+                )
+            )
+            return job_record(row)
+
+        parked = await self.db.run(body)
+        if parked is not None:
+            self.changes.committed((parked.id,))
+        return parked
 
     async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool:
         return await self._changed(
@@ -195,6 +238,8 @@ class SqlJobs(StoreBase):
         result: Mapping[str, Any] | None = None,
         error: tuple[str, str] | None = None,
         login_failure: LoginFailure | None = None,
+        login_success: str | None = None,
+        locked_until: float | None = None,
     ) -> JobRecord | None:
         params = {
             "id": job.id,
@@ -204,25 +249,24 @@ class SqlJobs(StoreBase):
             "error_code": error[0] if error else None,
             "error_message": error[1] if error else None,
             "now": now,
+            "locked_until": locked_until,
         }
         event = (
             NewEvent("succeeded", now)
             if status == "SUCCEEDED"
             else NewEvent("failed", now, {"code": error[0] if error else None})
         )
-        if login_failure is None:
+        if login_failure is None and login_success is None:
             return await self._job_write("finish_job", params, event)
 
         def body() -> Generator[Op, Any, JobRecord | None]:
             row = yield from self._job_change("finish_job", params, event)
             if row is None:
-                return None  # another holder's outcome: the failure is not ours to count
-            subject = login_failure.subject
-            yield execute(self.q["login_failure_insert"], {"subject": subject, "now": now})
-            yield execute(
-                self.q["login_failures_trim"],
-                {"subject": subject, "before": login_failure.forget_before},
-            )
+                return None  # another holder's outcome: the login is not ours to count
+            if login_success is not None:
+                yield from forget_login(self.q, login_success)
+            if login_failure is not None:
+                yield from count_login_failure(self.q, login_failure, job, now)
             return job_record(row)
 
         done = await self.db.run(body)
@@ -230,15 +274,6 @@ class SqlJobs(StoreBase):
             self.changes.committed((done.id,))
         return done
 
-    async def login_failures(self, subject: str, since: float, limit: int) -> list[float]:
-        def body() -> Generator[Op, Any, list[float]]:
-            rows = yield fetch(
-                self.q["login_failures_recent"],
-                {"subject": subject, "since": since, "limit": limit},
-            )
-            return [float(r["failed_at"]) for r in rows]
-
-        return await self.db.read(body)
 
     async def job_retry_later(
         self, job: JobRecord, error: tuple[str, str], now: float, delay_s: float | None = None

@@ -54,6 +54,10 @@ def job_record(r: Row) -> JobRecord:
         version=int(r["version"]),
         cancel_requested=bool(r["cancel_requested"]),
         traceparent=r["traceparent"],
+        wait_until=r["wait_until"],
+        wait_for=json_or_none(r["wait_for"]),
+        wait_outbox_id=r["wait_outbox_id"],
+        locked_until=r["locked_until"],
     )
 
 
@@ -64,7 +68,18 @@ _NEW_JOB: dict[str, Any] = {
     "version": 0,
     "cancel_requested": False,
     **dict.fromkeys(
-        ("lease_until", "progress", "error_code", "error_message", "result", "finished_at")
+        (
+            "lease_until",
+            "progress",
+            "error_code",
+            "error_message",
+            "result",
+            "finished_at",
+            "wait_until",
+            "wait_for",
+            "wait_outbox_id",
+            "locked_until",
+        )
     ),
 }
 _NEW_RELAY_ROW: dict[str, Any] = {
@@ -99,9 +114,10 @@ def new_relay_params(
     now: float,
     claimed_until: float | None = None,
     traceparent: str | None = None,
+    due_at: float | None = None,
 ) -> dict[str, Any]:
     """What `insert_relay_row` writes. Inserted claimed (by the request that publishes it
-    right after the commit), the row counts as attempt 1."""
+    right after the commit), the row counts as attempt 1; due at `due_at` (default: now)."""
     return {
         "id": outbox_id,
         "kind": kind,
@@ -109,6 +125,7 @@ def new_relay_params(
         "task_id": task_id,
         "dedup_id": dedup_id,
         "now": now,
+        "next_attempt_at": now if due_at is None else due_at,
         "claimed_until": claimed_until,
         "attempt_count": 0 if claimed_until is None else 1,
         "traceparent": traceparent,
@@ -135,7 +152,7 @@ def inserted_job(params: Mapping[str, Any]) -> JobRecord:
 def inserted_relay_row(params: Mapping[str, Any]) -> RelayRow:
     """The outbox row `insert_relay_row` wrote with `params` (see `inserted_job`)."""
     now = params["now"]
-    return relay_record({**_NEW_RELAY_ROW, **params, "next_attempt_at": now, "created_at": now})
+    return relay_record({**_NEW_RELAY_ROW, "next_attempt_at": now, **params, "created_at": now})
 
 
 def job_event_record(r: Row) -> JobEvent:

@@ -59,6 +59,7 @@ class SqlStats(StoreBase):
             ("prune_finished_jobs", finished_before),
             ("prune_finished_tasks", finished_before),
             ("prune_login_failures", finished_before),
+            ("prune_login_throttle", finished_before),
             ("prune_website_registrations", finished_before),
             ("prune_dead_credentials", dead_before),
         ):
