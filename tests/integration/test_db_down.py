@@ -229,7 +229,7 @@ async def test_network_partition_is_bounded_and_heals(outage: Outage) -> None:
 # The rig's visibility timeout: a message whose handler met the outage is visible again after
 # it, so an outage of a few of these would walk a message that is received again and again
 # (max_receive_count 3) to the DLQ.
-VISIBILITY_S = 2
+VISIBILITY_S = 3
 OUTAGE_S = 4 * VISIBILITY_S
 
 

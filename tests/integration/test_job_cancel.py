@@ -342,7 +342,7 @@ async def test_a_cancel_requested_during_a_run_failing_at_its_last_receive_ends_
     cancel was requested: the job ends CANCELLED and its message is deleted; it does not go
     DEAD, nor its message to the DLQ."""
     rig = await make_rig(sqs={"max_receive_count": 1})
-    rig.portal.delay_s = 1.5  # the first request stays in flight for a while
+    rig.portal.delay_s = 3.0  # the first request stays in flight for a while
     rig.start_consumer()
     job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
 
