@@ -12,6 +12,7 @@ import asyncio
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from outboxd.services.job_waits import JobWaits
 from outboxd.storage.ports import JobRecord
@@ -292,6 +293,26 @@ LISTENER_DOWN_S = 14.0
 POLLED_WITHIN_S = 5.0
 
 
+async def holds_end_by_polling(client: Any, store: SqlStore, other: SqlStore) -> None:
+    """For LISTENER_DOWN_S (and three holds at least): a hold on a new job, which `other`
+    (another daemon's store) cancels; each hold ends within POLLED_WITHIN_S."""
+    reads = Calls(store, "get_job")
+    cut = time.monotonic()
+    served = 0
+    while time.monotonic() - cut < LISTENER_DOWN_S or served < 3:
+        job_id, etag = await new_job(client)
+        before = reads.count
+        request = asyncio.ensure_future(held(client, job_id, 30, etag))
+        await reads.reach(before + 1)  # held, past its own read
+        started = time.monotonic()
+        await other.cancel_job(job_id, time.time(), "admin")
+        resp = await asyncio.wait_for(request, 15)
+        elapsed = time.monotonic() - started
+        assert resp.status == 200 and (await resp.json())["status"] == "CANCELLED"
+        assert elapsed < POLLED_WITHIN_S, (served, elapsed)
+        served += 1
+
+
 @postgres_only  # LISTEN/NOTIFY; SQLite always polls
 async def test_held_requests_are_served_by_polling_while_the_listener_stays_down(
     make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
@@ -307,18 +328,24 @@ async def test_held_requests_are_served_by_polling_while_the_listener_stays_down
     ):
         await listening(db_url, since=since)
         await feed.proxy.stop()
-        reads = Calls(store, "get_job")
-        cut = time.monotonic()
-        served = 0
-        while time.monotonic() - cut < LISTENER_DOWN_S or served < 3:
-            job_id, etag = await new_job(client)
-            before = reads.count
-            request = asyncio.ensure_future(held(client, job_id, 30, etag))
-            await reads.reach(before + 1)  # held, past its own read
-            started = time.monotonic()
-            await other.cancel_job(job_id, time.time(), "admin")
-            resp = await asyncio.wait_for(request, 15)
-            elapsed = time.monotonic() - started
-            assert resp.status == 200 and (await resp.json())["status"] == "CANCELLED"
-            assert elapsed < POLLED_WITHIN_S, (served, elapsed)
-            served += 1
+        await holds_end_by_polling(client, store, other)
+
+
+@postgres_only  # LISTEN/NOTIFY; SQLite always polls
+async def test_held_requests_are_served_while_the_listener_reconnects_into_silence(
+    make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """The listening connection is lost and the network then goes silent: each reconnect
+    is accepted and never answered, so it waits out its whole connect timeout (8 s here).
+    The poll goes on meanwhile: each hold still ends within two polls or so."""
+    client = await make_api()
+    since = time.time()
+    async with (
+        feed_listening_through_a_proxy(store, db_url, tmp_path, connect_timeout_s=8.0) as feed,
+        another_store_on(db_url, tmp_path) as other,
+    ):
+        await listening(db_url, since=since)
+        feed.proxy.freeze()
+        await feed.proxy.stop()  # the connection lost
+        await feed.proxy.start()  # connects accepted, and silent
+        await holds_end_by_polling(client, store, other)

@@ -135,13 +135,19 @@ class CuttableFeed:
 
 @asynccontextmanager
 async def feed_listening_through_a_proxy(
-    store: SqlStore, db_url: str, tmp_path: Path, poll_s: float = POLL_S
+    store: SqlStore,
+    db_url: str,
+    tmp_path: Path,
+    poll_s: float = POLL_S,
+    connect_timeout_s: float = 2.0,
 ) -> AsyncIterator[CuttableFeed]:
     """Postgres only: `store`'s change feed (as its daemon runs it), listening through a
-    TCP proxy the test can stop."""
+    TCP proxy the test can stop or freeze; a (re)connect through a frozen proxy waits out
+    `connect_timeout_s`."""
     upstream = urlsplit(db_url)
     proxy = TcpProxy(upstream.hostname or "127.0.0.1", upstream.port or 5432)
-    listener = await open_store(via_proxy(db_url, await proxy.start()), tmp_path, 1, 2.0)
+    url = via_proxy(db_url, await proxy.start())
+    listener = await open_store(url, tmp_path, 1, connect_timeout_s)
     reads = ListensThrough(store, listener)
     stop = asyncio.Event()
     running = asyncio.create_task(JobChangeFeed(reads, store.changes, poll_s).run(stop))
@@ -150,6 +156,7 @@ async def feed_listening_through_a_proxy(
     finally:
         stop.set()
         await running
+        proxy.thaw()
         await proxy.start()
         await listener.close()
         await proxy.stop()
