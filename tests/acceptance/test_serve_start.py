@@ -1,16 +1,28 @@
 """`outboxd serve` on a port that is taken (another daemon runs there): it stops before it
 touches the database or the queues, so it neither migrates, nor republishes the other
-daemon's rows, nor starts a worker beside it."""
+daemon's rows, nor starts a worker beside it.
+
+Start-up waits only for a database it cannot reach: one that answers with a refusal (a role
+it does not know, as a wrong password is) or a migration that fails exits 1 at once, naming
+the cause, instead of waiting for ever (daemon/app.py `open_when_reachable`)."""
 
 from __future__ import annotations
 
 import socket
+import sqlite3
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+from testkit.daemon import DaemonProcess
 from testkit.moto import MotoServer
 
 from tests.acceptance.conftest import DaemonFactory, offline_config
-from tests.support.db import raw_scalar
+from tests.conftest import postgres_only
+from tests.support.db import raw_execute, raw_scalar
+
+# Well within the wait a database that cannot be reached would get (for ever by default),
+# and long enough for a start on a busy machine.
+FAILS_WITHIN_S = 30
 
 
 async def test_a_daemon_on_a_taken_port_stops_before_touching_anything(
@@ -50,3 +62,63 @@ async def test_a_daemon_on_a_taken_port_stops_before_touching_anything(
             "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'public'",
         )
         assert tables == 0
+
+
+def _fails_at_once(daemon: DaemonProcess) -> str:
+    """The daemon exits 1 without waiting for its database: the `daemon_failed` error."""
+    daemon.spawn()
+    code = daemon.wait_exit(FAILS_WITHIN_S)
+    assert code == 1, daemon.all_output()[-3000:]
+    events = [e.get("event") for e in daemon.events()]
+    assert "storage_waiting" not in events, daemon.all_output()[-3000:]
+    failed = [e for e in daemon.events() if e.get("event") == "daemon_failed"]
+    assert len(failed) == 1, daemon.all_output()[-3000:]
+    return str(failed[0]["error"])
+
+
+@postgres_only
+def test_a_database_that_refuses_the_login_exits_1_at_once(
+    fresh_db_url: str,
+    moto_server: MotoServer,
+    spawn_daemon: DaemonFactory,
+    secret_keys_file: Path,
+) -> None:
+    """The server answers and refuses the login (a role it does not know; a wrong password
+    is refused the same way): no wait, exit 1 naming the refusal."""
+    parts = urlsplit(fresh_db_url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    refused = urlunsplit(parts._replace(netloc=f"no_such_role_outboxd@{host}"))
+    config = offline_config(
+        moto_server,
+        "unused.db",
+        storage={"url": refused},
+        security={"keys_file": str(secret_keys_file)},
+    )
+    error = _fails_at_once(spawn_daemon(config))
+    assert "no_such_role_outboxd" in error and "does not exist" in error, error
+
+
+async def test_a_failing_migration_exits_1_at_once(
+    backend: str,
+    fresh_db_url: str,
+    moto_server: MotoServer,
+    spawn_daemon: DaemonFactory,
+    secret_keys_file: Path,
+) -> None:
+    """The database answers but the first migration fails (a `jobs` table that is not
+    ours is in the way): no wait, exit 1 naming the failure."""
+    if backend == "sqlite":
+        path = Path(fresh_db_url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True)
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE jobs (not_ours INTEGER)")
+    else:
+        await raw_execute(fresh_db_url, "CREATE TABLE jobs (not_ours INTEGER)")
+    config = offline_config(
+        moto_server,
+        "unused.db",
+        storage={"url": fresh_db_url},
+        security={"keys_file": str(secret_keys_file)},
+    )
+    error = _fails_at_once(spawn_daemon(config))
+    assert "jobs" in error and "already exists" in error, error

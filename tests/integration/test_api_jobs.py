@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -487,6 +488,24 @@ async def test_active_jobs_over_the_cap_are_429_c12_and_a_replay_is_not(
     again = await client.post(URL, json=BODY, headers=bearer(ALICE, **{"Idempotency-Key": "a3"}))
     assert again.status == 202, await again.text()
     assert await raw_count(db_url, "jobs") == 4
+
+
+async def test_a_running_job_counts_toward_the_cap(
+    make_client: ClientFactory, store: SqlStore, db_url: str
+) -> None:
+    """api.max_active_jobs_per_user = 1 and the user's one job is RUNNING (a worker holds
+    it): a new job is 429 C12, as with a QUEUED one."""
+    client = await make_client(auth={"tokens": TOKENS}, api={"max_active_jobs_per_user": 1})
+    first = await client.post(URL, json=BODY, headers=bearer(ALICE, **{"Idempotency-Key": "r1"}))
+    assert first.status == 202, await first.text()
+    job_id = (await first.json())["jobId"]
+    assert await store.start_job_run(job_id, time.time(), 60.0) is not None
+    got = await client.get(f"/v1/jobs/{job_id}", headers=bearer(ALICE))
+    assert (await got.json())["status"] == "RUNNING"
+
+    over = await client.post(URL, json=BODY, headers=bearer(ALICE, **{"Idempotency-Key": "r2"}))
+    await assert_problem(over, 429, "C12")
+    assert await raw_count(db_url, "jobs") == 1
 
 
 async def test_with_no_cap_a_user_may_have_any_number_of_active_jobs(

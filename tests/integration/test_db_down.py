@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
@@ -28,8 +29,10 @@ from outboxd.security import KeyRing
 from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store
 from tests.conftest import postgres_only
+from tests.support.consumer_rig import FINAL, RigFactory
 from tests.support.db import raw_count
 from tests.support.tcp_proxy import TcpProxy, via_proxy
+from tests.support.waits import consistently, eventually
 
 URL = "/v1/portal-link-jobs"
 BODY = {"portal": "suwon", "username": "20201234", "password": "pw-down"}
@@ -219,3 +222,37 @@ async def test_network_partition_is_bounded_and_heals(outage: Outage) -> None:
     assert "Idempotent-Replayed" not in ok.headers
     assert await outage.count_direct("jobs") == 2
     assert await outage.count_direct("relay_outbox") == 2
+
+
+# ---------------------------------------------------------------- the consumer while down
+
+# The rig's visibility timeout: a message whose handler met the outage is visible again after
+# it, so an outage of a few of these would walk a message that is received again and again
+# (max_receive_count 3) to the DLQ.
+VISIBILITY_S = 3
+OUTAGE_S = 4 * VISIBILITY_S
+
+
+@pytest.mark.real_clock  # the outage lasts several visibility timeouts of real SQS (moto)
+async def test_the_consumer_stops_receiving_while_the_database_is_down(
+    outage: Outage, make_rig: RigFactory
+) -> None:
+    """A message on the queue when the database goes down: the handler that meets the
+    outage gives it back, and the consumer receives nothing until the database answers
+    again (its store's ping, as the daemon wires it), so the message's receive count does
+    not walk it to the DLQ; once the database is back the job runs and succeeds."""
+    rig = await make_rig(sqs={"visibility_timeout_s": VISIBILITY_S, "max_receive_count": 3})
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)  # on the queue, nobody consuming
+    await outage.down()
+    rig.start_consumer(outage.store, storage_probe=outage.store.db.ping)
+    await eventually(lambda: rig.receiver.receives_of(job_id), 15, what="the message received once")
+
+    def received_at_most_twice() -> bool:
+        # The first receive, and at most one more before its handler met the outage.
+        return len(rig.receiver.receives_of(job_id)) <= 2
+
+    await consistently(received_at_most_twice, OUTAGE_S)
+    await outage.up()
+    done = await rig.wait_status(job_id, *FINAL, timeout_s=60)
+    assert done.status == "SUCCEEDED", done
+    await rig.wait_queue_empty(dlq=0)

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+import structlog
 from aiohttp.test_utils import TestClient
 
 from outboxd.errors import StorageError
@@ -37,6 +38,7 @@ from outboxd.storage.store import SqlStore, open_store
 from tests.conftest import postgres_only, sqlite_only
 from tests.support.db import raw_count, raw_db
 from tests.support.group_crash import portal_job, warm_connections
+from tests.support.logs import json_lines
 
 Client = TestClient[Any, Any]
 URL = "/v1/portal-link-jobs"
@@ -489,6 +491,26 @@ async def test_a_group_whose_commit_fails_runs_each_member_alone(
     assert await raw_count(db_url, "jobs") == 7
     assert await raw_count(db_url, "relay_outbox") == 7
     assert await store.get_job("cf-job-6") is None
+
+
+@pytest.mark.usefixtures("fails_at_commit")
+async def test_a_groups_own_lines_name_none_of_its_members_requests(store: SqlStore) -> None:
+    """Each member is a request's (its request_id bound); the group writes for all of them,
+    so its own lines (the group that failed) carry no request_id at all."""
+
+    async def member(i: int) -> object:
+        structlog.contextvars.bind_contextvars(request_id=f"req-{i}")
+        key = COMMIT_FAILS if i == 3 else None
+        return await store.create_portal_job(new_job("lg", i, key=key), time.time())
+
+    with json_lines() as lines:
+        await asyncio.gather(
+            *(asyncio.create_task(member(i)) for i in range(6)), return_exceptions=True
+        )
+    assert stats(store).groups == 1
+    own = lines("group_commit_failed") + lines("group_bulk_refused")
+    assert own, lines()
+    assert [e for e in own if "request_id" in e] == []
 
 
 # ------------------------------------------------------------------ a crash after the commit

@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from testkit.moto import MotoServer
 
@@ -25,15 +26,19 @@ from outboxd.errors import InvalidState
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import SqsQueues
 from outboxd.services.admin import AdminService
+from outboxd.services.retries import publish_failure
 from outboxd.storage.store import SqlStore
+from outboxd.workers.publishing import message_body
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
 from tests.integration.conftest import Client
 
 # The consumer's rig and fake portal, as fixtures of this module too.
-from tests.support.consumer_rig import RigFactory
+from tests.support.clock import Clock
+from tests.support.consumer_rig import Rig, RigFactory
 from tests.support.db import raw_rows
 from tests.support.ops import placeholder_job
+from tests.support.sqs import read_all, send_to_dlq
 from tests.support.waits import eventually
 
 LINK = {"portal": "suwon", "username": SAMPLE_SNO, "password": SAMPLE_PASSWORD}
@@ -268,6 +273,154 @@ async def test_cancel_and_a_workers_start_end_one_way_or_the_other(
         )
         assert await store.finish_cancelled(started, time.time()) is not None
     assert (await store.job_events(job_id))[-1].status == (await store.get_job(job_id)).status  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------- the paths off the happy one
+
+
+async def _published(rig: Rig, clock: Clock) -> tuple[str, str]:
+    """A job published (its outbox row SENT, the job RUNNING, nobody holding it): the job
+    id and the body of its message."""
+    job_id, outbox_id = await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD)
+    claimed = await rig.store.claim_relay_row(outbox_id, clock.now, 30)
+    assert claimed is not None
+    assert await rig.store.mark_relay_sent([(claimed, "m-1")], clock.now)
+    assert (await rig.job(job_id)).status == "RUNNING"
+    return job_id, message_body(claimed)
+
+
+async def test_the_dlq_sweep_deletes_a_cancelled_jobs_letter(make_rig: RigFactory) -> None:
+    """The DLQ keeps exactly the DEAD work: a CANCELLED job's letter is deleted, the job
+    left as it is."""
+    rig = await make_rig()
+    clock = Clock()
+    job_id, body = await _published(rig, clock)
+    job, outcome = await rig.store.cancel_job(job_id, clock.now, "owner")
+    assert (outcome, job.status) == ("cancelled", "CANCELLED")
+    await send_to_dlq(rig.queues, "jobs", [body])
+
+    with capture_logs() as logs:
+        swept = await rig.consumer(clock=clock).sweep_dlq_once()
+    assert (swept.deleted, swept.marked_dead, swept.kept) == (1, 0, 0)
+    assert await read_all(rig.queues, "jobs", dlq=True) == []
+    deleted = [e for e in logs if e["event"] == "dlq_message_deleted"]
+    assert [e["job_id"] for e in deleted] == [job_id]
+    assert await rig.job(job_id) == job
+
+
+async def test_the_dlq_sweep_ends_a_cancel_requested_job_cancelled_not_dead(
+    make_rig: RigFactory, db_url: str
+) -> None:
+    """A RUNNING job whose cancel was requested, its holder gone and its letter in the DLQ:
+    the sweep ends it CANCELLED (as asked), not DEAD, and deletes the letter."""
+    rig = await make_rig()
+    clock = Clock()
+    job_id, body = await _published(rig, clock)
+    held = await rig.store.start_job_run(job_id, clock.now, 60)  # a worker that then dies
+    assert held is not None
+    _, outcome = await rig.store.cancel_job(job_id, clock.now, "owner")
+    assert outcome == "requested"
+    await send_to_dlq(rig.queues, "jobs", [body])
+    consumer = rig.consumer(clock=clock)
+
+    swept = await consumer.sweep_dlq_once()  # the lease is live: left alone
+    assert (swept.deleted, swept.marked_dead, swept.kept) == (0, 0, 1)
+    clock.now += 61  # the lease ran out with nobody finishing the job
+    swept = await consumer.sweep_dlq_once()
+    assert (swept.deleted, swept.marked_dead) == (1, 0)
+    done = await rig.job(job_id)
+    assert (done.status, done.error_code) == ("CANCELLED", None)
+    assert await sealed_of(db_url, job_id) == [{"sealed": None, "key_id": None}]
+    assert await read_all(rig.queues, "jobs", dlq=True) == []
+    assert (await event_types(rig.store, job_id))[-1] == ("cancelled", "CANCELLED")
+
+
+async def test_a_cancel_requested_during_a_run_failing_at_its_last_receive_ends_cancelled(
+    make_rig: RigFactory,
+) -> None:
+    """The run's portal request fails (retryable) at the last receive SQS allows, after its
+    cancel was requested: the job ends CANCELLED and its message is deleted; it does not go
+    DEAD, nor its message to the DLQ."""
+    rig = await make_rig(sqs={"max_receive_count": 1})
+    rig.portal.delay_s = 3.0  # the first request stays in flight for a while
+    rig.start_consumer()
+    job_id = await rig.submit(SAMPLE_SNO, SAMPLE_PASSWORD)
+
+    async def a_request_in_flight() -> bool:
+        return rig.portal._in_flight == 1
+
+    await eventually(a_request_in_flight, 15, what="the job's first portal request in flight")
+    rig.portal.always_fail_503 = True  # the request in flight answers 503
+    job, outcome = await rig.store.cancel_job(job_id, time.time(), "owner")
+    assert (outcome, job.status) == ("requested", "RUNNING")
+
+    done = await rig.wait_status(job_id, "CANCELLED", "SUCCEEDED", "FAILED", "DEAD")
+    assert (done.status, done.error_code) == ("CANCELLED", None)
+    await rig.wait_queue_empty(dlq=0)
+    assert len(rig.receiver.receives_of(job_id)) == 1
+    assert [t for t, _ in await event_types(rig.store, job_id)][-2:] == [
+        "cancel_requested",
+        "cancelled",
+    ]
+
+
+async def test_a_backed_off_outbox_row_of_a_cancelled_job_is_never_published(
+    make_rig: RigFactory,
+) -> None:
+    """A job whose publish failed and backed off (its outbox row RETRYABLE_FAILED, due
+    again) is cancelled: the relay never sends it after."""
+    rig = await make_rig()
+    job_id, outbox_id = await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD)
+    now = time.time()
+    claimed = await rig.store.claim_relay_row(outbox_id, now, 30)
+    assert claimed is not None
+    await rig.store.mark_relay_failed([publish_failure(claimed, "sqs down", now, dead=False)], now)
+    row = await rig.store.get_relay_row(outbox_id)
+    assert row is not None and row.status == "RETRYABLE_FAILED"
+
+    job, outcome = await rig.store.cancel_job(job_id, time.time(), "owner")
+    assert (outcome, job.status) == ("cancelled", "CANCELLED")
+    relay = Relay(rig.store, rig.publisher, rig.settings.relay, Metrics())
+    assert await relay.relay_pass() == 0
+    assert not await relay.publish_now(outbox_id)
+    assert rig.publisher.bodies == []
+    depth = await rig.queues.depth("jobs")
+    assert (depth.visible, depth.in_flight) == (0, 0)
+    assert (await rig.job(job_id)).status == "CANCELLED"
+
+
+async def test_a_second_cancel_of_a_running_job_changes_nothing(
+    two_role_api: tuple[Client, str, str], store: SqlStore
+) -> None:
+    """Cancelling a RUNNING job again while its worker has not stopped yet: 202, nothing
+    recorded (one `cancel_requested` event), the job's ETag unchanged."""
+    client, user, admin = two_role_api
+    job_id = await _job(store, "bob")
+    assert await store.start_job_run(job_id, time.time(), 60.0) is not None  # a worker holds it
+    auth = {"Authorization": f"Bearer {user}"}
+
+    first = await client.post(f"/v1/jobs/{job_id}/cancel", headers=auth)
+    assert first.status == 202
+    body = await first.json()
+    assert (body["status"], body["cancelRequested"]) == ("RUNNING", True)
+    got = await client.get(f"/v1/jobs/{job_id}", headers=auth)
+    etag = got.headers["ETag"]
+    events = await store.job_events(job_id)
+
+    for token in (user, admin):
+        again = await client.post(
+            f"/v1/jobs/{job_id}/cancel", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert again.status == 202
+        assert ((await again.json())["status"], again.headers.get("ETag", etag)) == (
+            "RUNNING",
+            etag,
+        )
+    assert await store.job_events(job_id) == events
+    assert [e.type for e in events].count("cancel_requested") == 1
+    unchanged = await client.get(f"/v1/jobs/{job_id}", headers={**auth, "If-None-Match": etag})
+    assert unchanged.status == 304
+    assert (await client.get(f"/v1/jobs/{job_id}", headers=auth)).headers["ETag"] == etag
 
 
 def _received(rig: Any, job_id: str) -> Any:

@@ -12,12 +12,23 @@ import asyncio
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from outboxd.services.job_waits import JobWaits
+from outboxd.storage.ports import JobRecord
 from outboxd.storage.store import SqlStore
 from tests.conftest import postgres_only
 from tests.support.db import raw_rows
-from tests.support.held import Api, another_store, held, listening, new_job, until_held
+from tests.support.held import (
+    Api,
+    another_store,
+    another_store_on,
+    feed_listening_through_a_proxy,
+    held,
+    listening,
+    new_job,
+    until_held,
+)
 from tests.support.ops import placeholder_job
 from tests.support.waits import Calls, eventually
 
@@ -224,3 +235,117 @@ async def test_a_change_between_the_read_and_the_wait_still_wakes_the_hold(
     assert ending == "changed" and time.monotonic() - started < 4
     assert now is not None and now.status == "CANCELLED"
     assert waits.held == 0 and store.changes.watched() == []
+
+
+class GatedReads:
+    """The store's get_job, whose next answer, once `close()`d, is read from the database
+    and then held back until `open()`: a watch's shared read in flight for as long as the
+    test wants."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.held = asyncio.Event()
+
+    def close(self) -> None:
+        self.gate.clear()
+        self.held.clear()
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        job = await self.store.get_job(job_id)
+        if not self.gate.is_set():
+            self.held.set()
+            await self.gate.wait()
+        return job
+
+
+async def test_a_change_during_the_watchs_read_still_ends_the_hold(store: SqlStore) -> None:
+    """A change wakes the watch, whose read (shared by its holds) is still out when a
+    second change commits: the value that read brings back is already stale, and the
+    hold, waiting for the second change, ends at once all the same (no lost wake-up)."""
+    reads = GatedReads(store)
+    waits = JobWaits(reads, store.changes, max_waiters=10)
+    job_id = str(uuid.uuid4())
+    await store.create_portal_job(
+        placeholder_job(job_id, str(uuid.uuid4()), job_id, "bob"), now=time.time()
+    )
+    async with waits.hold(job_id) as hold:
+        assert hold is not None
+        waiting = asyncio.ensure_future(
+            hold.until(lambda j: j is not None and j.cancel_requested, 30)
+        )
+        reads.close()
+        assert await store.start_job_run(job_id, time.time(), 60.0) is not None  # wakes it
+        await asyncio.wait_for(reads.held.wait(), 10)  # its read (RUNNING) is out
+        _, outcome = await store.cancel_job(job_id, time.time(), "owner")
+        assert outcome == "requested"
+        reads.gate.set()  # the stale value comes back
+        ending, now = await asyncio.wait_for(waiting, 10)
+    assert ending == "changed"
+    assert now is not None and now.cancel_requested
+
+
+# The listener stays cut this long: several of the feed's reconnect backoffs (1, 2, 4, 8 s, each
+# drawn from half to all of it), well past the bound a poll keeps (2 s).
+LISTENER_DOWN_S = 14.0
+# A poll a second serves a hold within 2 s; the rest is room for a busy machine.
+POLLED_WITHIN_S = 5.0
+
+
+async def holds_end_by_polling(client: Any, store: SqlStore, other: SqlStore) -> None:
+    """For LISTENER_DOWN_S (and three holds at least): a hold on a new job, which `other`
+    (another daemon's store) cancels; each hold ends within POLLED_WITHIN_S."""
+    reads = Calls(store, "get_job")
+    cut = time.monotonic()
+    served = 0
+    while time.monotonic() - cut < LISTENER_DOWN_S or served < 3:
+        job_id, etag = await new_job(client)
+        before = reads.count
+        request = asyncio.ensure_future(held(client, job_id, 30, etag))
+        await reads.reach(before + 1)  # held, past its own read
+        started = time.monotonic()
+        await other.cancel_job(job_id, time.time(), "admin")
+        resp = await asyncio.wait_for(request, 15)
+        elapsed = time.monotonic() - started
+        assert resp.status == 200 and (await resp.json())["status"] == "CANCELLED"
+        assert elapsed < POLLED_WITHIN_S, (served, elapsed)
+        served += 1
+
+
+@postgres_only  # LISTEN/NOTIFY; SQLite always polls
+async def test_held_requests_are_served_by_polling_while_the_listener_stays_down(
+    make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """The listening connection is cut and every reconnect refused for longer than the
+    bound: meanwhile the poll ends each hold on another store's change, within two polls
+    or so, however long the listener has been down."""
+    client = await make_api()
+    since = time.time()
+    async with (
+        feed_listening_through_a_proxy(store, db_url, tmp_path) as feed,
+        another_store_on(db_url, tmp_path) as other,
+    ):
+        await listening(db_url, since=since)
+        await feed.proxy.stop()
+        await holds_end_by_polling(client, store, other)
+
+
+@postgres_only  # LISTEN/NOTIFY; SQLite always polls
+async def test_held_requests_are_served_while_the_listener_reconnects_into_silence(
+    make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """The listening connection is lost and the network then goes silent: each reconnect
+    is accepted and never answered, so it waits out its whole connect timeout (8 s here).
+    The poll goes on meanwhile: each hold still ends within two polls or so."""
+    client = await make_api()
+    since = time.time()
+    async with (
+        feed_listening_through_a_proxy(store, db_url, tmp_path, connect_timeout_s=8.0) as feed,
+        another_store_on(db_url, tmp_path) as other,
+    ):
+        await listening(db_url, since=since)
+        feed.proxy.freeze()
+        await feed.proxy.stop()  # the connection lost
+        await feed.proxy.start()  # connects accepted, and silent
+        await holds_end_by_polling(client, store, other)

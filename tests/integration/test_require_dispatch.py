@@ -24,7 +24,7 @@ from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.conftest import SettingsFactory
 from tests.support.clock import Clock
-from tests.support.relay import GatedPublisher, relay_settings
+from tests.support.relay import GatedPublisher, drain, relay_settings
 from tests.support.waits import Calls
 
 URL = "/v1/portal-link-jobs"
@@ -155,5 +155,36 @@ async def test_a_replay_while_the_relay_loop_fails_its_publish_is_503_c08(
         assert body["code"] == "C08" and headers.get("Retry-After") == "1"
         after = await store.get_relay_row(row.id)
         assert after is not None and after.status == "RETRYABLE_FAILED"
+    finally:
+        await client.close()
+
+
+async def test_a_replay_while_the_first_publish_is_out_sends_no_second_copy(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing, queues: SqsQueues
+) -> None:
+    """The first request's publish is still out (its SendMessageBatch in flight) when a
+    replay of it arrives: the replay waits for that publish and answers what it sent; it
+    does not send the job again (one entry handed to SQS, one message on the queue)."""
+    pub = GatedPublisher(queues)  # every batch waits for the gate
+    relay = Relay(store, pub, relay_settings(), Metrics())
+    client = await client_for(
+        build_api_deps(make_settings(), store, keys, Metrics(), queues, relay)
+    )
+    try:
+        intakes = Calls(store, "create_portal_job")
+        first = asyncio.create_task(post(client, "k-out"))
+        await asyncio.wait_for(pub.entered.wait(), 10)  # its publish is out
+        replay = asyncio.create_task(post(client, "k-out"))
+        await intakes.reach(2)  # the replay read the row while that publish was out
+        pub.gate.set()
+        (status, body, _), (again, replayed, headers) = await asyncio.wait_for(
+            asyncio.gather(first, replay), 15
+        )
+        assert (status, again) == (202, 202), (body, replayed)
+        assert headers["Idempotent-Replayed"] == "true"
+        assert replayed["jobId"] == body["jobId"]
+        assert body["dispatch"]["status"] == "SENT"
+        assert [len(b) for b in pub.batches] == [1]
+        assert len(await drain(queues)) == 1
     finally:
         await client.close()

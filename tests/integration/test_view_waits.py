@@ -14,7 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from outboxd.storage.store import SqlStore
-from tests.support.held import Api, Client, another_store, held, listening, new_job, until_held
+from tests.conftest import postgres_only
+from tests.support.held import (
+    Api,
+    Client,
+    another_store,
+    another_store_on,
+    feed_listening_through_a_proxy,
+    held,
+    listening,
+    new_job,
+    until_held,
+)
 from tests.support.waits import Calls, eventually
 
 JOBS = "/v1/admin/jobs"
@@ -170,3 +181,34 @@ async def test_a_held_listing_holds_no_database_connection(make_api: Api, store:
     await asyncio.wait_for(new_job(client), 5)  # a write
     for resp in await asyncio.wait_for(asyncio.gather(*requests), 10):
         assert resp.status == 200
+
+
+@postgres_only  # LISTEN/NOTIFY; SQLite always polls
+async def test_a_listener_reconnect_wakes_a_held_listing(
+    make_api: Api, store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """Notifications sent while the listener was down are lost: once it listens again, it
+    wakes every held request, a held listing as well as held jobs; the listing reads again
+    and ends on the change made meanwhile. (The feed here polls once per reconnect attempt
+    only, so the reconnect alone can tell the listing.)"""
+    client = await make_api()
+    since = time.time()
+    async with (
+        feed_listening_through_a_proxy(store, db_url, tmp_path, poll_s=3600) as feed,
+        another_store_on(db_url, tmp_path) as other,
+    ):
+        job_id, _ = await new_job(client)
+        await listening(db_url, since=since)
+        etag = (await client.get(JOBS)).headers["ETag"]
+        lists = Calls(store, "list_jobs")
+        request = asyncio.ensure_future(held_view(client, JOBS, etag))
+        await lists.reach(1)  # the request's own read
+        polls = Calls(feed.reads, "newest_job_event")
+        await feed.proxy.stop()
+        # Refused twice: after its third poll the feed waits 2-4 s before its next attempt.
+        await polls.reach(3)
+        await other.cancel_job(job_id, time.time(), "admin")  # notified to nobody
+        await feed.proxy.start()  # the next attempt listens again
+        resp = await asyncio.wait_for(request, 20)
+        assert resp.status == 200
+        assert (await resp.json())["items"][0]["status"] == "CANCELLED"

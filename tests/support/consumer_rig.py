@@ -117,9 +117,14 @@ class Rig:
     metrics: Metrics = field(default_factory=Metrics)
 
     def consumer(
-        self, store: SqlStore | None = None, clock: Callable[[], float] = time.time
+        self,
+        store: SqlStore | None = None,
+        clock: Callable[[], float] = time.time,
+        storage_probe: Callable[[], Awaitable[None]] | None = None,
     ) -> Consumer:
-        """A consumer on the rig's queues, not running (`start_consumer` runs one)."""
+        """A consumer on the rig's queues, not running (`start_consumer` runs one); with
+        `storage_probe` (the daemon passes its store's ping) it looks whether the database
+        is back before it receives again after an outage."""
         scraper = SuwonScraper(self.settings.scrapers.suwon)
         self.scrapers.append(scraper)
         return Consumer(
@@ -133,10 +138,15 @@ class Rig:
             self.settings.security.dead_retention_s,
             clock=clock,
             portal_settings=self.settings.scrapers.suwon,
+            storage_probe=storage_probe,
         )
 
-    def start_consumer(self, store: SqlStore | None = None) -> Consumer:
-        consumer = self.consumer(store)
+    def start_consumer(
+        self,
+        store: SqlStore | None = None,
+        storage_probe: Callable[[], Awaitable[None]] | None = None,
+    ) -> Consumer:
+        consumer = self.consumer(store, storage_probe=storage_probe)
         self.tasks.append(asyncio.create_task(consumer.run(self.stop)))
         return consumer
 

@@ -3,12 +3,15 @@ running without the otel extra."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
 import pytest
+import structlog
 
-from outboxd.tracing import NO_TRACING, new_traceparent, parse_traceparent, trace_id_of
+from outboxd.tracing import NO_TRACING, Tracing, new_traceparent, parse_traceparent, trace_id_of
+from tests.support.logs import json_lines
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"
@@ -78,3 +81,30 @@ print("ran without it")
     assert out.returncode == 0, out.stderr
     assert "ran without it" in out.stdout
     assert "tracing_unavailable" in out.stdout + out.stderr
+
+
+async def test_a_span_unbinds_its_trace_id_when_it_ends() -> None:
+    """A line logged after a span ended, in the same task, carries no trace_id (not the
+    ended span's); a span inside another gives the outer one's back when it ends."""
+    log = structlog.get_logger("test")
+    tracing = Tracing()
+
+    async def work() -> tuple[str, str]:
+        with tracing.span("outer", None) as outer:
+            log.info("in_outer")
+            with tracing.span("inner", None) as inner:  # a trace of its own
+                log.info("in_inner")
+            log.info("back_in_outer")
+        log.info("after")
+        return outer, inner
+
+    with json_lines() as lines:
+        outer, inner = await asyncio.create_task(work())
+    trace_ids = {e["event"]: e.get("trace_id") for e in lines()}
+    assert trace_id_of(outer) != trace_id_of(inner)
+    assert trace_ids == {
+        "in_outer": trace_id_of(outer),
+        "in_inner": trace_id_of(inner),
+        "back_in_outer": trace_id_of(outer),
+        "after": None,
+    }

@@ -6,8 +6,9 @@ arrive here:
 - Postgres: one connection per process LISTENs on the channel every process's store
   notifies after its commits (the job id: storage/notifier.py); a notification wakes
   that job's held requests. Should the connection fail, the loop polls until it is back
-  (reconnecting with backoff), then wakes every watched job once, since notifications
-  sent meanwhile are lost.
+  (reconnecting with backoff, and polling during each attempt too: a connect over a
+  network gone silent waits out its whole timeout), then wakes every watched job once,
+  since notifications sent meanwhile are lost.
 - SQLite (and Postgres while not listening): every `POLL_S` one query reads the newest
   event of each job a request waits on, for all of them, and wakes those that moved
   (and those watched since the last poll, so a change between a request's read and its
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 
 import structlog
 
@@ -57,7 +59,10 @@ class JobChangeFeed:
                     await sleep_or_stop(stop, self._poll_s)
                 return
             try:
-                async with listening as conn:
+                async with contextlib.AsyncExitStack() as stack:
+                    conn = await self._connect_polling(stack.enter_async_context(listening), stop)
+                    if conn is None:  # stopping
+                        break
                     if failures:
                         log.info("job_listener_restored", after_failures=failures)
                     failures = 0
@@ -82,6 +87,31 @@ class JobChangeFeed:
             while not stop.is_set() and loop.time() < until:
                 await self.poll_once()
                 await sleep_or_stop(stop, min(self._poll_s, max(0.0, until - loop.time())))
+
+    async def _connect_polling(
+        self, connecting: Awaitable[Listening], stop: asyncio.Event
+    ) -> Listening | None:
+        """The listening connection once it is up, polling every poll_s meanwhile: a connect
+        over a network that went silent waits out its whole timeout, and the holds must not
+        wait with it. None when the daemon stops first."""
+        task = asyncio.ensure_future(connecting)
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                await asyncio.wait(
+                    {task, stopping}, timeout=self._poll_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if task.done():
+                    return task.result()
+                if stopping.done():
+                    return None
+                await self.poll_once()
+        finally:
+            stopping.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StorageError):
+                    await task
 
     def _notified(self, job_id: str) -> None:
         self._changes.publish((job_id,))
