@@ -270,7 +270,7 @@ async def test_a_change_during_the_watchs_read_still_ends_the_hold(store: SqlSto
     await store.create_portal_job(
         placeholder_job(job_id, str(uuid.uuid4()), job_id, "bob"), now=time.time()
     )
-    async with waits.hold(job_id) as hold:
+    async with waits.hold(job_id, "bob") as hold:
         assert hold is not None
         waiting = asyncio.ensure_future(
             hold.until(lambda j: j is not None and j.cancel_requested, 30)
