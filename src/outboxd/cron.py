@@ -17,8 +17,10 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from outboxd.errors import OutboxdError
 
-class CronError(ValueError):
+
+class CronError(OutboxdError, ValueError):
     """An invalid schedule; the message names the field and the reason."""
 
 

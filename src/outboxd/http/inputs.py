@@ -20,6 +20,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from outboxd.errors import OutboxdError
 from outboxd.http.problems import (
     PAYLOAD_TOO_LARGE,
     UNSUPPORTED_MEDIA_TYPE,
@@ -38,7 +39,7 @@ MAX_ID_CHARS = 128
 _LIMIT_RE = re.compile(r"^[0-9]{1,4}$")
 
 
-class InputError(ValueError):
+class InputError(OutboxdError, ValueError):
     """A client sent something this API does not accept; answered VALIDATION_FAILED."""
 
     def __init__(self, field: str, message: str) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from outboxd.errors import OutboxdError
+
 
 @dataclass(frozen=True)
 class ProblemKind:
@@ -163,7 +165,7 @@ PROBLEM_CODES: Final = tuple(p.code for p in PROBLEMS)
 PROBLEM_TYPE: Final = "urn:outboxd:problem:"
 
 
-class ApiError(Exception):
+class ApiError(OutboxdError):
     """A request answered with a problem: its kind, and what went wrong in words."""
 
     def __init__(

@@ -23,6 +23,8 @@ from typing import IO
 
 import aiohttp
 
+from outboxd.errors import OutboxdError
+
 HOST = "127.0.0.1"
 # Importing moto and flask takes 1-3 s on a cold, shared CPU; the deadline only bounds
 # a server that will never answer (a broken install), it is not the normal wait.
@@ -60,7 +62,7 @@ main(sys.argv[2:])
 """
 
 
-class EmbeddedSqsError(RuntimeError):
+class EmbeddedSqsError(OutboxdError, RuntimeError):
     """The embedded server could not start (it exited, or never answered in time)."""
 
 

@@ -23,6 +23,8 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.exceptions import SSLError as BotoSSLError
 
+from outboxd.errors import OutboxdError
+
 _T = TypeVar("_T")
 _ERROR_TEXT_MAX = 300
 
@@ -86,7 +88,7 @@ _UNREACHABLE_CODES = MISSING_QUEUE_CODES | {
 _UNREACHABLE_STATUSES = frozenset({401, 403, 407, 408, 429})
 
 
-class QueueError(Exception):
+class QueueError(OutboxdError):
     """An SQS or transport failure. str() is short and never holds credentials.
 
     `code` is SQS's error code when SQS answered (e.g. "ReceiptHandleIsInvalid"), None

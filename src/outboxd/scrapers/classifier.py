@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from outboxd.config import ClassifierRule, ClassifierSettings
+from outboxd.errors import OutboxdError
 from outboxd.observability import RequestOutcome
 
 __all__ = [
@@ -44,7 +45,7 @@ RETRY_AFTER_DEFAULT_S = 30.0
 RETRY_AFTER_MAX_S = 3600.0
 
 
-class ClassificationError(Exception):
+class ClassificationError(OutboxdError):
     """An attempt that reached (or may have reached) the provider and gave no category."""
 
     def __init__(self, message: str) -> None:
@@ -56,7 +57,7 @@ class ProviderUnavailable(ClassificationError):
     """Connection refused, timeout or 5xx: the request may or may not have been processed."""
 
 
-class RateLimited(Exception):
+class RateLimited(OutboxdError):
     """HTTP 429: come back after `retry_after_s` seconds; not an attempt."""
 
     def __init__(self, retry_after_s: float) -> None:

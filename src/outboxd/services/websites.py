@@ -17,7 +17,7 @@ from typing import Final
 import idna
 import structlog
 
-from outboxd.errors import CapReached, QuotaExceeded
+from outboxd.errors import CapReached, OutboxdError, QuotaExceeded
 from outboxd.ids import new_id
 from outboxd.storage.ports import (
     WEBSITE_QUOTA_PERIOD_S,
@@ -46,7 +46,7 @@ _FORBIDDEN = set("/\\?#@:[]% \t\r\n")
 _TOO_LONG: Final = f"is longer than {MAX_DOMAIN_CHARS} characters"
 
 
-class InvalidDomain(ValueError):
+class InvalidDomain(OutboxdError, ValueError):
     """The text is not a bare host name; str() says why (never echoing much of it)."""
 
 
