@@ -51,6 +51,7 @@ from typing import Any
 from aiohttp import web
 
 from bench.common import quiet_logging
+from outboxd.config_file import settings_from_mapping
 
 CONTENT_TYPE = "application/x-amz-json-1.0"
 ACCOUNT = "000000000000"
@@ -145,11 +146,10 @@ async def bare_handler(request: web.Request) -> web.Response:
 
 def _settings(args: argparse.Namespace, cleanups: list[Any], more: dict[str, Any]) -> Any:
     """The daemon's settings for `--db` (plus `more` sections), its JSON logs to `--log`."""
-    from outboxd.config import Settings
 
     sink = quiet_logging(Path(args.log) if args.log else None)
     cleanups.append(sink.close)
-    return Settings.from_mapping(
+    return settings_from_mapping(
         {
             "server": {"host": "127.0.0.1", "port": 0},
             "storage": {"url": args.db, "pool_size": args.pool_size},

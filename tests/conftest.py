@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from testkit.moto import MotoServer
 
 from outboxd.config import Settings
+from outboxd.config_file import settings_from_mapping
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics
@@ -103,7 +104,7 @@ def make_settings(db_url: str, tmp_path: Path) -> SettingsFactory:
             "sqs": {"endpoint_url": None, "create_queues": True},
             "logging": {"level": "debug"},
         }
-        return Settings.from_mapping(merge(base, sections), env={}, base_dir=tmp_path)
+        return settings_from_mapping(merge(base, sections), env={}, base_dir=tmp_path)
 
     return factory
 

@@ -36,12 +36,12 @@ def add_portal_parser(
 
 
 async def portal_command(settings: Settings, args: argparse.Namespace) -> int:
-    from outboxd.cli import EXIT_OK, _open, cli_actor
+    from outboxd.cli_commands import EXIT_OK, cli_actor, open_store
     from outboxd.daemon.app import load_keys
     from outboxd.services.portal_logins import PortalLoginAdmin
 
     keys = load_keys(settings, os.environ)
-    store = await _open(settings)
+    store = await open_store(settings)
     try:
         logins = PortalLoginAdmin(store, keys, settings.scrapers.suwon)
         if args.portal_command == "unlock":

@@ -1,28 +1,24 @@
-"""Typed, frozen settings read from TOML, with `OUTBOXD_<SECTION>__<KEY>` overrides.
+"""The settings: typed, frozen dataclasses, one a config section, with their defaults.
 
-Every value is validated at start: an unknown key, a wrong type or an impossible
-value raises `ConfigError` whose message is one line naming the key.
+How they are read from TOML and the environment, and checked, is `config_file.py`; an
+unknown key, a wrong type or an impossible value raises `ConfigError` there, whose message
+is one line naming the key.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
-import json
-import math
-import os
-import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from outboxd.errors import OutboxdError
+
 ROLES = ("api", "relay", "consumer", "claimer", "scheduler")
 
 
-class ConfigError(Exception):
+class ConfigError(OutboxdError):
     """A configuration problem; str() is one line naming the key."""
 
 
@@ -57,7 +53,7 @@ class ApiSettings:
     max_wait_s: int = 60
     # Requests held at once; past it a waiting request is answered at once. Each keeps its
     # connection: at most `waiters_within(server.max_connections)`, and that when absent
-    # (see _derive_defaults): 768 for the default 1024 connections.
+    # (see config_file._derive_defaults): 768 for the default 1024 connections.
     max_waiters: int = 768
     # One user's share of them (0: no request of anyone is held).
     max_waiters_per_user: int = 100
@@ -106,7 +102,7 @@ class RelaySettings:
 @dataclass(frozen=True)
 class ConsumerSettings:
     max_concurrency: int = 4
-    # When absent: a third of sqs.visibility_timeout_s (see _derive_defaults).
+    # When absent: a third of sqs.visibility_timeout_s (see config_file._derive_defaults).
     heartbeat_s: float = 20.0
     backoff_base_s: float = 5.0
     # How often each DLQ is swept: messages of work no longer DEAD are deleted.
@@ -270,192 +266,9 @@ class Settings:
     # The folder relative paths (sqlite:///rel, keys_file) are resolved against.
     base_dir: Path = field(default_factory=Path.cwd)
 
-    @classmethod
-    def from_toml(
-        cls, path: str | os.PathLike[str], env: Mapping[str, str] | None = None
-    ) -> Settings:
-        """Read, override from the environment, and validate a config file."""
-        file = Path(path)
-        try:
-            raw = tomllib.loads(file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"config: file not found: {file}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config: {file}: invalid TOML: {exc}") from None
-        return cls.from_mapping(raw, env=env, base_dir=file.resolve().parent)
-
-    @classmethod
-    def from_mapping(
-        cls,
-        raw: Mapping[str, Any],
-        env: Mapping[str, str] | None = None,
-        base_dir: Path | None = None,
-    ) -> Settings:
-        data: dict[str, Any] = json.loads(json.dumps(raw, default=str)) if raw else {}
-        _apply_env(data, os.environ if env is None else env)
-        data.pop("base_dir", None)
-        _derive_defaults(data)
-        settings: Settings = _build(cls, data, "")
-        settings = dataclasses.replace(settings, base_dir=base_dir or Path.cwd())
-        from outboxd.config_checks import validate  # it reads the classes above
-
-        validate(settings)
-        return settings
-
     def resolve_path(self, value: str) -> Path:
         p = Path(value)
         return p if p.is_absolute() else (self.base_dir / p)
-
-
-ENV_PREFIX = "OUTBOXD_"
-
-
-def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
-    """`OUTBOXD_SQS__WAIT_TIME_S=5` sets [sqs] wait_time_s; values parse as TOML when they can."""
-    for name, value in env.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        path = [part.lower() for part in name[len(ENV_PREFIX) :].split("__")]
-        if not all(path):
-            continue
-        target = data
-        for part in path[:-1]:
-            nxt = target.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"config: {name}: {'.'.join(path[:-1])} is not a section")
-            target = nxt
-        target[path[-1]] = _parse_env_value(value)
-
-
-def _number(section: Any, key: str) -> float | None:
-    value = section.get(key) if isinstance(section, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _derive_defaults(data: dict[str, Any]) -> None:
-    """Defaults that follow another key, filled in only where the user wrote nothing.
-
-    So a rule relating two keys can only fail on a value the user wrote: setting just
-    `sqs.visibility_timeout_s = 6` gives a 2 s heartbeat, not the 20 s that would
-    contradict it. A source value of the wrong type is left for _build to report.
-    """
-
-    def fill(section: str, key: str, value: float | None) -> None:
-        target = data.get(section)
-        if value is None or (target is not None and not isinstance(target, dict)):
-            return
-        data.setdefault(section, {}).setdefault(key, value)
-
-    connections = _number(data.get("server"), "max_connections")
-    if connections is not None and connections.is_integer():
-        fill("api", "max_waiters", waiters_within(int(connections)))
-    visibility = _number(data.get("sqs"), "visibility_timeout_s")
-    if visibility is not None and visibility > 0:
-        fill("consumer", "heartbeat_s", visibility / 3)
-    base = _number(data.get("relay"), "backoff_base_s")
-    if base is not None:
-        fill("relay", "backoff_max_s", max(RelaySettings.backoff_max_s, base))
-    scrapers = data.get("scrapers")
-    classifier = scrapers.get("classifier") if isinstance(scrapers, dict) else None
-    categories = classifier.get("categories") if isinstance(classifier, dict) else None
-    if isinstance(classifier, dict) and isinstance(categories, list) and "rules" not in classifier:
-        # Own categories and no rules: the default rules whose category is among them.
-        classifier["rules"] = [
-            {k: v for k, v in dataclasses.asdict(r).items() if v is not None}
-            for r in DEFAULT_RULES
-            if r.category in categories
-        ]
-    timeout = _number(
-        scrapers.get("classifier") if isinstance(scrapers, dict) else None, "timeout_s"
-    )
-    if timeout is not None:
-        fill(
-            "claimer",
-            "processing_timeout_s",
-            max(ClaimerSettings.processing_timeout_s, 2 * timeout),
-        )
-
-
-def _parse_env_value(value: str) -> Any:
-    try:
-        return tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
-        return value
-
-
-def _build(tp: type[Any], data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"config: {where or 'root'}: expected a table")
-    hints = typing.get_type_hints(tp)
-    known = {f.name for f in dataclasses.fields(tp) if f.init and f.name != "base_dir"}
-    for key in data:
-        if key not in known:
-            raise ConfigError(f"config: {_join(where, key)}: unknown key")
-    kwargs = {key: _coerce(hints[key], value, _join(where, key)) for key, value in data.items()}
-    try:
-        return tp(**kwargs)
-    except TypeError as exc:  # a missing required field
-        raise ConfigError(f"config: {where or 'root'}: {exc}") from None
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
-
-
-def _coerce(tp: Any, value: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        last: ConfigError | None = None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, where)
-            except ConfigError as exc:
-                last = exc
-        raise last or ConfigError(f"config: {where}: wrong type")
-    if origin is Literal:
-        if value not in args:
-            allowed = ", ".join(repr(a) for a in args)
-            raise ConfigError(f"config: {where}: must be one of {allowed}, got {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ConfigError(f"config: {where}: expected an array")
-        return tuple(_coerce(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin in (Mapping, dict) or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"config: {where}: expected a table")
-        return types.MappingProxyType(dict(value))
-    if dataclasses.is_dataclass(tp):
-        return _build(typing.cast(type[Any], tp), value, where)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"config: {where}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config: {where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"config: {where}: expected a number, got {value!r}")
-        if not math.isfinite(value):
-            # TOML spells inf and nan; no duration, delay or size is either.
-            raise ConfigError(f"config: {where}: must be a finite number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"config: {where}: expected a string, got {value!r}")
-        return value
-    if tp is typing.Any:
-        return value
-    raise ConfigError(f"config: {where}: unsupported type")  # pragma: no cover
 
 
 def is_loopback_host(host: str) -> bool:

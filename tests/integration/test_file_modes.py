@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from outboxd.config import Settings
+from outboxd.config_file import settings_from_mapping
 from outboxd.daemon.app import load_keys
 from outboxd.security import KeyRing
 from outboxd.storage.store import open_store
@@ -63,7 +63,7 @@ async def test_an_existing_world_readable_database_is_tightened(
 
 
 def test_the_default_key_file_is_0600_under_umask_022(tmp_path: Path, umask_022: None) -> None:
-    settings = Settings.from_mapping(
+    settings = settings_from_mapping(
         {"storage": {"url": "sqlite:///outboxd.db"}}, env={}, base_dir=tmp_path
     )
     load_keys(settings, {})

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
-from outboxd.config import Settings
+from outboxd.config_file import settings_from_mapping
 from outboxd.daemon.app import open_configured_store
 from outboxd.observability import Metrics
 from outboxd.storage.db import backend_of, known_schema_version, load_migrations
@@ -67,7 +67,7 @@ async def test_a_newer_schema_is_warned_about_at_start(
 async def test_an_empty_database_has_no_schema_version(tmp_path: Path) -> None:
     """Before the first migration there is no version to compare (and no warning). SQLite
     only: the session's Postgres database is migrated once for all its tests."""
-    settings = Settings.from_mapping(
+    settings = settings_from_mapping(
         {"storage": {"url": "sqlite:///empty.db", "auto_migrate": False}},
         env={},
         base_dir=tmp_path,

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from outboxd import cli
+from outboxd import cli, cli_commands
 
 
 @pytest.mark.parametrize("limit", ["0", "-1", "501", "100000", "ten", "1.5"])
@@ -45,21 +45,21 @@ def test_these_commands_explain_themselves_in_their_help(path: tuple[str, ...]) 
 
 
 def test_status_prints_queue_depths_for_a_person() -> None:
-    line = cli.queue_line("jobs", 12, 3, 0)
+    line = cli_commands.queue_line("jobs", 12, 3, 0)
     assert "{" not in line and "'" not in line
     assert line.split() == ["queue", "jobs", "visible", "12", "in", "flight", "3", "dlq", "0"]
 
 
 def test_the_cli_actor_names_the_user(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SUDO_USER", raising=False)
-    monkeypatch.setattr(cli.getpass, "getuser", lambda: "alice")
-    assert cli.cli_actor() == "cli:alice"
+    monkeypatch.setattr(cli_commands.getpass, "getuser", lambda: "alice")
+    assert cli_commands.cli_actor() == "cli:alice"
     monkeypatch.setenv("SUDO_USER", "bob")  # `sudo outboxd ...` run by bob
-    assert cli.cli_actor() == "cli:bob"
+    assert cli_commands.cli_actor() == "cli:bob"
 
     def no_user() -> str:
         raise KeyError("no passwd entry")
 
     monkeypatch.delenv("SUDO_USER")
-    monkeypatch.setattr(cli.getpass, "getuser", no_user)
-    assert cli.cli_actor().startswith("cli:uid ")
+    monkeypatch.setattr(cli_commands.getpass, "getuser", no_user)
+    assert cli_commands.cli_actor().startswith("cli:uid ")

@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from outboxd.config import ConfigError, Settings
+from outboxd.config_file import load_settings, settings_from_mapping
 from outboxd.storage.db import sqlite_path
 from tests.support.ops import run_cli
 
 
 def load(raw: dict[str, Any], env: dict[str, str] | None = None) -> Settings:
-    return Settings.from_mapping(raw, env=env or {}, base_dir=Path("/srv/outboxd"))
+    return settings_from_mapping(raw, env=env or {}, base_dir=Path("/srv/outboxd"))
 
 
 def config_error(raw: dict[str, Any], env: dict[str, str] | None = None) -> str:
@@ -127,11 +128,11 @@ def test_relative_sqlite_path_is_relative_to_the_config_file(tmp_path: Path) -> 
     folder.mkdir()
     cfg = folder / "outboxd.toml"
     cfg.write_text('[storage]\nurl = "sqlite:///var/outboxd.db"\n')
-    s = Settings.from_toml(cfg, env={})
+    s = load_settings(cfg, env={})
     assert s.base_dir == folder.resolve()
     assert sqlite_path(s.storage.url, s.base_dir) == folder.resolve() / "var" / "outboxd.db"
     cfg.write_text('[storage]\nurl = "sqlite:////var/lib/outboxd/outboxd.db"\n')
-    s = Settings.from_toml(cfg, env={})
+    s = load_settings(cfg, env={})
     assert sqlite_path(s.storage.url, s.base_dir) == Path("/var/lib/outboxd/outboxd.db")
     assert s.resolve_path("keys") == folder.resolve() / "keys"
 
@@ -139,12 +140,12 @@ def test_relative_sqlite_path_is_relative_to_the_config_file(tmp_path: Path) -> 
 def test_toml_errors_are_one_line(tmp_path: Path) -> None:
     """A missing file or invalid TOML is a one-line ConfigError."""
     with pytest.raises(ConfigError) as missing:
-        Settings.from_toml(tmp_path / "absent.toml", env={})
+        load_settings(tmp_path / "absent.toml", env={})
     assert "\n" not in str(missing.value)
     bad = tmp_path / "bad.toml"
     bad.write_text("[server\nport = 1\n")
     with pytest.raises(ConfigError) as invalid:
-        Settings.from_toml(bad, env={})
+        load_settings(bad, env={})
     assert "\n" not in str(invalid.value)
 
 

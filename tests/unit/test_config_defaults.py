@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from outboxd.config import ConfigError, Settings
+from outboxd.config_file import settings_from_mapping
 
 
 def load(raw: dict[str, Any]) -> Settings:
-    return Settings.from_mapping(raw, env={}, base_dir=Path("/srv/outboxd"))
+    return settings_from_mapping(raw, env={}, base_dir=Path("/srv/outboxd"))
 
 
 def config_error(raw: dict[str, Any]) -> str:
@@ -34,7 +35,7 @@ def test_heartbeat_default_is_a_third_of_the_visibility_timeout() -> None:
     assert load({}).consumer.heartbeat_s == pytest.approx(60 / 3)
     assert load({"sqs": {"visibility_timeout_s": 90}}).consumer.heartbeat_s == pytest.approx(30)
     # From an environment override too.
-    s = Settings.from_mapping({}, env={"OUTBOXD_SQS__VISIBILITY_TIMEOUT_S": "9"})
+    s = settings_from_mapping({}, env={"OUTBOXD_SQS__VISIBILITY_TIMEOUT_S": "9"})
     assert s.consumer.heartbeat_s == pytest.approx(3)
     # A written heartbeat is kept as written.
     assert load({"consumer": {"heartbeat_s": 5}}).consumer.heartbeat_s == 5
@@ -102,7 +103,7 @@ def test_bad_endpoint_is_a_config_error_naming_the_key(value: str) -> None:
 
 def test_empty_endpoint_from_the_environment_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"sqs\.endpoint_url"):
-        Settings.from_mapping({}, env={"OUTBOXD_SQS__ENDPOINT_URL": '""'})
+        settings_from_mapping({}, env={"OUTBOXD_SQS__ENDPOINT_URL": '""'})
 
 
 @pytest.mark.parametrize("value", ["embedded", "http://127.0.0.1:4566", "https://sqs.example.com"])
@@ -119,7 +120,7 @@ def test_max_waiters_follows_max_connections_unless_written() -> None:
     assert defaults.api.max_waiters_per_user == 100
     assert load({"server": {"max_connections": 40}}).api.max_waiters == 30
     assert load({"server": {"max_connections": 1}}).api.max_waiters == 0
-    env = Settings.from_mapping({}, env={"OUTBOXD_SERVER__MAX_CONNECTIONS": "200"})
+    env = settings_from_mapping({}, env={"OUTBOXD_SERVER__MAX_CONNECTIONS": "200"})
     assert env.api.max_waiters == 150
     # Written and within it: kept as written.
     written = {"server": {"max_connections": 40}, "api": {"max_waiters": 10}}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from outboxd.config import ConfigError, Settings
+from outboxd.config_file import settings_from_mapping
 from tests.support.ops import run_cli
 
 
@@ -51,7 +52,7 @@ def test_the_walk_found_the_durations() -> None:
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
 def test_every_number_refuses_non_finite_values(key: str, bad: float) -> None:
     with pytest.raises(ConfigError) as exc:
-        Settings.from_mapping(_nested(key, bad), env={}, base_dir=Path("/srv"))
+        settings_from_mapping(_nested(key, bad), env={}, base_dir=Path("/srv"))
     msg = str(exc.value)
     assert key in msg and "finite" in msg and "\n" not in msg
 
@@ -59,12 +60,12 @@ def test_every_number_refuses_non_finite_values(key: str, bad: float) -> None:
 def test_a_non_finite_every_s_in_a_schedule_is_refused() -> None:
     raw = {"scheduler": {"jobs": [{"name": "n", "task": "noop", "every_s": math.inf}]}}
     with pytest.raises(ConfigError, match=r"scheduler\.jobs\[0\]\.every_s.*finite"):
-        Settings.from_mapping(raw, env={}, base_dir=Path("/srv"))
+        settings_from_mapping(raw, env={}, base_dir=Path("/srv"))
 
 
 def test_an_environment_override_of_inf_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"relay\.interval_s.*finite"):
-        Settings.from_mapping({}, env={"OUTBOXD_RELAY__INTERVAL_S": "inf"}, base_dir=Path("/s"))
+        settings_from_mapping({}, env={"OUTBOXD_RELAY__INTERVAL_S": "inf"}, base_dir=Path("/s"))
 
 
 def _token(user: str, secret: str, role: str = "user") -> dict[str, str]:
@@ -78,14 +79,14 @@ def test_two_tokens_with_the_same_hash_are_refused(upper: bool) -> None:
         second["sha256"] = second["sha256"].upper()
     raw = {"auth": {"tokens": [_token("alice", "s3cret"), _token("bob", "other"), second]}}
     with pytest.raises(ConfigError) as exc:
-        Settings.from_mapping(raw, env={}, base_dir=Path("/srv"))
+        settings_from_mapping(raw, env={}, base_dir=Path("/srv"))
     assert str(exc.value).startswith("config: auth.tokens:")
     assert "[2]" in str(exc.value) and "[0]" in str(exc.value)
 
 
 def test_distinct_tokens_are_fine() -> None:
     raw = {"auth": {"tokens": [_token("alice", "a"), _token("bob", "b")]}}
-    assert len(Settings.from_mapping(raw, env={}, base_dir=Path("/srv")).auth.tokens) == 2
+    assert len(settings_from_mapping(raw, env={}, base_dir=Path("/srv")).auth.tokens) == 2
 
 
 def _check_config(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
@@ -118,4 +119,4 @@ def test_check_config_exits_2_naming_the_key(tmp_path: Path, text: str, key: str
 def test_a_schedule_name_outside_the_sqs_dedup_alphabet_is_refused(name: str) -> None:
     raw = {"scheduler": {"jobs": [{"name": name, "task": "noop", "every_s": 60}]}}
     with pytest.raises(ConfigError, match=r"scheduler\.jobs\[0\]\.name"):
-        Settings.from_mapping(raw, env={}, base_dir=Path("/srv"))
+        settings_from_mapping(raw, env={}, base_dir=Path("/srv"))

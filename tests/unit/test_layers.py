@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "outboxd"
 # Lower number, lower layer: a module may import its own layer and the ones below.
 LAYERS = {
     "config": 0,
-    "config_checks": 0,
+    "config_file": 0,
     "cron": 0,
     "errors": 0,
     "security": 0,
@@ -30,6 +30,7 @@ LAYERS = {
     "daemon": 4,
     "cli": 5,
     "cli_portal": 5,
+    "cli_commands": 5,
     "__main__": 6,
 }
 SIDE_BY_SIDE = ("http", "workers")
@@ -133,3 +134,58 @@ def test_each_database_library_is_imported_by_its_driver_only() -> None:
         for lib in ("sqlite3", "asyncpg")
     }
     assert importers == {"sqlite3": ["storage.sqlite"], "asyncpg": ["storage.postgres"]}
+
+
+def _edges() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (a name imported from a package counts as
+    the module of that name when there is one), at the top or inside a function; a
+    package's own __init__ is not an edge of the modules inside it."""
+    names = {_module_name(p): p for p in MODULES}
+    edges: dict[str, set[str]] = {}
+    for me, path in names.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                base = node.module.removeprefix("outboxd.")
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name.removeprefix("outboxd.") for alias in node.names)
+        edges[me] = {
+            m for m in found if m in names and m != me and not me.startswith(m + ".")
+        }
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(edges[m]):
+            if state.get(n) == 1:
+                return [*path[path.index(n) :], n]
+            if n not in state and (found := visit(n)) is not None:
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(edges):
+        if m not in state and (found := visit(m)) is not None:
+            return found
+    return None
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_imports_itself_in_a_circle() -> None:
+    """Beside the layers: two modules of one layer (config and its checks once) may not
+    import each other, directly or around a circle, lazy imports included."""
+    assert _cycle(_edges()) is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from outboxd.config import Settings
+from outboxd.config_file import settings_from_mapping
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.http.openapi import openapi_document
@@ -22,7 +22,7 @@ class _NoStore:
 
 
 def _router_pairs(tmp_path: Path) -> set[tuple[str, str]]:
-    settings = Settings.from_mapping(
+    settings = settings_from_mapping(
         {"storage": {"url": f"sqlite:///{tmp_path / 'x.db'}"}}, env={}, base_dir=tmp_path
     )
     deps = build_api_deps(

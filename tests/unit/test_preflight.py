@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from outboxd.config import DEFAULT_RULES, ConfigError, Settings
+from outboxd.config_file import settings_from_mapping
 from outboxd.daemon.preflight import preflight
 from outboxd.scrapers.classifier import RulesClassifier
 from outboxd.security import generate_key, generate_token, hash_token
@@ -26,7 +27,7 @@ def settings(raw: dict[str, Any]) -> Settings:
         "storage": {"url": "postgresql://u@127.0.0.1:1/db"},
         "sqs": {"region": "eu-west-1"},
     }
-    return Settings.from_mapping({**base, **raw}, env={}, base_dir=Path("/srv/outboxd"))
+    return settings_from_mapping({**base, **raw}, env={}, base_dir=Path("/srv/outboxd"))
 
 
 def refusal(raw: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ its wait still wakes it. `api.max_waiters` bounds the requests held at once, job
 views together, and `api.max_waiters_per_user` one user's share of them, so one user
 cannot take every hold; the daemon's stop Event answers all of them at once. (Each held
 request keeps its HTTP connection: `api.max_waiters` stays below `server.max_connections`,
-config_checks.py, so held requests cannot fill the listener.)
+config_file.py, so held requests cannot fill the listener.)
 """
 
 from __future__ import annotations
