@@ -57,6 +57,10 @@ VISIBLE_TEXT: Final = f"^[^{_CTRL}]*[^\\s{_CTRL}][^{_CTRL}]*$"
 # person may read (http/inputs.py `bad_char` refuses them; only the password may hold them).
 NO_CONTROLS: Final = _CTRL + "\\u202a-\\u202e\\u2066-\\u2069"
 SHOWN_TEXT: Final = f"^[^{NO_CONTROLS}]*[^\\s{NO_CONTROLS}][^{NO_CONTROLS}]*$"
+# A portal username as the login lock counts it, and so as intake takes it: printable ASCII
+# without capital letters, no surrounding space. NFKC, stripping and case folding leave such
+# a name unchanged, so no one person has two spellings (docs/decisions/0028-login-lock-per-user.md).
+USERNAME_TEXT: Final = r"^[!-@\[-~]([ -@\[-~]*[!-@\[-~])?$"
 
 if TYPE_CHECKING:
     PortalName = str
@@ -99,10 +103,11 @@ class PortalLinkRequest(_Body):
         Meta(
             min_length=1,
             max_length=64,
-            pattern=SHOWN_TEXT,
-            description="Portal user id; not blank, no control or bidirectional control "
-            "characters, and in normal form: unchanged by NFKC, removing surrounding "
-            "whitespace and case folding (a student number is).",
+            pattern=USERNAME_TEXT,
+            description="Portal user id in its one spelling: printable ASCII without capital "
+            "letters and without surrounding spaces (a student number is); any other form "
+            "(other scripts, full-width or capital letters) is refused, since the login lock "
+            "counts a person by this name.",
         ),
     ]
     password: Annotated[

@@ -596,12 +596,18 @@ _CONSOLE: Final[tuple[Route, ...]] = (
     _console_page("/ui/tasks", "consoleTasks", "Recent task runs and an enqueue form."),
     _console_file("/ui/assets/app.js", "consoleScript", "The console's script.", "text/javascript"),
     _console_file("/ui/assets/app.css", "consoleStyles", "The console's stylesheet.", "text/css"),
-    _console_file(
-        "/ui/assets/favicon.svg", "consoleIcon", "The console's icon.", "image/svg+xml"
-    ),
     _console_redirect("/", "rootToConsole", "The root: the console."),
     _console_redirect("/ui", "consoleSlash", "The console without its trailing slash."),
-    _console_redirect("/favicon.ico", "favicon", "The icon browsers ask for by default."),
+    Route(
+        "GET",
+        "/favicon.ico",
+        console.no_icon,
+        "favicon",
+        "console",
+        "What browsers ask every origin for: nothing (the console's icon is in its page).",
+        ok=(Ok(204, "No icon.", media=""),),
+        access="public",
+    ),
 )
 
 ROUTES: Final[tuple[Route, ...]] = (*_API, *_ADMIN, *_OPERATIONS, *_CONSOLE)
