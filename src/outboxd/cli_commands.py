@@ -98,7 +98,7 @@ def queue_line(name: str, visible: int, in_flight: int, dlq: int) -> str:
 
 
 async def status_command(settings: Settings, args: argparse.Namespace) -> int:
-    from outboxd.daemon.readiness import Readiness
+    from outboxd.daemon.readiness import DependencyReadiness
     from outboxd.http.models import to_builtins
     from outboxd.http.render import stats_model
     from outboxd.queue.sqs import QueueError, SqsQueues
@@ -119,7 +119,8 @@ async def status_command(settings: Settings, args: argparse.Namespace) -> int:
             except (QueueError, TimeoutError):
                 await queues.close()
                 queues = None
-        stats = await AdminService(store, Readiness(store, queues) if queues else None).stats()
+        readiness = DependencyReadiness(store, queues) if queues else None
+        stats = await AdminService(store, readiness).stats()
     finally:
         if queues is not None:
             await queues.close()

@@ -29,8 +29,8 @@ from outboxd.errors import StorageError
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import (
     IdempotencyConflict,
+    LinkCredentials,
     PortalJobService,
-    PortalLinkRequest,
 )
 from outboxd.storage.db import Op, Query, Row, execute, fetch
 from outboxd.storage.ports import NewPortalJob, RelayRow
@@ -102,7 +102,7 @@ async def test_one_group_over_twenty_keys_replays_consistently(
     call still on its way (a new connection preparing its statement): that call then
     replays the group's job, so there each key has exactly one created answer."""
     service = PortalJobService(store, keys, dispatcher=None)
-    reqs = {k: PortalLinkRequest("suwon", f"user-{k}", f"pw-{k}") for k in range(20)}
+    reqs = {k: LinkCredentials("suwon", f"user-{k}", f"pw-{k}") for k in range(20)}
     order = [i % 20 for i in range(50)]
     await warm_connections(store)
     subs = await asyncio.gather(*(service.submit("u1", f"one-{k}", reqs[k]) for k in order))
@@ -121,7 +121,7 @@ async def test_one_group_over_twenty_keys_replays_consistently(
     again = await service.submit("u1", "one-4", reqs[4])
     assert again.replayed and again.job.id in ids[4]
     with pytest.raises(IdempotencyConflict):
-        await service.submit("u1", "one-3", PortalLinkRequest("suwon", "someone-else", "pw"))
+        await service.submit("u1", "one-3", LinkCredentials("suwon", "someone-else", "pw"))
 
 
 @postgres_only

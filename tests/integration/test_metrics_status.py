@@ -27,7 +27,7 @@ from testkit.moto import MotoServer, free_port
 
 from outboxd.config import ROLES
 from outboxd.daemon.app import build_api_deps
-from outboxd.daemon.readiness import Readiness
+from outboxd.daemon.readiness import DependencyReadiness
 from outboxd.http.app import create_app
 from outboxd.observability import Metrics, package_version
 from outboxd.queue.sqs import OutgoingMessage, SqsQueues
@@ -429,7 +429,7 @@ async def test_the_gauges_are_refreshed_at_most_every_refresh_s(
     gauges = StatsGauges(
         metrics,
         AdminService(cast(SqlStore, counting)),
-        Readiness(cast(SqlStore, counting), None),
+        DependencyReadiness(cast(SqlStore, counting), None),
         refresh_s=5,
         clock=clock,
     )
@@ -456,7 +456,7 @@ async def test_the_gauges_are_refreshed_at_most_every_refresh_s(
     eager = StatsGauges(
         metrics,
         AdminService(cast(SqlStore, counting)),
-        Readiness(cast(SqlStore, counting), None),
+        DependencyReadiness(cast(SqlStore, counting), None),
         refresh_s=0,
     )
     await asyncio.gather(*(eager.refresh() for _ in range(32)))

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
-from outboxd.services.portal_jobs import DispatchFailed, PortalJobService, PortalLinkRequest
+from outboxd.services.portal_jobs import DispatchFailed, LinkCredentials, PortalJobService
 from outboxd.storage.store import SqlStore
 from outboxd.workers.relay import Relay
 from tests.support import relay as support
@@ -104,7 +104,7 @@ async def test_the_service_answers_each_request_by_its_own_entry(
     relay = Relay(store, pub, support.relay_settings(), Metrics())
     lenient = PortalJobService(store, keys, relay)
     strict = PortalJobService(store, keys, relay, require_dispatch=True)
-    req = PortalLinkRequest(portal="suwon", username="20201234", password="pw-service")
+    req = LinkCredentials(portal="suwon", username="20201234", password="pw-service")
 
     async def submit(service: PortalJobService, key: str) -> tuple[str, str, str] | str:
         try:
@@ -142,7 +142,7 @@ async def test_a_request_publishes_the_row_its_intake_claimed_and_answers_what_w
     pub = support.PartialFailurePublisher(queues)
     relay = Relay(store, pub, support.relay_settings(), Metrics())
     service = PortalJobService(store, keys, relay)
-    req = PortalLinkRequest(portal="suwon", username="20201234", password="pw-claimed")
+    req = LinkCredentials(portal="suwon", username="20201234", password="pw-claimed")
 
     subs = await asyncio.gather(*(service.submit("alice", f"claimed-{i}", req) for i in range(16)))
 

@@ -23,7 +23,7 @@ from aiohttp import web
 from structlog.testing import capture_logs
 from testkit.moto import MotoServer
 
-from outboxd.daemon.readiness import Readiness
+from outboxd.daemon.readiness import DependencyReadiness
 from outboxd.observability import Metrics
 from outboxd.queue.sqs import OutgoingMessage, QueueError, SqsQueues
 from outboxd.security import KeyRing
@@ -160,7 +160,7 @@ async def test_sqs_unreachable_at_start_every_later_error_names_the_cause(
                 await call()
             assert failed.value.outage
             later.append(str(failed.value))
-        checks = await Readiness(store, queues).check()
+        checks = await DependencyReadiness(store, queues).check()
         later.append(checks["sqs"])
 
         _, outbox_id = await insert_portal_job(store, time.time(), keys, "pw")
@@ -177,7 +177,7 @@ async def test_sqs_unreachable_at_start_every_later_error_names_the_cause(
         await gate.start()
         await queues.start()
         await queues.ping()
-        assert (await Readiness(store, queues).check())["sqs"] == "ok"
+        assert (await DependencyReadiness(store, queues).check())["sqs"] == "ok"
     finally:
         await queues.close()
     with pytest.raises(QueueError, match=r"call start\(\) first"):
@@ -215,5 +215,5 @@ async def test_ping_fails_while_nothing_can_be_sent(botocore_only: str, store: S
         assert "AccessDenied" in str(info.value) and "GetQueueAttributes" in str(info.value)
         with pytest.raises(QueueError, match="AccessDenied"):
             await queues.send_batch("jobs", [OutgoingMessage(uuid.uuid4().hex, "x")])
-        checks = await Readiness(store, queues).check()
+        checks = await DependencyReadiness(store, queues).check()
         assert "AccessDenied" in checks["sqs"]

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from outboxd.security import KeyRing
-from outboxd.services.portal_jobs import PortalJobService, PortalLinkRequest
+from outboxd.services.portal_jobs import LinkCredentials, PortalJobService
 from outboxd.services.retries import publish_failure
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.ports import JobRecord, NewPortalJob, RelayRow
@@ -92,7 +92,7 @@ async def submit_job(
     """A QUEUED job with a PENDING relay row, made the way the API makes it (no queue)."""
     service = PortalJobService(store, keys, None)
     sub = await service.submit(
-        user, key or uuid.uuid4().hex, PortalLinkRequest("suwon", "20201234", "pw-" + user)
+        user, key or uuid.uuid4().hex, LinkCredentials("suwon", "20201234", "pw-" + user)
     )
     return sub.job
 

@@ -26,7 +26,7 @@ from aiohttp import web
 from outboxd.config import ConfigError, ServerSettings, Settings, is_loopback_host
 from outboxd.daemon.memory import settle_after_start
 from outboxd.daemon.preflight import endpoint_label, sqs_endpoint
-from outboxd.daemon.readiness import QueueReadiness, Readiness
+from outboxd.daemon.readiness import DependencyReadiness, QueueReadiness
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.daemon.sdnotify import SystemdNotifier
 from outboxd.errors import OutboxdError, StorageUnavailable
@@ -199,7 +199,7 @@ def build_api_deps(
     tracing: Tracing = NO_TRACING,
 ) -> ApiDeps:
     """Everything the HTTP API needs, wired the same way in the daemon and in tests."""
-    readiness = Readiness(store, queues)
+    readiness = DependencyReadiness(store, queues)
     admin = AdminService(store, readiness if queues is not None else None)
     return ApiDeps(
         settings=settings,

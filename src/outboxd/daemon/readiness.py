@@ -54,7 +54,7 @@ class QueueReadiness:
 
 
 @dataclass
-class Readiness:
+class DependencyReadiness:
     store: SqlStore
     queues: SqsQueues | None
 

@@ -16,7 +16,7 @@ from outboxd.config import Settings
 from outboxd.observability import Metrics
 from outboxd.security import Principal, TokenVerifier
 from outboxd.services.admin import AdminService
-from outboxd.services.gauges import StatsGauges
+from outboxd.services.gauges import ReadinessCheck, StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import PortalJobService
 from outboxd.services.portal_logins import PortalLoginAdmin
@@ -24,12 +24,6 @@ from outboxd.services.tasks import TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.ports import JobStore, RelayStore, StatsStore, TaskStore
 from outboxd.tracing import NO_TRACING, Tracing
-
-
-class Readiness(Protocol):
-    async def check(self) -> dict[str, str]:
-        """Component name -> "ok" or a short reason."""
-        ...
 
 
 class ApiStore(JobStore, RelayStore, TaskStore, StatsStore, Protocol):
@@ -54,7 +48,7 @@ class ApiDeps:
     admin: AdminService
     tokens: TokenVerifier
     metrics: Metrics
-    readiness: Readiness
+    readiness: ReadinessCheck
     gauges: StatsGauges
     # The portal login lock's listing and unlock.
     logins: PortalLoginAdmin

@@ -24,7 +24,7 @@ from outboxd.http.problems import (
 from outboxd.http.render import dispatch_model, event_model, job_model
 from outboxd.http.responses import json_response
 from outboxd.security import normalized_login
-from outboxd.services.portal_jobs import DispatchFailed, IdempotencyConflict, PortalLinkRequest
+from outboxd.services.portal_jobs import DispatchFailed, IdempotencyConflict, LinkCredentials
 from outboxd.storage.ports import JobRecord
 from outboxd.tracing import trace_id_of
 
@@ -59,7 +59,7 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     username = cast(str, fields["username"])
     if normalized_login(username) != username:
         inputs.fail("username", NOT_NORMALIZED)
-    link = PortalLinkRequest(cast(str, fields["portal"]), username, cast(str, fields["password"]))
+    link = LinkCredentials(cast(str, fields["portal"]), username, cast(str, fields["password"]))
     # The caller's trace goes on (an invalid traceparent is ignored): this request is a span
     # of it, and the job carries this span's context to the worker.
     parent = inputs.traceparent(request)
@@ -68,7 +68,7 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
 
 
 async def _submit(
-    request: web.Request, user: str, key: str, link: PortalLinkRequest, traceparent: str
+    request: web.Request, user: str, key: str, link: LinkCredentials, traceparent: str
 ) -> web.Response:
     deps = deps_of(request)
     try:

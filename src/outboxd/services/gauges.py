@@ -31,7 +31,11 @@ REFRESH_TIMEOUT_S: Final = 2.0
 
 
 class ReadinessCheck(Protocol):
-    async def check(self) -> dict[str, str]: ...
+    """What /readyz, the stats and the gauges ask (daemon/readiness.py implements it)."""
+
+    async def check(self) -> dict[str, str]:
+        """Component name -> "ok" or a short reason."""
+        ...
 
 
 @dataclass(eq=False, repr=False)

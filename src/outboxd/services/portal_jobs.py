@@ -63,7 +63,10 @@ ACTIVE_JOBS_RETRY_AFTER_S = 5
 
 
 @dataclass(frozen=True)
-class PortalLinkRequest:
+class LinkCredentials:
+    """What a portal job is asked to link, as the service takes it (the HTTP body, checked, is
+    `http/models.py` `PortalLinkRequest`): sealed at intake, fingerprinted for replays."""
+
     portal: str
     username: str
     password: str
@@ -85,7 +88,7 @@ class PortalJobService:
         self,
         user: str,
         idempotency_key: str,
-        req: PortalLinkRequest,
+        req: LinkCredentials,
         traceparent: str | None = None,
     ) -> JobIntake:
         """Store the job and its outbox row in one transaction, then publish the row.
