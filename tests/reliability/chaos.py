@@ -343,7 +343,8 @@ def _code(text: str) -> str:
 def _terminal_snapshot(db: Db) -> dict[str, Any]:
     return {
         "jobs": db.rows(
-            "SELECT id, idempotency_key, status, attempts, finished_at, result FROM jobs"
+            "SELECT id, idempotency_key, status, attempts, finished_at, result, lease_until,"
+            " updated_at, error_code FROM jobs"
         ),
         "sites": db.rows(
             "SELECT w.id, w.domain, w.category, w.version, w.updated_at, o.status AS work_status,"
@@ -470,6 +471,34 @@ def settle_and_count(
     _count(report, items, snap, fakes, daemons)
 
 
+# What a lost job's story shows of each of its log lines (besides the event and its time).
+_STORY_FIELDS = ("message_id", "receive_count", "attempt", "retry_in_s", "delay_s", "error_code")
+
+
+def _job_story(row: Mapping[str, Any], events: list[dict[str, Any]]) -> str:
+    """A job that did not come to rest, in one line: its row (attempts, its lease and last
+    change, relative to now) and every log line that names it, with the daemon start each
+    came from, so a lost job can be traced from the report alone."""
+    now = time.time()
+    lease = row.get("lease_until")
+    parts = [
+        f"attempts={row.get('attempts')}",
+        f"lease={'-' if lease is None else f'{float(lease) - now:+.1f}s'}",
+        f"updated={float(row.get('updated_at') or now) - now:+.1f}s",
+        f"error={row.get('error_code') or '-'}",
+    ]
+    start, lines = 0, []
+    for e in events:
+        if e.get("event") == "daemon_starting":
+            start += 1
+        if e.get("job_id") != row["id"]:
+            continue
+        extra = ",".join(f"{k}={str(e[k])[:8]}" for k in _STORY_FIELDS if k in e)
+        at = f"{float(e['ts']) - now:+.1f}s" if "ts" in e else "?"
+        lines.append(f"{e.get('event')}[{extra}]#{start}@{at}")
+    return " ".join(parts) + " | " + (" ".join(lines) or "no log line names it")
+
+
 def _count(
     report: ChaosReport,
     items: list[Item],
@@ -511,6 +540,8 @@ def _count(
         status = row["status" if is_job else "work_status"] if row else None
         if not counts.tally(status, JOB_OUTCOMES if is_job else SITE_OUTCOMES):
             report.problems.append(f"lost {what} {item.ref} ({item.key}): {status}")
+            if is_job and row is not None:
+                report.problems.append("  " + _job_story(row, events))
             continue
         dup: list[str] = []
         if is_job:
