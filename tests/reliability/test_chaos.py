@@ -74,7 +74,7 @@ def run(
     return go
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize(
     ("backend", "daemons"),
     [
@@ -94,7 +94,7 @@ def test_kill_and_restart_under_load_loses_nothing_and_applies_nothing_twice(
 CLUSTER_CYCLES = max(1, min(CYCLES, 6))
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize(
     ("backend", "daemons"),
     [("sqlite", 1), pytest.param("postgres", 2, marks=pytest.mark.postgres)],

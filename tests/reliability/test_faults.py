@@ -79,6 +79,7 @@ class Rig:
             "job_rate": 4.0,
             "site_rate": 2.0,
             "quiesce_timeout_s": 60.0,
+            "quiesce_cap_s": 60.0,
         }
         base.update(kw)
         return ChaosParams(**base)

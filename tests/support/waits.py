@@ -91,6 +91,35 @@ def eventually_sync(
     return value
 
 
+def eventually_sync_while_moving(
+    check: Callable[[], T | None],
+    moved: Callable[[], int],
+    still_for: float,
+    timeout: float,
+    *,
+    what: str | None = None,
+    interval: float = SYNC_INTERVAL_S,
+) -> T:
+    """`eventually_sync` for work that drains at its own pace: `check()` until it is truthy,
+    failing once `moved()` (a count that grows while the work advances: items done) has not
+    grown for `still_for` seconds, or after `timeout` in all. Work that stopped is reported
+    `still_for` after it stopped, however long the whole wait may be; work that is still
+    advancing is not cut off at a time a slower machine needs more than."""
+    deadline = _Deadline(timeout)
+    still = _Deadline(still_for)
+    most = moved()
+    while not (value := check()):
+        now_moved = moved()
+        if now_moved > most:
+            most, still = now_moved, _Deadline(still_for)
+        if still.passed():
+            raise still.timed_out(what, check, f"{value!r}, nothing moved for {still_for}s")
+        if deadline.passed():
+            raise deadline.timed_out(what, check, value)
+        time.sleep(interval)
+    return value
+
+
 def _real_clock(what: str) -> None:
     if not real_clock_allowed:
         raise AssertionError(f"{what} lets real time pass: mark the test @pytest.mark.real_clock")
