@@ -17,22 +17,7 @@ from typing import Protocol
 
 from outboxd.queue.sqs import QueueKind, ReceivedMessage
 from outboxd.services.parking import parked_for_another_message
-from outboxd.storage.ports import RELAY_UNSENT_STATUSES, JobRecord, RelayRow
-
-
-class StartStore(Protocol):
-    async def start_job_run(
-        self,
-        job_id: str,
-        now: float,
-        lease_s: float,
-        receive_count: int | None = None,
-        outbox_id: str | None = None,
-    ) -> JobRecord | None: ...
-
-    async def get_job(self, job_id: str) -> JobRecord | None: ...
-
-    async def latest_relay_row_for_job(self, job_id: str) -> RelayRow | None: ...
+from outboxd.storage.ports import RELAY_UNSENT_STATUSES, JobRecord, JobStore
 
 
 class VisibilityKeeper(Protocol):
@@ -42,7 +27,7 @@ class VisibilityKeeper(Protocol):
 
 
 async def start_when_marked(
-    store: StartStore,
+    store: JobStore,
     queues: VisibilityKeeper,
     msg: ReceivedMessage,
     job_id: str,
