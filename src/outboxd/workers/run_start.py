@@ -19,6 +19,11 @@ from outboxd.queue.sqs import QueueKind, ReceivedMessage
 from outboxd.services.parking import parked_for_another_message
 from outboxd.storage.ports import RELAY_UNSENT_STATUSES, JobRecord, JobStore
 
+# A SENT mark normally commits within milliseconds of SQS's answer: look again soon, then
+# less often.
+FIRST_PAUSE_S = 0.005
+LONGEST_PAUSE_S = 0.2
+
 
 class VisibilityKeeper(Protocol):
     async def change_visibility(
@@ -39,10 +44,10 @@ async def start_when_marked(
     did not start: finished, cancelled, held by another run, parked for another message, or
     refused with nothing holding it (the caller bounces the message as it sees fit).
 
-    While a publisher holds the job's outbox row the start is tried again after 5 ms,
-    doubling to 200 ms, never past the publisher's lease; the message's visibility is renewed
-    every half `visibility_s`, as a run's heartbeat does."""
-    pause, kept, again = 0.005, time.monotonic(), True
+    While a publisher holds the job's outbox row the start is tried again after FIRST_PAUSE_S,
+    the pause doubling up to LONGEST_PAUSE_S, never past the publisher's lease; the message's
+    visibility is renewed every half `visibility_s`, as a run's heartbeat does."""
+    pause, kept, again = FIRST_PAUSE_S, time.monotonic(), True
     while True:
         running = await store.start_job_run(
             job_id, clock(), visibility_s, msg.receive_count, outbox_id
@@ -72,4 +77,4 @@ async def start_when_marked(
             await queues.change_visibility("jobs", msg.receipt_handle, visibility_s)
             kept = time.monotonic()
         await asyncio.sleep(min(pause, until - now))
-        pause = min(2 * pause, 0.2)
+        pause = min(2 * pause, LONGEST_PAUSE_S)
