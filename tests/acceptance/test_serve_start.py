@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import sqlite3
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from testkit.daemon import DaemonProcess
@@ -25,6 +26,27 @@ from tests.support.db import raw_execute, raw_scalar
 FAILS_WITHIN_S = 30
 
 
+def _fails_at_once(daemon: DaemonProcess) -> str:
+    """The daemon exits 1 without waiting for its database: the `daemon_failed` error."""
+    daemon.spawn()
+    code = daemon.wait_exit(FAILS_WITHIN_S)
+    assert code == 1, daemon.all_output()[-3000:]
+    events = [e.get("event") for e in daemon.events()]
+    assert "storage_waiting" not in events, daemon.all_output()[-3000:]
+    failed = [e for e in daemon.events() if e.get("event") == "daemon_failed"]
+    assert len(failed) == 1, daemon.all_output()[-3000:]
+    return str(failed[0]["error"])
+
+
+def _config(
+    moto: MotoServer, url: str, keys_file: Path, **sections: dict[str, Any]
+) -> dict[str, Any]:
+    """A daemon on the database `url`, its key file and queues of its own."""
+    return offline_config(
+        moto, "unused.db", storage={"url": url}, security={"keys_file": str(keys_file)}, **sections
+    )
+
+
 async def test_a_daemon_on_a_taken_port_stops_before_touching_anything(
     backend: str,
     fresh_db_url: str,
@@ -36,21 +58,11 @@ async def test_a_daemon_on_a_taken_port_stops_before_touching_anything(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        config = offline_config(
-            moto_server,
-            "unused.db",
-            server={"port": port},
-            storage={"url": fresh_db_url},
-            security={"keys_file": str(secret_keys_file)},
-        )
+        config = _config(moto_server, fresh_db_url, secret_keys_file, server={"port": port})
         second = spawn_daemon(config, name="second")
-        second.spawn()
-        code = second.wait_exit(30)
+        error = _fails_at_once(second)
 
-    assert code == 1, second.all_output()
-    failed = [e for e in second.events() if e.get("event") == "daemon_failed"]
-    assert len(failed) == 1, second.all_output()
-    assert f"127.0.0.1:{port}" in failed[0]["error"] and "in use" in failed[0]["error"]
+    assert f"127.0.0.1:{port}" in error and "in use" in error, error
     started = {e.get("event") for e in second.events()}
     assert not started & {"migrations_applied", "sqs_endpoint", "relay_started"}, started
     # Nothing was created in the database: no migration ran.
@@ -62,18 +74,6 @@ async def test_a_daemon_on_a_taken_port_stops_before_touching_anything(
             "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'public'",
         )
         assert tables == 0
-
-
-def _fails_at_once(daemon: DaemonProcess) -> str:
-    """The daemon exits 1 without waiting for its database: the `daemon_failed` error."""
-    daemon.spawn()
-    code = daemon.wait_exit(FAILS_WITHIN_S)
-    assert code == 1, daemon.all_output()[-3000:]
-    events = [e.get("event") for e in daemon.events()]
-    assert "storage_waiting" not in events, daemon.all_output()[-3000:]
-    failed = [e for e in daemon.events() if e.get("event") == "daemon_failed"]
-    assert len(failed) == 1, daemon.all_output()[-3000:]
-    return str(failed[0]["error"])
 
 
 @postgres_only
@@ -88,13 +88,7 @@ def test_a_database_that_refuses_the_login_exits_1_at_once(
     parts = urlsplit(fresh_db_url)
     host = parts.netloc.rsplit("@", 1)[-1]
     refused = urlunsplit(parts._replace(netloc=f"no_such_role_outboxd@{host}"))
-    config = offline_config(
-        moto_server,
-        "unused.db",
-        storage={"url": refused},
-        security={"keys_file": str(secret_keys_file)},
-    )
-    error = _fails_at_once(spawn_daemon(config))
+    error = _fails_at_once(spawn_daemon(_config(moto_server, refused, secret_keys_file)))
     assert "no_such_role_outboxd" in error and "does not exist" in error, error
 
 
@@ -114,11 +108,5 @@ async def test_a_failing_migration_exits_1_at_once(
             conn.execute("CREATE TABLE jobs (not_ours INTEGER)")
     else:
         await raw_execute(fresh_db_url, "CREATE TABLE jobs (not_ours INTEGER)")
-    config = offline_config(
-        moto_server,
-        "unused.db",
-        storage={"url": fresh_db_url},
-        security={"keys_file": str(secret_keys_file)},
-    )
-    error = _fails_at_once(spawn_daemon(config))
+    error = _fails_at_once(spawn_daemon(_config(moto_server, fresh_db_url, secret_keys_file)))
     assert "jobs" in error and "already exists" in error, error

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,30 @@ async def two_role_api(
     await client.start_server()
     yield client, user_token, admin_token
     await client.close()
+
+
+ClientFactory = Callable[..., Awaitable["TestClient[Any, Any]"]]
+
+
+@pytest_asyncio.fixture
+async def make_api_client(
+    make_settings: SettingsFactory, store: SqlStore, keys: KeyRing
+) -> AsyncIterator[ClientFactory]:
+    """An in-process API (no queue: jobs stay QUEUED) on the test's store, its settings'
+    sections as given."""
+    clients: list[TestClient[Any, Any]] = []
+
+    async def factory(**sections: Any) -> TestClient[Any, Any]:
+        settings = make_settings(**sections)
+        deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
+        client: TestClient[Any, Any] = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield factory
+    for c in clients:
+        await c.close()
 
 
 @pytest_asyncio.fixture

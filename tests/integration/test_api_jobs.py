@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from outboxd.config import Settings
@@ -33,24 +32,10 @@ Client = TestClient[Any, Any]
 ClientFactory = Callable[..., Awaitable[Client]]
 
 
-@pytest_asyncio.fixture
-async def make_client(
-    make_settings: Callable[..., Settings], store: SqlStore, keys: KeyRing
-) -> AsyncIterator[ClientFactory]:
+@pytest.fixture
+def make_client(make_api_client: ClientFactory) -> ClientFactory:
     """Build an in-process API (no queue) on the test's store with settings overrides."""
-    clients: list[Client] = []
-
-    async def factory(**sections: Any) -> Client:
-        settings = make_settings(**sections)
-        deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
-        client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
-        await client.start_server()
-        clients.append(client)
-        return client
-
-    yield factory
-    for c in clients:
-        await c.close()
+    return make_api_client
 
 
 # ------------------------------------------------------------------ accept and replay

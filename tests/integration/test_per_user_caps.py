@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest_asyncio
-from aiohttp.test_utils import TestClient, TestServer
+import pytest
+from aiohttp.test_utils import TestClient
 
-from outboxd.config import Settings
-from outboxd.daemon.app import build_api_deps
-from outboxd.http.app import create_app
-from outboxd.observability import Metrics
-from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from tests.support.api import ALICE, BOB, TOKENS, assert_problem, bearer
 from tests.support.db import raw_count, raw_rows
@@ -33,25 +28,15 @@ Client = TestClient[Any, Any]
 ClientFactory = Callable[..., Awaitable[Client]]
 
 
-@pytest_asyncio.fixture
-async def make_client(
-    make_settings: Callable[..., Settings], store: SqlStore, keys: KeyRing
-) -> AsyncIterator[ClientFactory]:
+@pytest.fixture
+def make_client(make_api_client: ClientFactory) -> ClientFactory:
     """An in-process API (no queue: jobs stay QUEUED) with alice, bob and root's tokens and
     the `api` section given."""
-    clients: list[Client] = []
 
     async def factory(**api: Any) -> Client:
-        settings = make_settings(auth={"tokens": TOKENS}, api=api)
-        deps = build_api_deps(settings, store, keys, Metrics(), queues=None, dispatcher=None)
-        client: Client = TestClient(TestServer(create_app(deps), host="127.0.0.1"))
-        await client.start_server()
-        clients.append(client)
-        return client
+        return await make_api_client(auth={"tokens": TOKENS}, api=api)
 
-    yield factory
-    for c in clients:
-        await c.close()
+    return factory
 
 
 async def _at_once(calls: list[Callable[[], Awaitable[Any]]]) -> list[Any]:
