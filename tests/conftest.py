@@ -17,7 +17,7 @@ from outboxd.config import Settings
 from outboxd.config_file import settings_from_mapping
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
 from tests.support import postgres as pg

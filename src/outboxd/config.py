@@ -120,6 +120,16 @@ class ClaimerSettings:
 
 
 @dataclass(frozen=True)
+class MaintenanceWindow:
+    """A time an outside system is closed: from each time `cron` fires (in `timezone`, an
+    IANA name) for `duration_s`. Inside it nothing calls the system, not even a probe."""
+
+    cron: str
+    duration_s: float
+    timezone: str = "UTC"
+
+
+@dataclass(frozen=True)
 class SuwonScraperSettings:
     portal_base_url: str = "https://portal.suwon.ac.kr"
     info_base_url: str = "https://info.suwon.ac.kr"
@@ -136,6 +146,8 @@ class SuwonScraperSettings:
     max_auth_failures: int = 3
     auth_failure_window_s: float = 3600.0
     max_auth_failures_total: int = 10
+    # When the portal is closed: no call at all, its jobs wait (docs/operations.md).
+    maintenance: tuple[MaintenanceWindow, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,12 +196,29 @@ class ClassifierSettings:
     categories: tuple[str, ...] = DEFAULT_CATEGORIES
     timeout_s: float = 30.0
     rules: tuple[ClassifierRule, ...] = DEFAULT_RULES
+    # When the provider is closed: no call at all, the rows wait.
+    maintenance: tuple[MaintenanceWindow, ...] = ()
 
 
 @dataclass(frozen=True)
 class ScrapersSettings:
     suwon: SuwonScraperSettings = field(default_factory=SuwonScraperSettings)
     classifier: ClassifierSettings = field(default_factory=ClassifierSettings)
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    # Runs in a row, from any instance, ending in an outage failure that open the breaker.
+    open_after: int = 5
+    # While open: one probe for the whole cluster this often.
+    probe_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class BreakersSettings:
+    portal: BreakerSettings = field(default_factory=BreakerSettings)
+    ai: BreakerSettings = field(default_factory=BreakerSettings)
+    sqs: BreakerSettings = field(default_factory=BreakerSettings)
 
 
 @dataclass(frozen=True)
@@ -257,6 +286,7 @@ class Settings:
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     claimer: ClaimerSettings = field(default_factory=ClaimerSettings)
     scrapers: ScrapersSettings = field(default_factory=ScrapersSettings)
+    breakers: BreakersSettings = field(default_factory=BreakersSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)

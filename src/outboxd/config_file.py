@@ -387,6 +387,24 @@ def validate(s: Settings) -> None:
             raise ConfigError(f"config: {key}: {exc}") from None
         need(bool(job.task), f"{key}.task", "must not be empty")
     positive("scheduler.tick_s")
+    windows = (
+        ("scrapers.suwon.maintenance", s.scrapers.suwon.maintenance),
+        ("scrapers.classifier.maintenance", s.scrapers.classifier.maintenance),
+    )
+    for section, entries in windows:
+        for i, window in enumerate(entries):
+            key = f"{section}[{i}]"
+            need(window.duration_s > 0, f"{key}.duration_s", "must be positive")
+            try:
+                parse_timezone(window.timezone)
+                CronSchedule.parse(window.cron)
+            except CronError as exc:
+                raise ConfigError(f"config: {key}: {exc}") from None
+    for name in ("portal", "ai", "sqs"):
+        need(
+            getattr(s.breakers, name).open_after >= 1, f"breakers.{name}.open_after", "must be >= 1"
+        )
+        positive(f"breakers.{name}.probe_s")
     need(len(s.daemon.roles) > 0, "daemon.roles", "must name at least one role")
     for role in s.daemon.roles:
         need(role in ROLES, "daemon.roles", f"unknown role {role!r} (known: {', '.join(ROLES)})")

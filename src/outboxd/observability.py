@@ -10,14 +10,13 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Coroutine, Mapping, MutableMapping
 from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, TextIO, TypeVar, get_args
+from typing import Any, TextIO, TypeVar
 
 import msgspec
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 # Keys that are secrets whatever their value, compared lowercased with "-" as "_".
 SECRET_KEYS = frozenset(
@@ -433,159 +432,3 @@ class OutageLog:
         )
         self._started = None
         self._count = 0
-
-
-def package_version() -> str:
-    """The installed outboxd's version ("unknown" from a bare source tree)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("outboxd")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
-        return "unknown"
-
-
-# The tables whose rows can become DEAD (`outboxd_dead_total`), by the names the stats use.
-DEAD_TABLES = ("jobs", "relay_outbox", "task_runs")
-# Where the stats gauges come from (`outboxd_stats_refresh_success{source}`).
-STATS_SOURCES = ("database", "sqs")
-# How one request to the portal or the AI provider ended (`outboxd_portal_requests_total`,
-# `outboxd_ai_requests_total`): answered (`ok`), refused (`rejected`: a 4xx or a rejected
-# login), `unavailable` (5xx), `rate_limited` (429), `timeout`, or `error` (no answer:
-# refused, reset, unresolvable).
-RequestOutcome = Literal["ok", "rejected", "unavailable", "rate_limited", "timeout", "error"]
-REQUEST_OUTCOMES: tuple[RequestOutcome, ...] = get_args(RequestOutcome)
-
-
-class Metrics:
-    """One registry per daemon (not the global one), so tests can run several apps.
-
-    `roles` are the daemon's roles (all of them when None): a gauge that only one role
-    sets is registered only where that role runs, so a process without the claimer
-    exports no claimer tick to alert on.
-    `schema` is the newest migration this code knows for its database (build_info's
-    `schema` label; empty when not given).
-    """
-
-    def __init__(self, roles: Iterable[str] | None = None, schema: int | None = None) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        running = None if roles is None else frozenset(roles)
-
-        # One call a metric: its name, help text and label names; a gauge that only one role
-        # sets names that role.
-        def counter(name: str, doc: str, *labels: str) -> Counter:
-            return Counter(name, doc, labels, registry=r)
-
-        def histogram(name: str, doc: str, *labels: str) -> Histogram:
-            return Histogram(name, doc, labels, registry=r)
-
-        def gauge(name: str, doc: str, *labels: str, role: str | None = None) -> Gauge:
-            here = role is None or running is None or role in running
-            return Gauge(name, doc, labels, registry=r if here else None)
-
-        ProcessCollector(registry=r)
-        self.build_info = gauge(
-            "outboxd_build_info",
-            "Always 1; `version` is outboxd's, `schema` the newest migration it knows",
-            "version",
-            "schema",
-        )
-        self.build_info.labels(package_version(), "" if schema is None else str(schema)).set(1)
-        self.http_requests = counter(
-            "outboxd_http_requests", "HTTP requests by route and status", "route", "status"
-        )
-        self.http_latency = histogram(
-            "outboxd_http_request_duration_seconds", "HTTP request duration", "route"
-        )
-        self.jobs_accepted = counter("outboxd_jobs_accepted", "Portal jobs accepted")
-        self.publishes = counter(
-            "outboxd_relay_publishes", "Outbox rows published, by result", "result"
-        )
-        self.send_window = gauge(
-            "outboxd_relay_send_window",
-            "SendMessageBatch calls the relay may have at SQS at once (narrower while SQS is slow)",
-        )
-        self.claims = counter("outboxd_claims", "Work-outbox rows claimed, by outcome", "outcome")
-        self.handler_duration = histogram(
-            "outboxd_handler_duration_seconds", "Queue handler duration", "kind", "outcome"
-        )
-        self.dead = counter("outboxd_dead", "Rows this process made DEAD, by table", "table")
-        for table in DEAD_TABLES:
-            # Exported from the start at 0: the first DEAD row is an increase, not a new series.
-            self.dead.labels(table)
-        self.portal_requests = counter(
-            "outboxd_portal_requests", "Requests to the portal, by outcome", "outcome"
-        )
-        self.ai_requests = counter(
-            "outboxd_ai_requests", "Requests to the AI provider, by outcome", "outcome"
-        )
-        for outcome in REQUEST_OUTCOMES:
-            self.portal_requests.labels(outcome)
-            self.ai_requests.labels(outcome)
-        self.rows = gauge("outboxd_rows", "Rows by table and status", "table", "status")
-        self.oldest_pending_age = gauge(
-            "outboxd_oldest_pending_age_seconds", "Age of the oldest pending row", "table"
-        )
-        self.oldest_running_job_age = gauge(
-            "outboxd_oldest_running_job_age_seconds",
-            "Age (since it was accepted) of the oldest RUNNING job, 0 when none runs",
-        )
-        self.queue_depth = gauge(
-            "outboxd_queue_depth", "SQS messages by queue and state", "queue", "state"
-        )
-        self.ready = gauge(
-            "outboxd_ready",
-            "1 when the readiness check passes (as /readyz), 0 when it fails",
-            "check",
-        )
-        self.stats_refresh_success = gauge(
-            "outboxd_stats_refresh_success",
-            "1 when the last refresh of the gauges read from this source succeeded, "
-            "0 when they are stale",
-            "source",
-        )
-        self.stats_last_success = gauge(
-            "outboxd_stats_last_success_timestamp_seconds",
-            "Unix time the gauges read from this source were last refreshed",
-            "source",
-        )
-        self.claimer_last_tick = gauge(
-            "outboxd_claimer_last_tick_timestamp_seconds",
-            "Unix time the claimer last finished a tick (idle ones too)",
-            role="claimer",
-        )
-        self.consumer_last_receive = gauge(
-            "outboxd_consumer_last_receive_timestamp_seconds",
-            "Unix time the consumer last had an answer from a receive on this queue "
-            "(empty ones too)",
-            "queue",
-            role="consumer",
-        )
-        # Cluster pacing (docs/pacing.md): one series per pace row, database clock.
-        self.pace_last_slot = gauge(
-            "outboxd_pace_last_slot_timestamp_seconds",
-            "Start of the last slot handed out, per paced resource (0: none yet)",
-            "resource",
-        )
-        self.pace_next_slot = gauge(
-            "outboxd_pace_next_slot_timestamp_seconds",
-            "Earliest start of the next slot, per paced resource (0: none yet)",
-            "resource",
-        )
-        self.pace_paused_until = gauge(
-            "outboxd_pace_paused_until_timestamp_seconds",
-            "End of the pause a provider's Retry-After set, per paced resource (0: never)",
-            "resource",
-        )
-        self.pace_sessions = gauge(
-            "outboxd_pace_sessions", "Session leases held now, per paced resource", "resource"
-        )
-
-    def portal_request(self, outcome: RequestOutcome) -> None:
-        """Count one request to the portal (the scraper's callback)."""
-        self.portal_requests.labels(outcome).inc()
-
-    def ai_request(self, outcome: RequestOutcome) -> None:
-        """Count one request to the AI provider (the classifier's callback)."""
-        self.ai_requests.labels(outcome).inc()

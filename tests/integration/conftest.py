@@ -18,7 +18,7 @@ from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing, generate_token, hash_token
 from outboxd.storage.store import SqlStore, open_store

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from outboxd.config import ConfigError, Settings
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.security import KeyRing, hash_token
 from outboxd.storage.store import SqlStore
 from tests.support.api import assert_problem, keyed

@@ -19,7 +19,7 @@ import pytest_asyncio
 from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.storage.store import SqlStore
 from outboxd.workers.claimer import Claimer

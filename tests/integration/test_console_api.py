@@ -21,7 +21,7 @@ from outboxd.daemon.app import build_api_deps
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.http.app import create_app
 from outboxd.http.console import CONTENT_SECURITY_POLICY
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.scrapers.classifier import OpenAIClassifier
 from outboxd.security import KeyRing
 from outboxd.services.websites import WebsiteService

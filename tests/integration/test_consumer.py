@@ -28,7 +28,7 @@ from testkit.fakes.portal import (
 from testkit.records import CS101_RECORD, SAMPLE_STUDENT_RECORD
 
 from outboxd.errors import StorageError
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.messages import encode_job, encode_task
 from outboxd.queue.sqs import (
     OutgoingMessage,

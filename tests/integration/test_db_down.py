@@ -24,7 +24,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.db import sqlite_path
 from outboxd.storage.store import SqlStore, open_store

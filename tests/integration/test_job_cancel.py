@@ -23,7 +23,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from testkit.moto import MotoServer
 
 from outboxd.errors import InvalidState
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import SqsQueues
 from outboxd.services.admin import AdminService
 from outboxd.services.retries import publish_failure

@@ -13,7 +13,7 @@ import uuid
 
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.messages import encode_job
 from outboxd.queue.sqs import OutgoingMessage
 from outboxd.services.admin import AdminService

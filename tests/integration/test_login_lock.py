@@ -116,13 +116,15 @@ async def test_the_guesser_is_locked_not_the_student(
 
 async def test_a_guesser_sending_at_once_gets_no_more_tries(make_rig: RigFactory) -> None:
     """Eight wrong passwords from one user for one username, sent at once to four handler
-    slots: the portal sees three logins (each try counts while under way), the rest end
+    slots: the portal sees three logins (each try counts while under way: the fourth job
+    waits for them rather than fail on tries that might succeed), the rest end
     PORTAL_LOGIN_LOCKED."""
     rig = await make_rig()
     rig.start_consumer()
+    rig.start_relay()
     jobs = [await rig.create(SAMPLE_SNO, f"pw-guess-{n}", user="mallory") for n in range(8)]
     await asyncio.gather(*(_publish(rig, outbox_id) for _, outbox_id in jobs))
-    ends = [await rig.wait_status(job_id, *FINAL) for job_id, _ in jobs]
+    ends = [await rig.wait_status(job_id, *FINAL, timeout_s=40) for job_id, _ in jobs]
     codes = sorted(str(j.error_code) for j in ends)
     assert codes == ["PORTAL_AUTH_FAILED"] * 3 + ["PORTAL_LOGIN_LOCKED"] * 5
     assert rig.portal.login_attempts == {SAMPLE_SNO: 3}
@@ -402,3 +404,19 @@ async def test_a_username_normalization_changes_is_refused_and_nothing_stored(
         headers={"Idempotency-Key": "norm-ok"},
     )
     assert ok.status == 202, await ok.text()
+
+
+async def test_a_users_jobs_at_once_for_one_username_are_not_locked_by_their_own_tries(
+    make_rig: RigFactory,
+) -> None:
+    """Five right-password jobs of one user for one student, at once, on four handler
+    slots: tries under way count, so the fourth and fifth wait for them (login_busy) rather
+    than end PORTAL_LOGIN_LOCKED; all five succeed, each with one attempt."""
+    rig = await make_rig()
+    rig.start_consumer()
+    rig.start_relay()
+    jobs = [await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD, user="alice") for _ in range(5)]
+    await asyncio.gather(*(_publish(rig, outbox_id) for _, outbox_id in jobs))
+    ends = [await rig.wait_status(job_id, *FINAL, timeout_s=40) for job_id, _ in jobs]
+    assert [j.status for j in ends] == ["SUCCEEDED"] * 5, [j.error_code for j in ends]
+    assert [j.attempts for j in ends] == [1] * 5

@@ -29,7 +29,7 @@ from outboxd.config import ROLES
 from outboxd.daemon.app import build_api_deps
 from outboxd.daemon.readiness import DependencyReadiness
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics, package_version
+from outboxd.metrics import Metrics, package_version
 from outboxd.queue.sqs import OutgoingMessage, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.services.admin import AdminService

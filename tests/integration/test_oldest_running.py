@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory

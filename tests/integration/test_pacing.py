@@ -20,7 +20,7 @@ import pytest
 from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, SuwonScraperSettings
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.storage.ports import PaceSlot, PaceStore
 from outboxd.storage.store import SqlStore
 from outboxd.workers.claimer import AI_PACE, Claimer

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from testkit.moto import MotoServer
 
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.services.admin import AdminService

@@ -14,7 +14,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.services.portal_jobs import DispatchFailed, LinkCredentials, PortalJobService

@@ -27,7 +27,7 @@ from structlog.testing import capture_logs
 from testkit.moto import MotoServer
 
 from outboxd.config import RelaySettings, Settings
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueKind, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore

@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from testkit.moto import MotoServer
 
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore

@@ -16,7 +16,7 @@ from testkit.fakes.ai import FakeAI
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO, FakePortal
 
 from outboxd.config import SuwonScraperSettings
-from outboxd.observability import Metrics, RequestOutcome
+from outboxd.metrics import Metrics, RequestOutcome
 from outboxd.scrapers.classifier import (
     ClassificationError,
     OpenAIClassifier,

@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from outboxd.config_file import settings_from_mapping
 from outboxd.daemon.app import open_configured_store
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.storage.db import backend_of, known_schema_version, load_migrations
 from outboxd.storage.store import SqlStore
 from tests.conftest import SettingsFactory

@@ -19,7 +19,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics, configure_logging
+from outboxd.metrics import Metrics
+from outboxd.observability import configure_logging
 from outboxd.security import KeyRing, Sealed
 from outboxd.storage.sqlite import SqliteDatabase
 from outboxd.storage.store import SqlStore

@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 from testkit.moto import MotoServer
 
 from outboxd.daemon.readiness import DependencyReadiness
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import OutgoingMessage, QueueError, SqsQueues
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore

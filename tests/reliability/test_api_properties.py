@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from outboxd.config import Settings
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
 from tests.reliability.harness import raw_post, raw_request_settings

@@ -616,7 +616,7 @@ async def test_a_storage_error_after_the_commit_still_answers_202(
 
     from outboxd.daemon.app import build_api_deps
     from outboxd.http.app import create_app
-    from outboxd.observability import Metrics
+    from outboxd.metrics import Metrics
     from outboxd.workers.relay import Relay
 
     settings = make_settings()

@@ -44,9 +44,7 @@ def draining(items: list[Item], stop_after: int | None = None) -> Callable[[], d
         nonlocal looks
         looks += 1
         done = looks if stop_after is None else min(looks, stop_after)
-        jobs = [
-            {"id": i.ref, "status": "SUCCEEDED" if i.n < done else "RUNNING"} for i in items
-        ]
+        jobs = [{"id": i.ref, "status": "SUCCEEDED" if i.n < done else "RUNNING"} for i in items]
         relay = [{"id": f"r-{i.n}", "status": "SENT"} for i in items]
         return {"jobs": jobs, "sites": [], "relay": relay}
 

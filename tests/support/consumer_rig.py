@@ -23,7 +23,7 @@ from testkit.fakes.portal import (
 )
 
 from outboxd.config import Settings
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import (
     BatchResult,
     OutgoingMessage,
@@ -33,8 +33,10 @@ from outboxd.queue.sqs import (
 )
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing
+from outboxd.services.breakers import Breakers
 from outboxd.storage.ports import JobRecord, NewPortalJob
 from outboxd.storage.store import SqlStore
+from outboxd.workers.breaker_loop import BreakerLoop
 from outboxd.workers.consumer import Consumer
 from outboxd.workers.relay import Relay
 from tests.support.students import it_student
@@ -115,6 +117,24 @@ class Rig:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     scrapers: list[SuwonScraper] = field(default_factory=list)
     metrics: Metrics = field(default_factory=Metrics)
+    breakers: Breakers | None = None
+
+    def with_breakers(self) -> Breakers:
+        """The rig's consumers wait out the portal's outages from now on
+        (services/breakers.py), with the breaker loop and a relay loop running, as in the
+        daemon: held jobs go out again once the portal is back."""
+        self.breakers = Breakers(self.settings, self.store, self.metrics)
+        hold_s = self.settings.breakers.portal.probe_s + self.settings.sqs.visibility_timeout_s
+        loop = BreakerLoop(self.breakers, self.metrics, hold_s)
+        self.tasks.append(asyncio.create_task(loop.run(self.stop)))
+        self.start_relay()
+        return self.breakers
+
+    def start_relay(self) -> None:
+        """The relay's loop, as in the daemon: rows due later (a parked or held job's) go
+        out when due."""
+        relay = Relay(self.store, self.publisher, self.settings.relay, Metrics())
+        self.tasks.append(asyncio.create_task(relay.run(self.stop)))
 
     def consumer(
         self,
@@ -139,6 +159,7 @@ class Rig:
             clock=clock,
             portal_settings=self.settings.scrapers.suwon,
             storage_probe=storage_probe,
+            breakers=self.breakers,
         )
 
     def start_consumer(

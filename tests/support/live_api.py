@@ -19,7 +19,8 @@ from typing import Any
 from outboxd.config import Settings
 from outboxd.daemon.app import ApiServer, build_api_deps
 from outboxd.http.app import create_app
-from outboxd.observability import Metrics, configure_logging
+from outboxd.metrics import Metrics
+from outboxd.observability import configure_logging
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore, open_store
 from tests.support.db import raw_counts

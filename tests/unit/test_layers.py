@@ -18,6 +18,7 @@ LAYERS = {
     "security": 0,
     "ids": 0,
     "observability": 0,
+    "metrics": 0,
     "crashpoints": 0,
     "tracing": 0,
     "storage": 1,
@@ -151,9 +152,7 @@ def _edges() -> dict[str, set[str]]:
                 found.update(f"{base}.{alias.name}" for alias in node.names)
             elif isinstance(node, ast.Import):
                 found.update(alias.name.removeprefix("outboxd.") for alias in node.names)
-        edges[me] = {
-            m for m in found if m in names and m != me and not me.startswith(m + ".")
-        }
+        edges[me] = {m for m in found if m in names and m != me and not me.startswith(m + ".")}
     return edges
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from outboxd.observability import REQUEST_OUTCOMES, Metrics
+from outboxd.metrics import REQUEST_OUTCOMES, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "contrib" / "prometheus" / "alerts.yml"

@@ -8,7 +8,7 @@ from outboxd.config_file import settings_from_mapping
 from outboxd.daemon.app import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.http.openapi import openapi_document
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.security import KeyRing
 from outboxd.storage.changes import JobChanges
 

@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,12 +34,14 @@ from outboxd.errors import OutboxdError, StorageUnavailable
 from outboxd.http.app import create_app
 from outboxd.http.deps import ApiDeps
 from outboxd.http.server import GuardedSite, bind_listeners, guard_app
-from outboxd.observability import Metrics, configure_logging, unfiltered_logger
+from outboxd.metrics import Metrics
+from outboxd.observability import configure_logging, unfiltered_logger
 from outboxd.queue.sqs import KINDS, SqsQueues, resolve_region
 from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.breakers import Breakers
 from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
@@ -49,6 +52,7 @@ from outboxd.storage.changes import default_instance
 from outboxd.storage.db import backend_of, known_schema_version, sqlite_path
 from outboxd.storage.store import SqlStore, first_step, open_configured
 from outboxd.tracing import NO_TRACING, Tracing, configure_tracing
+from outboxd.workers.breaker_loop import BreakerLoop
 from outboxd.workers.claimer import Claimer
 from outboxd.workers.consumer import Consumer
 from outboxd.workers.job_changes import JobChangeFeed
@@ -197,6 +201,7 @@ def build_api_deps(
     dispatcher: Dispatcher | None,
     runtime: ConsoleRuntime | None = None,
     tracing: Tracing = NO_TRACING,
+    breakers: Breakers | None = None,
 ) -> ApiDeps:
     """Everything the HTTP API needs, wired the same way in the daemon and in tests."""
     readiness = DependencyReadiness(store, queues)
@@ -226,6 +231,7 @@ def build_api_deps(
             store, store.changes, settings.api.max_waiters, settings.api.max_waiters_per_user
         ),
         tracing=tracing,
+        breakers=breakers if breakers is not None else Breakers(settings, store, metrics),
     )
 
 
@@ -437,8 +443,70 @@ async def _serve(
     )
 
     relay = Relay.shaped(store.backend, store, queues, settings.relay, metrics, stop, tracing)
+    built = _build(
+        settings, env, roles, store, keys, queues, relay, metrics, stack, tracing, listeners
+    )
+    components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness), *built.components]
+    api_server = built.api_server
+    # Everything is built: what exists now lives as long as the process.
+    settle_after_start()
+    failures: list[str] = []
+    async with asyncio.TaskGroup() as tg:
+        running = {
+            name: tg.create_task(_supervised(name, comp, stop, failures))
+            for name, comp in components
+        }
+
+        async def announce_ready() -> None:
+            if api_server is not None:
+                await _first(api_server.bound.wait(), running["api"])
+                if not api_server.bound.is_set():
+                    return
+            notifier.ready(status="outboxd running: " + ", ".join(sorted(roles)))
+            log.info("daemon_ready", roles=sorted(roles))
+
+        tg.create_task(announce_ready())
+
+        async def enforce_deadline() -> None:
+            await stop.wait()
+            notifier.stopping()
+            pending = [t for t in running.values() if not t.done()]
+            if not pending:
+                return
+            _done, still = await asyncio.wait(pending, timeout=settings.daemon.shutdown_timeout_s)
+            for t in still:
+                log.warning("shutdown_deadline_cancel", component=_name_of(running, t))
+                t.cancel()
+
+        tg.create_task(enforce_deadline())
+        await stop.wait()
+    await relay.drain(settings.relay.publish_timeout_s + 1.0)
+    return 1 if failures else 0
+
+
+@dataclass
+class _Built:
+    components: list[tuple[str, Component]]
+    api_server: ApiServer | None
+
+
+def _build(
+    settings: Settings,
+    env: Mapping[str, str],
+    roles: set[str],
+    store: SqlStore,
+    keys: KeyRing,
+    queues: SqsQueues,
+    relay: Relay,
+    metrics: Metrics,
+    stack: contextlib.AsyncExitStack,
+    tracing: Tracing,
+    listeners: list[socket.socket],
+) -> _Built:
+    """The components `roles` ask for, on the store and the queues `_serve` opened."""
+    breakers = Breakers(settings, store, metrics)
     tasks = TaskService(store)
-    components: list[tuple[str, Component]] = [("sqs_connect", queue_readiness)]
+    components: list[tuple[str, Component]] = []
     api_server: ApiServer | None = None
     console = ConsoleRuntime(Throughput(metrics))
     if "api" in roles:
@@ -451,6 +519,7 @@ async def _serve(
             dispatcher=relay,
             runtime=console,
             tracing=tracing,
+            breakers=breakers,
         )
         api_server = ApiServer(
             create_app(deps),
@@ -490,52 +559,32 @@ async def _serve(
                     portal_settings=settings.scrapers.suwon,
                     storage_probe=store.db.ping,
                     tracing=tracing,
+                    breakers=breakers,
                 ),
             )
         )
     if "claimer" in roles:
         classifier = build_classifier(settings.scrapers.classifier, env, metrics.ai_request)
         stack.push_async_callback(classifier.close)
-        console.claimer = Claimer(store, classifier, settings.claimer, metrics, pace=store)
+        console.claimer = Claimer(
+            store,
+            classifier,
+            settings.claimer,
+            metrics,
+            pace=store,
+            breaker=breakers.ai,
+            instance=store.instance,
+        )
         components.append(("claimer", console.claimer))
     if "scheduler" in roles and settings.scheduler.jobs:
         console.scheduler = Scheduler(settings.scheduler, tasks)
         components.append(("scheduler", console.scheduler))
 
-    # Everything is built: what exists now lives as long as the process.
-    settle_after_start()
-    failures: list[str] = []
-    async with asyncio.TaskGroup() as tg:
-        running = {
-            name: tg.create_task(_supervised(name, comp, stop, failures))
-            for name, comp in components
-        }
-
-        async def announce_ready() -> None:
-            if api_server is not None:
-                await _first(api_server.bound.wait(), running["api"])
-                if not api_server.bound.is_set():
-                    return
-            notifier.ready(status="outboxd running: " + ", ".join(sorted(roles)))
-            log.info("daemon_ready", roles=sorted(roles))
-
-        tg.create_task(announce_ready())
-
-        async def enforce_deadline() -> None:
-            await stop.wait()
-            notifier.stopping()
-            pending = [t for t in running.values() if not t.done()]
-            if not pending:
-                return
-            _done, still = await asyncio.wait(pending, timeout=settings.daemon.shutdown_timeout_s)
-            for t in still:
-                log.warning("shutdown_deadline_cancel", component=_name_of(running, t))
-                t.cancel()
-
-        tg.create_task(enforce_deadline())
-        await stop.wait()
-    await relay.drain(settings.relay.publish_timeout_s + 1.0)
-    return 1 if failures else 0
+    if roles & {"consumer", "claimer", "relay"}:
+        hold_s = settings.breakers.portal.probe_s + settings.sqs.visibility_timeout_s
+        loop = BreakerLoop(breakers, metrics, hold_s, choose_probes="consumer" in roles)
+        components.append(("breakers", loop))
+    return _Built(components, api_server)
 
 
 async def _supervised(name: str, comp: Component, stop: asyncio.Event, failures: list[str]) -> None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.workers.claimer import Claimer
 from outboxd.workers.scheduler import Scheduler
 

@@ -39,7 +39,8 @@ from outboxd.http.problems import (
 from outboxd.http.responses import problem
 from outboxd.http.routes import ROUTES
 from outboxd.http.server import SERVER_HEADER
-from outboxd.observability import Metrics, OutageLog, log_request
+from outboxd.metrics import Metrics
+from outboxd.observability import OutageLog, log_request
 from outboxd.security import Principal, TokenVerifier
 
 log = structlog.get_logger(__name__)

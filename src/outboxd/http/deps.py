@@ -13,9 +13,10 @@ from typing import Protocol
 from aiohttp import web
 
 from outboxd.config import Settings
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.security import Principal, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.breakers import Breakers
 from outboxd.services.gauges import ReadinessCheck, StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import PortalJobService
@@ -56,6 +57,8 @@ class ApiDeps:
     # Requests held on a job (`Prefer: wait`); None: every request is answered at once.
     waits: JobWaits | None = None
     tracing: Tracing = NO_TRACING
+    # The outside systems' breakers: their state, pause and resume (services/breakers.py).
+    breakers: Breakers | None = None
 
 
 DEPS = web.AppKey("deps", ApiDeps)

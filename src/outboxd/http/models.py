@@ -312,17 +312,25 @@ class JobError(Struct, rename="camel"):
 
 
 class WaitingFor(Struct):
-    """What a QUEUED job waits for before it runs again."""
+    """What a job waits for before it runs again."""
 
-    dependency: Annotated[Literal["portal"], Meta(description="The outside system.")]
+    dependency: Annotated[Literal["portal", "ai", "sqs"], Meta(description="The outside system.")]
     state: Annotated[
-        Literal["login_throttled"],
+        Literal["login_throttled", "login_busy", "down", "maintenance", "paused"],
         Meta(
             description="login_throttled: the portal username had too many failed logins; "
-            "its jobs try one login at a time, spaced by a doubling delay."
+            "its jobs try one login at a time, spaced by a doubling delay. login_busy: "
+            "the same user's other jobs for the username are logging in (should they all "
+            "fail, this one would be locked); it looks again shortly. down: the "
+            "system stopped answering (its breaker is open; one probe at a time). "
+            "maintenance: inside a configured maintenance window. paused: an operator "
+            "paused calls to it."
         ),
     ]
-    until: Annotated[DateTime, Meta(description="When it is tried next" + RFC3339)]
+    until: Annotated[
+        DateTime | None,
+        Meta(description="When it is tried next, null when unknown" + RFC3339),
+    ]
 
 
 class Job(Struct, rename="camel"):
@@ -345,7 +353,7 @@ class Job(Struct, rename="camel"):
     result: PortalResult | None
     waiting_for: Annotated[
         WaitingFor | None,
-        Meta(description="Set while the job is parked, waiting for an outside system."),
+        Meta(description="Set while the job waits for an outside system, else null."),
     ]
     cancel_requested: Annotated[
         bool,
@@ -369,7 +377,9 @@ class JobEvent(Struct, rename="camel"):
             "(error), started (receiveCount), progress (step, done, total), retry_scheduled "
             "(code, delayS), released (given back at a shutdown), succeeded, failed (code), "
             "dead (code), redriven (outboxId), cancel_requested and cancelled (by: owner, "
-            "admin or consumer), parked (dependency, state, waitS, outboxId)."
+            "admin or consumer), parked (dependency, state, waitS, outboxId), waiting "
+            "(dependency, state, outboxId: the job waits for an outside system that is away) "
+            "and resumed (dependency, state: its run starts again)."
         ),
     ]
     status: Annotated[JobStatus, Meta(description="The job's status after the event.")]

@@ -40,12 +40,12 @@ def job_model(job: JobRecord) -> models.Job:
             job.error_code, job.error_message or "", locked if locked else msgspec.UNSET
         )
     waiting = None
-    # Parked (services/parking.py): shown until the park's message is published (RUNNING).
-    if job.wait_until is not None and job.wait_for is not None and job.status == "QUEUED":
+    # Waiting (services/parking.py, services/breakers.py): shown while no run holds it.
+    if job.wait_for is not None and not job.terminal and job.lease_until is None:
         waiting = models.WaitingFor(
             dependency=job.wait_for.get("dependency", "portal"),
             state=job.wait_for.get("state", "login_throttled"),
-            until=cast(str, iso(job.wait_until)),
+            until=iso(job.wait_until),
         )
     # progress and result are the stored JSON documents, sent as they are.
     progress: Any = dict(job.progress) if job.progress is not None else None

@@ -25,7 +25,7 @@ import aiohttp
 
 from outboxd.config import ClassifierRule, ClassifierSettings
 from outboxd.errors import OutboxdError
-from outboxd.observability import RequestOutcome
+from outboxd.metrics import RequestOutcome
 
 __all__ = [
     "ClassificationError",

@@ -27,7 +27,7 @@ from yarl import URL
 
 from outboxd.config import SuwonScraperSettings
 from outboxd.errors import OutboxdError
-from outboxd.observability import RequestOutcome
+from outboxd.metrics import RequestOutcome
 
 __all__ = [
     "CheckHook",
@@ -62,13 +62,20 @@ class PortalError(OutboxdError):
     """A job-level portal failure; `message` is short English text without secrets or bodies."""
 
     def __init__(
-        self, code: PortalErrorCode, message: str, *, retryable: bool | None = None
+        self,
+        code: PortalErrorCode,
+        message: str,
+        *,
+        retryable: bool | None = None,
+        outage: bool = False,
     ) -> None:
         super().__init__(message)
         self.code: PortalErrorCode = code
         self.message = message
         # Only a credential problem is final: retrying a rejected login can lock the account.
         self.retryable = code != "PORTAL_AUTH_FAILED" if retryable is None else retryable
+        # The portal did not answer (refused, reset, timed out, a 5xx): its breaker counts it.
+        self.outage = outage
 
     def __str__(self) -> str:
         return self.message
@@ -76,15 +83,17 @@ class PortalError(OutboxdError):
     def __repr__(self) -> str:
         return (
             f"PortalError(code={self.code!r}, message={self.message!r}, "
-            f"retryable={self.retryable!r})"
+            f"retryable={self.retryable!r}, outage={self.outage!r})"
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_portal_error, (self.code, self.message, self.retryable))
+        return (_rebuild_portal_error, (self.code, self.message, self.retryable, self.outage))
 
 
-def _rebuild_portal_error(code: PortalErrorCode, message: str, retryable: bool) -> PortalError:
-    return PortalError(code, message, retryable=retryable)
+def _rebuild_portal_error(
+    code: PortalErrorCode, message: str, retryable: bool, outage: bool = False
+) -> PortalError:
+    return PortalError(code, message, retryable=retryable, outage=outage)
 
 
 # --- The portal's paths (docs/portal.md) ---------------------------------------------------
@@ -519,7 +528,9 @@ class SuwonScraper:
             except TimeoutError:
                 self._count("timeout")
                 raise PortalError(
-                    "PORTAL_UNAVAILABLE", f"portal did not answer within {self._timeout.total}s"
+                    "PORTAL_UNAVAILABLE",
+                    f"portal did not answer within {self._timeout.total}s",
+                    outage=True,
                 ) from None
             except aiohttp.InvalidURL:
                 self._count("error")
@@ -527,7 +538,7 @@ class SuwonScraper:
             except aiohttp.ClientError as exc:
                 self._count("error")
                 raise PortalError(
-                    "PORTAL_UNAVAILABLE", f"portal unreachable ({type(exc).__name__})"
+                    "PORTAL_UNAVAILABLE", f"portal unreachable ({type(exc).__name__})", outage=True
                 ) from exc
             _log.debug(
                 "portal_request",
@@ -539,7 +550,9 @@ class SuwonScraper:
             )
             if status >= 500 or status == 429:
                 self._count("unavailable" if status >= 500 else "rate_limited")
-                raise PortalError("PORTAL_UNAVAILABLE", f"portal answered HTTP {status}")
+                raise PortalError(
+                    "PORTAL_UNAVAILABLE", f"portal answered HTTP {status}", outage=status >= 500
+                )
             if status >= 400 or (
                 refused is not None
                 and status not in _REDIRECT_STATUSES

@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol
 
 import structlog
 
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import QueueDepth, QueueKind
 from outboxd.services.admin import AdminService, Stats
 from outboxd.storage.ports import TABLE_STATUSES

@@ -41,6 +41,10 @@ LOGIN_LOCKED_ERROR: Final = (
 )
 # What a job of a throttled username waits for.
 LOGIN_THROTTLED: Final = WaitingFor("portal", "login_throttled")
+# What a job waits for while its user's other logins as the same username are under way
+# (they would lock it, should they all fail), and how long before it looks again.
+LOGIN_BUSY: Final = WaitingFor("portal", "login_busy")
+BUSY_RETRY_S: Final = 5.0
 # The first spacing of a throttled username's tries; it doubles up to the window.
 FIRST_TRY_DELAY_S: Final = 60.0
 # At most this many failures are read for the operator's listing.
@@ -78,6 +82,7 @@ class LoginVerdict:
     subject: str
     action: Action
     until: float | None = None
+    waiting: WaitingFor = LOGIN_THROTTLED
 
 
 @dataclass(eq=False, repr=False)
@@ -105,11 +110,15 @@ class LoginGuard:
         subject = self.keys.login_subject(job.portal, username)
 
         def decide(state: LoginState) -> LoginPlan:
-            # Tries under way count as failures: jobs running at once cannot all pass.
-            mine = [f.failed_at for f in state.failures if f.user_id == job.user_id]
-            until = locked_until(mine, now, window, s.max_auth_failures)
+            # Tries under way count as failures, so jobs running at once cannot all pass;
+            # but only failures lock: a job that tries under way would lock waits for them.
+            mine = [f for f in state.failures if f.user_id == job.user_id]
+            failed = [f.failed_at for f in mine if f.attempt_of is None]
+            until = locked_until(failed, now, window, s.max_auth_failures)
             if until is not None:
                 return LoginPlan("locked", until)
+            if login_locked([f.failed_at for f in mine], now, window, s.max_auth_failures):
+                return LoginPlan("busy", now + BUSY_RETRY_S)
             everyone = [f.failed_at for f in state.failures]
             if not login_locked(everyone, now, window, s.max_auth_failures_total):
                 return LoginPlan("go")
@@ -128,6 +137,8 @@ class LoginGuard:
         )
         if got.plan.action == "locked":
             return LoginVerdict(subject, "locked", got.plan.until)
+        if got.plan.action == "busy":
+            return LoginVerdict(subject, "wait", got.plan.until, LOGIN_BUSY)
         if got.plan.action == "go":
             return LoginVerdict(subject, "go")
         if got.reserved:

@@ -63,10 +63,11 @@ class LoginState:
 @dataclass(frozen=True)
 class LoginPlan:
     """What the lock's rule (services/portal_logins.py) makes of a subject's state: `go`,
-    `locked` (until `until`), or `throttled` (the throttle row, if made now: first try at
+    `locked` (until `until`), `busy` (this user's tries under way would lock: look again at
+    `until`), or `throttled` (the throttle row, if made now: first try at
     `first_try_at`, spaced by `first_delay_s`, doubling up to `max_delay_s`)."""
 
-    action: Literal["go", "locked", "throttled"]
+    action: Literal["go", "locked", "throttled", "busy"]
     until: float | None = None
     first_try_at: float = 0.0
     first_delay_s: float = 0.0

@@ -40,6 +40,8 @@ JobEventType = Literal[
     "cancel_requested",
     "cancelled",
     "parked",
+    "waiting",
+    "resumed",
 ]
 # The one spelling of each status set: the API's filters, the OpenAPI enums and the
 # CLI's choices all read these tuples.
@@ -464,7 +466,6 @@ class Listening(Protocol):
     async def ping(self) -> None:
         """A round trip on the connection: StorageUnavailable (and `lost` set) if it is dead."""
         ...
-
 
         ...
 

@@ -17,23 +17,39 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 
 from outboxd.config import ClaimerSettings
 from outboxd.crashpoints import crash_point
-from outboxd.observability import Metrics
-from outboxd.scrapers.classifier import ClassificationError, Classifier, RateLimited
+from outboxd.errors import OutboxdError
+from outboxd.metrics import Metrics
+from outboxd.scrapers.classifier import (
+    ClassificationError,
+    Classifier,
+    ProviderUnavailable,
+    RateLimited,
+)
+from outboxd.services.breakers import PROBE, Breaker
 from outboxd.services.retries import classification_gives_up
-from outboxd.storage.ports import PaceStore, WebsiteStore
+from outboxd.storage.ports import PaceStore, WebsiteStore, WorkRow
 from outboxd.workers.loops import LoopFailures, sleep_or_stop
 from outboxd.workers.pacing import DbClock
 
 log = structlog.get_logger(__name__)
 
 TickOutcome = Literal[
-    "idle", "completed", "skipped", "retry", "failed", "rate_limited", "lost", "paused", "stopped"
+    "idle",
+    "completed",
+    "skipped",
+    "retry",
+    "failed",
+    "rate_limited",
+    "lost",
+    "paused",
+    "stopped",
+    "waiting",
 ]
 # The resource name of the provider's pace row (`pace` table, /metrics, status).
 AI_PACE = "ai"
@@ -49,6 +65,10 @@ class Claimer:
     # Cluster scope: the shared pace row; None (always, with instance scope) keeps this
     # instance's own pace.
     pace: PaceStore | None = None
+    # The AI provider's breaker (services/breakers.py): while it is not up no row is
+    # claimed, but the cluster's one probe; an outage failure then spends no attempt.
+    breaker: Breaker | None = None
+    instance: str = "claimer"
     _paused_until: float = field(default=0.0, init=False)
     _db_clock: DbClock = field(default_factory=DbClock, init=False)
     _last_tick_at: float | None = field(default=None, init=False)
@@ -98,6 +118,11 @@ class Claimer:
         return self._last_tick_at, self._next_tick_at, paused
 
     async def tick(self, stop: asyncio.Event | None = None) -> TickOutcome:
+        probe = False
+        if self.breaker is not None and self.breaker.waiting() is not None:
+            if not await self._probe_turn():
+                return "waiting"
+            probe = True
         if self.pace is not None:
             state = await self.pace.pace_state(AI_PACE, time.time())
             if state is not None and state.paused_for_s > 0:
@@ -137,7 +162,14 @@ class Claimer:
                 return waited
         try:
             category = await self.classifier.classify(website.domain, website.favicon_url)
-        except RateLimited as exc:
+        except (RateLimited, ProviderUnavailable) as exc:
+            if await self._provider_away(exc, probe):
+                await self.store.give_back_work(row)
+                log.debug("classification_waiting", **bind)
+                self.metrics.claims.labels("waiting").inc()
+                return "waiting"
+            if isinstance(exc, ProviderUnavailable):
+                return await self._failed(row, exc, website.domain, bind)
             self._paused_until = self.clock() + exc.retry_after_s
             if self.pace is not None:
                 state = await self.pace.pace_pause(AI_PACE, exc.retry_after_s, time.time)
@@ -147,17 +179,9 @@ class Claimer:
             self.metrics.claims.labels("rate_limited").inc()
             return "rate_limited"
         except ClassificationError as exc:
-            final = classification_gives_up(row.attempt_count, self.settings.max_attempts)
-            await self.store.fail_work(row, exc.message, final, self.clock())
-            log.warning(
-                "classification_failed" if final else "classification_retry_scheduled",
-                error=exc.message,
-                domain=website.domain,
-                **bind,
-            )
-            outcome: TickOutcome = "failed" if final else "retry"
-            self.metrics.claims.labels(outcome).inc()
-            return outcome
+            await self._through()
+            return await self._failed(row, exc, website.domain, bind)
+        await self._through()
         crash_point("after_classify_before_complete")
         if not await self.store.complete_work(row, category, self.clock()):
             log.warning("classification_outcome_lost_race", **bind)
@@ -166,6 +190,46 @@ class Claimer:
         log.info("website_classified", domain=website.domain, category=category, **bind)
         self.metrics.claims.labels("completed").inc()
         return "completed"
+
+    async def _failed(
+        self, row: WorkRow, exc: ClassificationError, domain: str, bind: dict[str, Any]
+    ) -> TickOutcome:
+        final = classification_gives_up(row.attempt_count, self.settings.max_attempts)
+        await self.store.fail_work(row, exc.message, final, self.clock())
+        log.warning(
+            "classification_failed" if final else "classification_retry_scheduled",
+            error=exc.message,
+            domain=domain,
+            **bind,
+        )
+        outcome: TickOutcome = "failed" if final else "retry"
+        self.metrics.claims.labels(outcome).inc()
+        return outcome
+
+    async def _probe_turn(self) -> bool:
+        """While the provider is not up: whether this tick is the cluster's one probe."""
+        assert self.breaker is not None
+        admitted = await self.breaker.admit(self.instance)
+        if admitted is None or admitted == PROBE:
+            return True
+        if admitted.state != "down":
+            return False
+        return await self.breaker.take_probe(self.instance, self._probe_hold_s()) is not None
+
+    def _probe_hold_s(self) -> float:
+        assert self.breaker is not None
+        return self.breaker.settings.probe_s + self.settings.processing_timeout_s
+
+    async def _provider_away(self, exc: OutboxdError, probe: bool) -> bool:
+        """Count an outage failure (a 5xx, a timeout, a 429); whether the provider is away
+        now, so the row waits instead of spending its attempt."""
+        if self.breaker is None:
+            return False
+        return await self.breaker.outage(str(exc), self.instance if probe else None) is not None
+
+    async def _through(self) -> None:
+        if self.breaker is not None:
+            await self.breaker.through()
 
     async def _wait_for_slot(
         self, stop: asyncio.Event | None

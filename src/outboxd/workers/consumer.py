@@ -26,19 +26,22 @@ import structlog
 from outboxd.config import ConsumerSettings, SqsSettings, SuwonScraperSettings
 from outboxd.crashpoints import crash_point
 from outboxd.errors import InvalidState, SecurityError, StorageError
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.messages import IdField
 from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
 from outboxd.scrapers.suwon import PortalError
 from outboxd.security import KeyRing, Sealed
+from outboxd.services.breakers import PROBE, Breakers, Waiting
 from outboxd.services.parking import parked_for_another_message
 from outboxd.services.portal_logins import LOGIN_LOCKED_ERROR, LoginGuard
 from outboxd.services.retries import dead_job_error, job_verdict
 from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
+from outboxd.storage.breaker_ports import BreakerStore
 from outboxd.storage.login_ports import LoginFailure, LoginLockStore
 from outboxd.storage.ports import TERMINAL_TASK_STATUSES, JobRecord
 from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent
+from outboxd.workers.dependency_waits import Admission, DependencyWaits
 from outboxd.workers.dlq_sweep import DlqQueues, DlqStore, DlqSweep, DlqSweeper
 from outboxd.workers.handler_slots import HandlerSlots, until_stopped
 from outboxd.workers.login_gate import LoginGate, LoginRun
@@ -75,7 +78,7 @@ class Receiver(DlqQueues, Protocol):
     ) -> list[ReceivedMessage]: ...
 
 
-class ConsumerStore(DlqStore, LoginLockStore, TaskControllerStore, Protocol):
+class ConsumerStore(DlqStore, LoginLockStore, BreakerStore, TaskControllerStore, Protocol):
     pass
 
 
@@ -94,6 +97,7 @@ class Consumer:
         portal_settings: SuwonScraperSettings | None = None,
         storage_probe: Callable[[], Awaitable[None]] | None = None,
         tracing: Tracing = NO_TRACING,
+        breakers: Breakers | None = None,
     ) -> None:
         self._store = store
         self._tracing = tracing
@@ -122,6 +126,11 @@ class Consumer:
             store, keys, portal_settings or SuwonScraperSettings(), self._visibility_s, clock
         )
         self._gate = LoginGate(guard, store, queues, clock)
+        # The portal's breaker (workers/dependency_waits.py): while the portal is away, its
+        # jobs wait without spending attempts or receives.
+        self._deps = DependencyWaits(
+            breakers.portal if breakers is not None else None, store, queues, clock
+        )
         # Handlers and heartbeats that could not reach the database or SQS: logged as one
         # outage, and while the database is down no message is received (each receive
         # would bring a message one delivery closer to the DLQ for nothing).
@@ -269,6 +278,11 @@ class Consumer:
             log.info("job_busy_elsewhere", retry_in_s=wait_s, **bind)
             await self._queues.change_visibility("jobs", msg.receipt_handle, min(wait_s, 43_000))
             return "busy"
+        admitted = await self._deps.admit(running)
+        if isinstance(admitted, Waiting):
+            return await self._deps.hold(running, msg.receipt_handle, admitted, bind)
+        if admitted != PROBE:
+            running = await self._deps.resumed(running)
         log.info("job_started", attempt=running.attempts, receive_count=msg.receive_count, **bind)
         try:
             creds = self._keys.open_json(
@@ -289,7 +303,7 @@ class Consumer:
             return await self._gate.park(running, msg.receipt_handle, verdict, bind)
         login = LoginRun(verdict)
         try:
-            return await self._run_portal(running, msg, creds, login, bind)
+            return await self._run_portal(running, msg, creds, login, bind, admitted)
         finally:
             await self._gate.give_back(login, running)
 
@@ -300,6 +314,7 @@ class Consumer:
         creds: Mapping[str, Any],
         login: LoginRun,
         bind: Mapping[str, Any],
+        admitted: Admission = None,
     ) -> str:
         job_id = running.id
         state = _RunState(running)
@@ -333,6 +348,12 @@ class Consumer:
             return await self._cancelled(state.job, msg, bind)
         except PortalError as exc:
             await _end(heartbeat, state)
+            if exc.outage:
+                waits = await self._deps.outage(exc.message, state.job, admitted)
+                if waits is not None:  # the portal is away: the job waits, spending nothing
+                    return await self._deps.hold(state.job, msg.receipt_handle, waits, bind)
+            else:
+                await self._deps.through()
             login_failure = None
             if exc.code == "PORTAL_AUTH_FAILED":
                 login_failure = login.failure(self._gate, running)
@@ -351,6 +372,9 @@ class Consumer:
                 state.job, msg, ("HANDLER_ERROR", f"{type(exc).__name__}"), True, bind
             )
         await _end(heartbeat, state)
+        await self._deps.through()
+        if admitted == PROBE:
+            state.job = await self._deps.resumed(state.job)
         crash_point("after_handler_before_commit")
         # A successful login forgets the username's counts, in the outcome's transaction.
         finished = await asyncio.shield(

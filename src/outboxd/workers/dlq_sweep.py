@@ -17,7 +17,7 @@ from typing import Protocol
 import structlog
 
 from outboxd.errors import InvalidState
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.messages import id_field as _message_id_field
 from outboxd.queue.sqs import KINDS, QueueError, QueueKind, ReceivedMessage
 from outboxd.storage.ports import JobStore, TaskStore

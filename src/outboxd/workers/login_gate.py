@@ -3,7 +3,8 @@ job's login, its verdict carried out; after it, what the outcome counts.
 
 - `locked` (this user, for this username): the job ends FAILED PORTAL_LOGIN_LOCKED with
   `lockedUntil`, and the portal sees nothing;
-- `wait` (the username is throttled and its one try is not this job's): the job is parked
+- `wait` (the username is throttled and its one try is not this job's, or this user's
+  tries under way as the same username would lock it should they fail): the job is parked
   until the next try (services/parking.py) and its message deleted, so the wait spends no
   SQS receive;
 - `try` / `go`: the login goes ahead, its try recorded as under way (counted as a failure,
@@ -25,7 +26,7 @@ import structlog
 from outboxd.errors import StorageError
 from outboxd.queue.sqs import QueueError, QueueKind
 from outboxd.services.parking import ParkStore, park_job
-from outboxd.services.portal_logins import LOGIN_THROTTLED, LoginGuard, LoginVerdict
+from outboxd.services.portal_logins import LoginGuard, LoginVerdict
 from outboxd.storage.login_ports import LoginFailure
 from outboxd.storage.ports import JobRecord
 
@@ -57,12 +58,18 @@ class LoginGate:
         unrun)."""
         until = verdict.until if verdict.until is not None else self._clock()
         parked = await asyncio.shield(
-            park_job(self._store, job, until, LOGIN_THROTTLED, self._clock())
+            park_job(self._store, job, until, verdict.waiting, self._clock())
         )
         if parked is None:
             log.warning("job_outcome_lost_race", **bind)
             return "raced"
-        log.info("job_parked", dependency="portal", state="login_throttled", until=until, **bind)
+        log.info(
+            "job_parked",
+            dependency=verdict.waiting.dependency,
+            state=verdict.waiting.state,
+            until=until,
+            **bind,
+        )
         await self._queues.delete("jobs", receipt_handle)
         return "parked"
 

@@ -20,7 +20,8 @@ import structlog
 
 from outboxd.config import RelaySettings
 from outboxd.crashpoints import crash_point
-from outboxd.observability import Metrics, OutageLog, detached, log_info
+from outboxd.metrics import Metrics
+from outboxd.observability import OutageLog, detached, log_info
 from outboxd.queue import messages
 from outboxd.queue.sqs import BatchResult, OutgoingMessage, QueueError, QueueKind
 from outboxd.services.retries import publish_failure, publish_gives_up, publish_outage

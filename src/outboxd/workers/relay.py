@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import structlog
 
 from outboxd.config import RelaySettings
-from outboxd.observability import Metrics
+from outboxd.metrics import Metrics
 from outboxd.queue.sqs import BatchResult
 from outboxd.storage.ports import RelayRow
 from outboxd.tracing import NO_TRACING, Tracing

@@ -38,7 +38,8 @@ SELECT * FROM relay_outbox WHERE id = :id;
 -- name: start_job_run
 -- A job whose cancel was requested is not started again: the consumer cancels it instead. A
 -- parked job (park_job) starts only from the message of the outbox row that parked it
--- (:outbox_id, the message's): an older message of it, redelivered, is refused.
+-- (:outbox_id, the message's): an older message of it, redelivered, is refused. What it
+-- waited for (wait_for) stays until the run's outcome, or its `resumed` (resume_job).
 -- Nor is a QUEUED job whose outbox row a publisher holds right now: its message is on SQS
 -- but its SENT mark (and `dispatched` event) has not committed yet, and the timeline must
 -- read dispatched before started (docs/decisions/0031-timeline-in-causal-order.md). Once
@@ -46,7 +47,7 @@ SELECT * FROM relay_outbox WHERE id = :id;
 UPDATE jobs
    SET status = 'RUNNING', attempts = attempts + 1, lease_until = :lease_until,
        updated_at = :now, version = version + 1, error_code = NULL, error_message = NULL,
-       wait_until = NULL, wait_for = NULL, wait_outbox_id = NULL
+       wait_until = NULL, wait_outbox_id = NULL
  WHERE id = :id AND status IN ('QUEUED', 'RUNNING')
    AND (lease_until IS NULL OR lease_until < :now)
    AND NOT cancel_requested
@@ -60,10 +61,30 @@ RETURNING *;
 -- name: park_job
 -- The job's holder parks it (services/parking.py): QUEUED, no lease, waiting until
 -- :wait_until for :wait_for; the outbox row inserted with it (due then) is the one whose
--- message may start it again.
+-- message may start it again. It made no call: the attempt its start took is given back.
 UPDATE jobs
    SET status = 'QUEUED', lease_until = NULL, updated_at = :now, version = version + 1,
+       attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,
        wait_until = :wait_until, wait_for = :wait_for, wait_outbox_id = :wait_outbox_id
+ WHERE id = :id AND version = :version AND status = 'RUNNING'
+RETURNING *;
+
+-- name: hold_job
+-- A job that waits for an outside system to come back (services/breakers.py): its holder
+-- lets go of it (no lease), gives back the attempt its run took (:give_back), and it waits
+-- for :wait_for until the relay row inserted with it (:wait_outbox_id) is released. A job
+-- with no attempt left to its name is QUEUED again; one that ran before stays RUNNING.
+UPDATE jobs
+   SET lease_until = NULL, attempts = attempts - :give_back,
+       status = CASE WHEN attempts - :give_back <= 0 THEN 'QUEUED' ELSE 'RUNNING' END,
+       updated_at = :now, version = version + 1,
+       wait_until = :wait_until, wait_for = :wait_for, wait_outbox_id = :wait_outbox_id
+ WHERE id = :id AND version = :version AND status = 'RUNNING'
+RETURNING *;
+
+-- name: resume_job
+-- A waiting job's run goes ahead (its dependency answers): no longer waiting.
+UPDATE jobs SET wait_for = NULL, updated_at = :now, version = version + 1
  WHERE id = :id AND version = :version AND status = 'RUNNING'
 RETURNING *;
 
@@ -80,7 +101,7 @@ RETURNING *;
 UPDATE jobs
    SET status = :status, result = :result, error_code = :error_code,
        error_message = :error_message, finished_at = :now, updated_at = :now,
-       locked_until = :locked_until,
+       locked_until = :locked_until, wait_for = NULL,
        lease_until = NULL, sealed = NULL, key_id = NULL, version = version + 1
  WHERE id = :id AND version = :version AND status = 'RUNNING'
 RETURNING *;
@@ -96,6 +117,7 @@ RETURNING *;
 -- name: job_retry_later
 UPDATE jobs
    SET error_code = :error_code, error_message = :error_message, lease_until = NULL,
+       wait_for = NULL,
        updated_at = :now, version = version + 1
  WHERE id = :id AND version = :version AND status = 'RUNNING'
 RETURNING *;
@@ -658,3 +680,93 @@ DELETE FROM job_events WHERE job_id IN (SELECT value FROM json_each(:ids));
 
 -- name: delete_jobs_of
 DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- ---------------------------------------------------------------- dependency breakers
+-- One row per outside system (services/breakers.py, docs/decisions/0033-dependency-breakers.md).
+
+-- name: dependency_rows
+SELECT * FROM dependencies ORDER BY name;
+
+-- name: select_dependency
+SELECT * FROM dependencies WHERE name = :name;
+
+-- name: dependency_outage
+-- A run ended in an outage failure: counted, and the breaker opens at :open_after in a row.
+-- A failed probe frees the probe's place (the next is chosen a probe interval on).
+UPDATE dependencies
+   SET failures_in_a_row = failures_in_a_row + 1, last_error = :error, last_failure_at = :now,
+       down_since = CASE WHEN down_since IS NULL AND failures_in_a_row + 1 >= :open_after
+                         THEN :now ELSE down_since END,
+       probe_until = CASE WHEN probe_job = :job THEN NULL ELSE probe_until END,
+       probe_job = CASE WHEN probe_job = :job THEN NULL ELSE probe_job END,
+       updated_at = :now, version = version + 1
+ WHERE name = :name
+RETURNING *;
+
+-- name: dependency_through
+-- A run got an answer: the count starts again, and an open breaker closes.
+UPDATE dependencies
+   SET failures_in_a_row = 0, down_since = NULL, probe_job = NULL, probe_until = NULL,
+       updated_at = :now, version = version + 1
+ WHERE name = :name AND (failures_in_a_row > 0 OR down_since IS NOT NULL)
+RETURNING *;
+
+-- name: dependency_probe_take
+-- The cluster's one probe while the breaker is open: taken by one caller at a time, a probe
+-- interval after the last, and held until :until (or the probe's outcome).
+UPDATE dependencies
+   SET probe_job = :job, probe_until = :until, last_probe_at = :now, updated_at = :now,
+       version = version + 1
+ WHERE name = :name AND down_since IS NOT NULL
+   AND (probe_until IS NULL OR probe_until < :now)
+   AND (last_probe_at IS NULL OR last_probe_at <= :probe_before)
+RETURNING *;
+
+-- name: dependency_pause
+UPDATE dependencies
+   SET paused_at = :now, paused_until = :until, pause_reason = :reason, paused_by = :actor,
+       updated_at = :now, version = version + 1
+ WHERE name = :name
+RETURNING *;
+
+-- name: dependency_resume
+-- An operator's resume, or a pause whose end came (:ended_before: only a pause ended by then).
+UPDATE dependencies
+   SET paused_at = NULL, paused_until = NULL, pause_reason = NULL, paused_by = NULL,
+       updated_at = :now, version = version + 1
+ WHERE name = :name AND pause_reason IS NOT NULL
+   AND (CAST(:ended_before AS DOUBLE PRECISION) IS NULL OR paused_until <= :ended_before)
+RETURNING *;
+
+-- name: insert_waiting_relay_row
+-- A held job's row: not published until the dependency it waits for is back (or :due).
+INSERT INTO relay_outbox (id, kind, job_id, status, next_attempt_at, dedup_id, created_at,
+                          attempt_count, traceparent, waits_for)
+VALUES (:id, 'job', :job_id, 'PENDING', :due, :id, :now, 0, :traceparent, :waits_for);
+
+-- name: dependency_oldest_waiting
+-- The probe: the waiting job whose row has waited longest (a failed probe waits again
+-- with a fresh row, at the back).
+SELECT id, job_id FROM relay_outbox
+ WHERE waits_for = :name AND status = 'PENDING'
+ ORDER BY created_at, id LIMIT 1;
+
+-- name: dependency_release_one
+UPDATE relay_outbox SET next_attempt_at = :now, waits_for = NULL, version = version + 1
+ WHERE id = :id AND waits_for IS NOT NULL AND status = 'PENDING';
+
+-- name: dependency_release_waiting
+-- The dependency is back: everything that waited for it goes out now (the consumer's pace
+-- spreads the runs).
+UPDATE relay_outbox SET next_attempt_at = :now, waits_for = NULL, version = version + 1
+ WHERE waits_for = :name AND status = 'PENDING';
+
+-- name: dependency_waiting_jobs
+-- What waits for a dependency: for the portal its held jobs; for the AI the work-outbox rows
+-- not yet done, and for SQS the rows not yet published (they wait only while it is away).
+SELECT CASE CAST(:name AS TEXT)
+       WHEN 'ai' THEN (SELECT COUNT(*) FROM work_outbox WHERE status = 'PENDING')
+       WHEN 'sqs' THEN (SELECT COUNT(*) FROM relay_outbox
+                         WHERE status IN ('PENDING', 'RETRYABLE_FAILED') AND waits_for IS NULL)
+       ELSE (SELECT COUNT(*) FROM relay_outbox WHERE waits_for = :name AND status = 'PENDING')
+       END AS n;

@@ -153,6 +153,12 @@ WITH changed AS ({start_job_run}), {event_of_changed} SELECT * FROM changed;
 -- name: park_job_ev
 WITH changed AS ({park_job}), {event_of_changed} SELECT * FROM changed;
 
+-- name: hold_job_ev
+WITH changed AS ({hold_job}), {event_of_changed} SELECT * FROM changed;
+
+-- name: resume_job_ev
+WITH changed AS ({resume_job}), {event_of_changed} SELECT * FROM changed;
+
 -- name: update_job_progress_ev
 WITH changed AS ({update_job_progress}), {event_of_changed} SELECT * FROM changed;
 

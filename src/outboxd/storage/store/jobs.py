@@ -274,7 +274,6 @@ class SqlJobs(StoreBase):
             self.changes.committed((done.id,))
         return done
 
-
     async def job_retry_later(
         self, job: JobRecord, error: tuple[str, str], now: float, delay_s: float | None = None
     ) -> JobRecord | None:

@@ -89,7 +89,7 @@ class SqlLogins(StoreBase):
             yield execute(self.q["login_subject_lock"], {"subject": subject})
             state = yield from self._state(subject, since)
             plan = decide(state)  # the rule is the service's; the store records
-            if plan.action == "locked":
+            if plan.action in ("locked", "busy"):
                 return LoginReservation(plan, False)
             throttle = None
             if plan.action == "throttled":
