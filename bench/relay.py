@@ -92,7 +92,7 @@ async def run_relay(
 ) -> Results:
     """relay_pass until the outbox is empty, as the daemon's relay loop runs it (its lanes too)."""
     from outboxd.config import RelaySettings
-    from outboxd.observability import Metrics
+    from outboxd.metrics import Metrics
     from outboxd.workers.relay import Relay
 
     settings = RelaySettings(batch_size=BATCH)

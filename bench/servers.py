@@ -190,7 +190,7 @@ async def build_outboxd_app(
 ) -> web.Application:
     from outboxd.daemon.app import build_api_deps, open_configured_store
     from outboxd.http.app import create_app
-    from outboxd.observability import Metrics
+    from outboxd.metrics import Metrics
     from outboxd.queue.sqs import SqsQueues
     from outboxd.security import KeyRing
     from outboxd.workers.relay import Relay
