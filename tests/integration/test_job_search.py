@@ -9,16 +9,20 @@ by equality. The username itself is never in the jobs table nor in an answer.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient
 from structlog.testing import capture_logs
 
-from outboxd.security import KeyRing
+from outboxd.security import KeyRing, generate_key
+from outboxd.services.portal_jobs import LinkCredentials, PortalJobService
 from outboxd.storage.store import SqlStore
 from tests.support.api import assert_problem
 from tests.support.db import raw_execute, raw_rows, sql
+from tests.support.ops import run_cli, write_config
 
 Client = TestClient[Any, Any]
 
@@ -101,3 +105,44 @@ async def test_jobs_accepted_without_a_key_are_not_found(
     await raw_execute(db_url, "UPDATE jobs SET login_subject = NULL WHERE id = ?", job_id)
     assert (await _found(api, f"username={ALICE_SNO}"))[0] == []
     assert job_id in (await _found(api, "limit=50"))[0], "still listed without the filter"
+
+
+async def test_the_cli_lists_one_usernames_jobs(
+    store: SqlStore, db_url: str, tmp_path: Path
+) -> None:
+    """`outboxd jobs list --username U`, on a config naming the same database and key: that
+    username's jobs only; a spelling intake refuses is a usage error naming no username."""
+    key = generate_key()
+    keys_file = tmp_path / "cli.keys"
+    keys_file.write_text(key + "\n")
+    service = PortalJobService(store, KeyRing.from_lines([key], "test"), None)
+    mine = [
+        (await service.submit("bob", uuid.uuid4().hex, LinkCredentials("suwon", ALICE_SNO, "pw")))
+        for _ in range(2)
+    ]
+    await service.submit("bob", uuid.uuid4().hex, LinkCredentials("suwon", BOB_SNO, "pw"))
+    config = str(
+        write_config(
+            tmp_path,
+            {
+                "storage": {"url": db_url, "auto_migrate": False},
+                "security": {"keys_file": str(keys_file)},
+            },
+        )
+    )
+
+    listed = run_cli("jobs", "list", "--username", ALICE_SNO, "--json", "--config", config)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(j["jobId"] for j in json.loads(listed.stdout)) == sorted(
+        m.job.id for m in mine
+    )
+    assert ALICE_SNO not in listed.stdout + listed.stderr
+    table = run_cli("jobs", "list", "--username", BOB_SNO, "--config", config)
+    assert table.returncode == 0, table.stderr
+    assert not any(m.job.id in table.stdout for m in mine)
+    assert len(table.stdout.strip().splitlines()) == 2, "the header and bob's one job"
+
+    refused = run_cli("jobs", "list", "--username", "Kim20231234", "--config", config)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.startswith("outboxd: --username must be in normal form")
+    assert "Kim20231234" not in refused.stderr
