@@ -141,6 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     jsub = commands(jobs, "jobs_command")
     jl = jsub("list", "list portal jobs, newest first (read-only)")
     _listing_options(jl, JOB_STATUSES, "jobs")
+    jl.add_argument(
+        "--username",
+        help="only the jobs for this portal username (a student number), exactly as it was "
+        "submitted; found by its keyed hash, so jobs accepted before migration 0010 are not",
+    )
     jr = jsub(
         "redrive",
         "put a DEAD job (or, with --status DEAD --yes, every DEAD job) back to QUEUED "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from outboxd.config import Settings
 from outboxd.errors import InvalidState, NotFound, OutboxdError
-from outboxd.storage.ports import JobRecord, RelayRow
+from outboxd.storage.ports import JobFilter, JobRecord, RelayRow
 
 if TYPE_CHECKING:
     from outboxd.http.console_models import PaceSlot
@@ -194,10 +194,16 @@ async def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
     if args.jobs_command == "redrive" and args.limit is not None and args.limit < 1:
         print("outboxd: --limit must be at least 1", file=sys.stderr)
         return EXIT_USAGE
+    username = None
+    if args.jobs_command == "list" and args.username is not None:
+        username = _checked_username(args.username)
+        if username is None:
+            return EXIT_USAGE
     store = await open_store(settings)
     try:
         if args.jobs_command == "list":
-            return await _jobs_list(store, args)
+            where = None if username is None else _username_filter(settings, store, username)
+            return await _jobs_list(store, args, where)
         if args.status is not None:
             return await _jobs_redrive_all(store, args.status, args.limit)
         return await _jobs_redrive_one(store, args.id)
@@ -205,10 +211,33 @@ async def jobs_command(settings: Settings, args: argparse.Namespace) -> int:
         await store.close()
 
 
-async def _jobs_list(store: Any, args: argparse.Namespace) -> int:
+def _checked_username(username: str) -> str | None:
+    """`jobs list --username`: the username as intake takes it, or None (said on stderr,
+    without the username) when intake would refuse it."""
+    from outboxd.http.checks import portal_username
+    from outboxd.http.inputs import InputError
+
+    try:
+        return portal_username(username)
+    except InputError as exc:
+        print(f"outboxd: --username {exc.message}", file=sys.stderr)
+        return None
+
+
+def _username_filter(settings: Settings, store: Any, username: str) -> JobFilter:
+    """The filter on the username's keyed hash, as the admin API's `username=` builds it."""
+    from outboxd.daemon.app import load_keys
+    from outboxd.services.portal_logins import PortalLoginAdmin
+
+    keys = load_keys(settings, os.environ)
+    logins = PortalLoginAdmin(store, keys, settings.scrapers.suwon)
+    return JobFilter(login_subject=logins.subject(username))
+
+
+async def _jobs_list(store: Any, args: argparse.Namespace, where: JobFilter | None = None) -> int:
     from outboxd.http.render import job_body
 
-    page = await store.list_jobs(args.status, args.limit, None)
+    page = await store.list_jobs(args.status, args.limit, None, where)
     items = [job_body(j) for j in page.items]
     if args.json:
         print(json.dumps(items, indent=2))

@@ -147,11 +147,16 @@ def expect_counts_equal_stats(page: Page, base_url: str, headers: dict[str, str]
     eventually_sync(matches, 30, what="the overview's counts to equal /v1/admin/stats")
 
 
-def submit_job(base_url: str, headers: dict[str, str], password: str = SAMPLE_PASSWORD) -> str:
+def submit_job(
+    base_url: str,
+    headers: dict[str, str],
+    password: str = SAMPLE_PASSWORD,
+    username: str = SAMPLE_SNO,
+) -> str:
     resp = http_request(
         "POST",
         base_url + "/v1/portal-link-jobs",
-        {"portal": "suwon", "username": SAMPLE_SNO, "password": password},
+        {"portal": "suwon", "username": username, "password": password},
         headers={**headers, "Idempotency-Key": uuid.uuid4().hex},
     )
     assert resp.status == 202, resp.text
@@ -637,6 +642,21 @@ def test_filters_in_the_url_a_cancel_followed_live_and_isolated_portal_text(
     page.get_by_test_id("job-to-filter").fill(after.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3])
     page.get_by_test_id("apply-filters").click()
     expect_job_rows(page, set())
+
+    # The search by student number: exactly that username's jobs, found by its keyed hash;
+    # the username stays out of the URL and the page (only the box holds what was typed).
+    other_sno = "20239999"
+    other = submit_job(base, ADMIN, username=other_sno)
+    page.goto(f"{base}/ui/jobs")
+    page.get_by_test_id("job-username-search").fill(other_sno)
+    page.get_by_test_id("job-username-find").click()
+    expect_job_rows(page, {other})
+    assert other_sno not in page.url and other_sno not in page.content()
+    page.get_by_test_id("job-username-search").fill(SAMPLE_SNO)
+    page.get_by_test_id("job-username-find").click()
+    expect_job_rows(page, {done, failed, queued})
+    page.get_by_test_id("clear-filters").click()
+    expect_job_rows(page, {done, failed, queued, other})
 
     # bob's jobs, followed: a new one shows up by itself, and nothing is polled meanwhile.
     page.goto(f"{base}/ui/jobs?user=bob")

@@ -11,7 +11,14 @@ import msgspec
 from msgspec import Struct
 
 from outboxd.http import inputs
-from outboxd.http.models import JOB_ID_RE, REDRIVE_MAX_IDS, REDRIVE_MAX_LIMIT, TaskPayload
+from outboxd.http.models import (
+    JOB_ID_RE,
+    REDRIVE_MAX_IDS,
+    REDRIVE_MAX_LIMIT,
+    PortalLinkRequest,
+    TaskPayload,
+)
+from outboxd.security import normalized_login
 
 
 class _TextField:
@@ -138,3 +145,22 @@ def _days_meta() -> Any:
 
 
 _DAYS_META: Final = _days_meta()
+
+
+NOT_NORMALIZED: Final = (
+    "must be in normal form: no surrounding whitespace, NFKC, case folded (e.g. lowercase)"
+)
+_check_username = check_text_fields(PortalLinkRequest, ("username",))
+
+
+def portal_username(value: Any) -> str:
+    """A portal username as intake takes it (PortalLinkRequest.username's limits, in its one
+    spelling), or `inputs.InputError` for the field `username`. The login lock counts a
+    username by its normalized form: a username that form changes would be a second name
+    for one person (docs/decisions/0028-login-lock-per-user.md), and the job search finds a
+    job by the same form (docs/decisions/0032-job-search-by-username-key.md)."""
+    username = _check_username({"username": value})["username"]
+    assert username is not None  # required: the checker raises when it is missing
+    if normalized_login(username) != username:
+        inputs.fail("username", NOT_NORMALIZED)
+    return username

@@ -23,7 +23,6 @@ from outboxd.http.problems import (
 )
 from outboxd.http.render import dispatch_model, event_model, job_model
 from outboxd.http.responses import json_response
-from outboxd.security import normalized_login
 from outboxd.services.portal_jobs import DispatchFailed, IdempotencyConflict, LinkCredentials
 from outboxd.storage.ports import JobRecord
 from outboxd.tracing import trace_id_of
@@ -31,9 +30,6 @@ from outboxd.tracing import trace_id_of
 log = structlog.get_logger(__name__)
 
 _PORTAL_LINK_FIELDS = checks.wire_names(models.PortalLinkRequest)
-NOT_NORMALIZED = (
-    "must be in normal form: no surrounding whitespace, NFKC, case folded (e.g. lowercase)"
-)
 _check_portal_link = checks.check_text_fields(
     models.PortalLinkRequest, ("portal", "username", "password")
 )
@@ -54,11 +50,7 @@ async def post_portal_link_job(request: web.Request) -> web.Response:
     body = await inputs.read_json_object(request, deps.settings.server.max_body_bytes)
     inputs.check_fields(body, _PORTAL_LINK_FIELDS)
     fields = _check_portal_link(body)
-    # The login lock counts a username by its normalized form: a username that form changes
-    # would be a second name for one person (docs/decisions/0028-login-lock-per-user.md).
-    username = cast(str, fields["username"])
-    if normalized_login(username) != username:
-        inputs.fail("username", NOT_NORMALIZED)
+    username = checks.portal_username(fields["username"])
     link = LinkCredentials(cast(str, fields["portal"]), username, cast(str, fields["password"]))
     # The caller's trace goes on (an invalid traceparent is ignored): this request is a span
     # of it, and the job carries this span's context to the worker.

@@ -365,6 +365,21 @@ _ADMIN: Final[tuple[Route, ...]] = (
                 {"type": "string", "minLength": 1, "maxLength": 128, "pattern": _NO_CONTROL_CHARS},
             ),
             _query(
+                "username",
+                "Only the jobs for this portal username (a student number), spelt exactly as "
+                "intake takes it (an invalid one is 400 VALIDATION_FAILED). The server finds "
+                "the jobs by its keyed hash, the subject of the login lock listing; the username "
+                "is never stored, logged or echoed. An equality, no prefix search; jobs "
+                "accepted before this search existed (migration 0010) carry no hash and are "
+                "not found.",
+                {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 64,
+                    "pattern": models.USERNAME_TEXT,
+                },
+            ),
+            _query(
                 "errorCode",
                 "Only jobs whose error has this code (e.g. RETRIES_EXHAUSTED).",
                 {"type": "string", "pattern": ERROR_CODE_PATTERN},

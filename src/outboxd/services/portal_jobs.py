@@ -117,6 +117,9 @@ class PortalJobService:
             # the commit needs no claim transaction of its own.
             claimed_until=(self.dispatcher.intake_claim_until(now) if self.dispatcher else None),
             traceparent=traceparent,
+            # How an operator finds the job by username (the login lock's keyed hash, never
+            # the username), written by the statement that inserts the job.
+            login_subject=self.keys.login_subject(req.portal, req.username),
         )
         try:
             intake = await self.store.create_portal_job(new, now, self.max_active_jobs)

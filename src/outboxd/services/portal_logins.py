@@ -212,9 +212,14 @@ class PortalLoginAdmin:
                 break
         return out
 
+    def subject(self, username: str, portal: str = "suwon") -> str:
+        """The username as the lock and every job since migration 0010 keep it: its keyed
+        hash (the job search's key, docs/decisions/0032-job-search-by-username-key.md)."""
+        return self.keys.login_subject(portal, username)
+
     async def unlock(self, username: str, *, actor: str, portal: str = "suwon") -> tuple[str, int]:
         """Forget a username's failures and throttle: its subject, and the failures deleted."""
-        subject = self.keys.login_subject(portal, username)
+        subject = self.subject(username, portal)
         cleared = await self.store.clear_login_subject(subject)
         log.info("portal_login_unlocked", subject=subject, failures_cleared=cleared, actor=actor)
         return subject, cleared

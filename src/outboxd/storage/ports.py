@@ -142,6 +142,7 @@ class NewPortalJob:
     # and the row to the relay loop.
     claimed_until: float | None = None
     traceparent: str | None = None
+    login_subject: str | None = None  # the username's keyed hash (security.py login_subject)
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ class JobFilter:
     error_code: str | None = None
     created_from: float | None = None
     created_to: float | None = None
+    login_subject: str | None = None  # a portal username's keyed hash: an equality
 
 
 @dataclass(frozen=True)

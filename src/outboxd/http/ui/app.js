@@ -522,9 +522,26 @@
       el("button", { type: "submit", class: "primary", testid: "apply-filters" }, "Apply"),
       el("button", { type: "button", testid: "clear-filters", onclick: () => apply(true) }, "Clear"),
     );
+    // The search by student number: the API hashes it and finds the jobs by that key (the
+    // username is never stored). It stays out of the URL and the history, unlike the filters.
+    let username = "";
+    const usernameInput = el("input", { type: "search", name: "username", autocomplete: "off", spellcheck: "false", placeholder: "exact student number", testid: "job-username-search" });
+    const search = el(
+      "form",
+      { class: "inline", testid: "job-username-form" },
+      el("label", {}, "Find by student number: ", usernameInput),
+      el("button", { type: "submit", testid: "job-username-find" }, "Find"),
+      el("span", { class: "muted", text: " exact spelling; jobs accepted before the search existed are not found" }),
+    );
+    search.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      username = usernameInput.value;
+      cursors.length = 0;
+      show(null);
+    });
     const listBox = el("div");
     const pager = el("div", { class: "pager" });
-    replace(root, el("h1", { text: "Jobs" }), lookup, filters, listBox, pager);
+    replace(root, el("h1", { text: "Jobs" }), lookup, search, filters, listBox, pager);
 
     const query = () => {
       const q = new URLSearchParams();
@@ -539,6 +556,7 @@
       const q = new URLSearchParams(location.search);
       q.set("limit", String(PAGE_SIZE));
       if (cursor) q.set("cursor", cursor);
+      if (username) q.set("username", username);
       return follow("/v1/admin/jobs?" + q, (page) => {
         replace(listBox, jobsTable(page.items));
         const buttons = [];
@@ -548,7 +566,10 @@
       });
     });
     function apply(clear) {
-      if (clear) for (const input of Object.values(inputs)) input.value = "";
+      if (clear) {
+        for (const input of Object.values(inputs)) input.value = "";
+        usernameInput.value = username = "";
+      }
       const q = query();
       history.pushState(null, "", "/ui/jobs" + (q.toString() ? "?" + q : ""));
       cursors.length = 0;

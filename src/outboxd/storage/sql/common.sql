@@ -9,10 +9,12 @@
 -- name: insert_job
 -- Without RETURNING, as insert_relay_row: the store knows what it wrote and builds the
 -- records itself (storage/store/records.py `inserted_job`, `inserted_relay_row`).
+-- login_subject: the username's keyed hash, by which an operator finds the job (never the
+-- username itself; docs/decisions/0032-job-search-by-username-key.md).
 INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
-                  key_id, sealed, created_at, updated_at, traceparent)
+                  key_id, sealed, created_at, updated_at, traceparent, login_subject)
 VALUES (:id, :kind, :portal, :user_id, :idempotency_key, :fingerprint, 'QUEUED',
-        :key_id, :sealed, :now, :now, :traceparent)
+        :key_id, :sealed, :now, :now, :traceparent, :login_subject)
 ON CONFLICT (user_id, idempotency_key) DO NOTHING;
 
 -- name: insert_relay_row
@@ -329,14 +331,26 @@ SELECT * FROM relay_outbox
 -- name: list_relay_for_job
 SELECT * FROM relay_outbox WHERE job_id = :job_id ORDER BY created_at DESC, id DESC LIMIT :limit;
 
--- name: list_jobs
--- The admin's search: each filter applies when given; newest first along jobs_created.
-SELECT * FROM jobs
- WHERE (CAST(:status AS TEXT) IS NULL OR status = :status)
+-- name: job_filters
+-- The admin's search filters over jobs, each applied when given (list_jobs names it in braces).
+(CAST(:status AS TEXT) IS NULL OR status = :status)
    AND (CAST(:user_id AS TEXT) IS NULL OR user_id = :user_id)
    AND (CAST(:error_code AS TEXT) IS NULL OR error_code = :error_code)
    AND (CAST(:created_from AS DOUBLE PRECISION) IS NULL OR created_at >= :created_from)
    AND (CAST(:created_to AS DOUBLE PRECISION) IS NULL OR created_at < :created_to)
+
+-- name: list_jobs
+-- The admin's search: each filter applies when given; newest first along jobs_created.
+SELECT * FROM jobs
+ WHERE {job_filters}
+   AND {page_newest_first};
+
+-- name: list_jobs_by_subject
+-- The admin's search by portal username, as its keyed hash (the login lock's subject): an
+-- equality, newest first along jobs_login_subject; the other filters as in list_jobs.
+SELECT * FROM jobs
+ WHERE login_subject = :login_subject
+   AND {job_filters}
    AND {page_newest_first};
 
 -- ---------------------------------------------------------------- tasks

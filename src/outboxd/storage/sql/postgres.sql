@@ -276,18 +276,19 @@ WITH j AS (
                   CAST(:user_ids AS text[]), CAST(:keys AS text[]),
                   CAST(:fingerprints AS text[]), CAST(:key_ids AS text[]),
                   CAST(:sealed AS bytea[]), CAST(:nows AS double precision[]),
-                  CAST(:claimed_untils AS double precision[]), CAST(:traceparents AS text[]))
+                  CAST(:claimed_untils AS double precision[]), CAST(:traceparents AS text[]),
+                  CAST(:login_subjects AS text[]))
            AS t(id, outbox_id, portal, user_id, idempotency_key, fingerprint, key_id, sealed, ts,
-                claimed_until, traceparent)
+                claimed_until, traceparent, login_subject)
      -- Run outside an explicit transaction, the statement commits itself: should it reach
      -- the server only after the client gave up on it (a network that held it past the
      -- command timeout, the caller answered 503), it writes nothing.
      WHERE extract(epoch FROM clock_timestamp()) < :not_after
 ), job AS (
     INSERT INTO jobs (id, kind, portal, user_id, idempotency_key, fingerprint, status,
-                      key_id, sealed, created_at, updated_at, traceparent)
+                      key_id, sealed, created_at, updated_at, traceparent, login_subject)
     SELECT id, 'portal_link', portal, user_id, idempotency_key, fingerprint, 'QUEUED',
-           key_id, sealed, ts, ts, traceparent
+           key_id, sealed, ts, ts, traceparent, login_subject
       FROM j
     ON CONFLICT (user_id, idempotency_key) DO NOTHING
     RETURNING id, created_at, status, attempts

@@ -129,6 +129,7 @@ class SqlJobs(StoreBase):
                     "nows": [at for _, at in news],
                     "claimed_untils": [n.claimed_until for n, _ in news],
                     "traceparents": [n.traceparent for n, _ in news],
+                    "login_subjects": [n.login_subject for n, _ in news],
                     "not_after": not_after,
                     "ev_instance": self.instance,
                 },
@@ -446,4 +447,8 @@ class SqlJobs(StoreBase):
             "created_from": f.created_from,
             "created_to": f.created_to,
         }
+        if f.login_subject is not None:
+            # Its own statement, an equality on the key: the index on it serves every plan.
+            params["login_subject"] = f.login_subject
+            return await self._page("list_jobs_by_subject", params, limit, cursor, job_record)
         return await self._page("list_jobs", params, limit, cursor, job_record)

@@ -102,6 +102,7 @@ def new_job_params(new: NewPortalJob, now: float) -> dict[str, Any]:
         "sealed": new.sealed,
         "now": now,
         "traceparent": new.traceparent,
+        "login_subject": new.login_subject,
     }
 
 
