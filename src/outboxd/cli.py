@@ -30,6 +30,7 @@ from outboxd.cli_commands import (
     queues_command,
     status_command,
 )
+from outboxd.cli_deps import add_deps_parsers, deps_command
 from outboxd.cli_portal import add_portal_parser, portal_command
 from outboxd.config import ConfigError, Settings
 from outboxd.config_file import load_settings
@@ -175,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
         "sqs:SetQueueAttributes; not for the embedded SQS.",
     )
     add_portal_parser(sub, commands)
+    add_deps_parsers(sub)
     token = sub("token", "API tokens")
     tsub = commands(token, "token_command")
     tc = tsub(
@@ -315,6 +317,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         "jobs": jobs_command,
         "queues": queues_command,
         "portal": portal_command,
+        "deps": deps_command,
+        "pause": deps_command,
+        "resume": deps_command,
     }
     try:
         return asyncio.run(handlers[cmd](settings, args))

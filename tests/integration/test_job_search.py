@@ -133,9 +133,7 @@ async def test_the_cli_lists_one_usernames_jobs(
 
     listed = run_cli("jobs", "list", "--username", ALICE_SNO, "--json", "--config", config)
     assert listed.returncode == 0, listed.stderr
-    assert sorted(j["jobId"] for j in json.loads(listed.stdout)) == sorted(
-        m.job.id for m in mine
-    )
+    assert sorted(j["jobId"] for j in json.loads(listed.stdout)) == sorted(m.job.id for m in mine)
     assert ALICE_SNO not in listed.stdout + listed.stderr
     table = run_cli("jobs", "list", "--username", BOB_SNO, "--config", config)
     assert table.returncode == 0, table.stderr

@@ -31,6 +31,7 @@ LAYERS = {
     "daemon": 4,
     "cli": 5,
     "cli_portal": 5,
+    "cli_deps": 5,
     "cli_commands": 5,
     "__main__": 6,
 }

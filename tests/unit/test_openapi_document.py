@@ -225,6 +225,9 @@ def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
         # The portal login lock: who caused which lock, and the unlock.
         ("/v1/admin/portal-logins", "get"),
         ("/v1/admin/portal-logins/unlock", "post"),
+        ("/v1/admin/dependencies", "get"),
+        ("/v1/admin/dependencies/{name}/pause", "post"),
+        ("/v1/admin/dependencies/{name}/resume", "post"),
         ("/healthz", "get"),
         ("/readyz", "get"),
         ("/metrics", "get"),

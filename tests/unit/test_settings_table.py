@@ -8,7 +8,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from outboxd.config import ScrapersSettings, Settings
+from outboxd.config import Settings
 
 CONTRACT = Path(__file__).resolve().parents[2] / "docs/contract.md"
 KEY = re.compile(r"[a-z][a-z0-9_]*")
@@ -41,11 +41,11 @@ def in_code() -> dict[str, set[str]]:
     for f in dataclasses.fields(Settings):
         if f.name == "base_dir":
             continue
-        if f.name == "scrapers":
-            for sub in dataclasses.fields(ScrapersSettings):
-                kind = sub.type if isinstance(sub.type, type) else None
-                cls = kind or type(getattr(ScrapersSettings(), sub.name))
-                out[f"scrapers.{sub.name}"] = {g.name for g in dataclasses.fields(cls)}
+        if f.name in ("scrapers", "breakers"):  # sections of sections
+            parent = getattr(Settings(), f.name)
+            for sub in dataclasses.fields(parent):
+                cls = type(getattr(parent, sub.name))
+                out[f"{f.name}.{sub.name}"] = {g.name for g in dataclasses.fields(cls)}
             continue
         out[f.name] = {g.name for g in dataclasses.fields(getattr(Settings(), f.name))}
     return out

@@ -505,6 +505,7 @@ def _build(
 ) -> _Built:
     """The components `roles` ask for, on the store and the queues `_serve` opened."""
     breakers = Breakers(settings, store, metrics)
+    relay.use_breaker(breakers.sqs)
     tasks = TaskService(store)
     components: list[tuple[str, Component]] = []
     api_server: ApiServer | None = None

@@ -290,11 +290,14 @@ _DATE_TIME_RE: Final = re.compile(
 
 
 def query_time(request: web.Request, name: str) -> float | None:
-    """An RFC 3339 date-time query value as Unix seconds (a leap second counts as the
-    next second's start), or absent."""
+    """An RFC 3339 date-time query value as Unix seconds, or absent."""
     raw = request.query.get(name)
-    if raw is None:
-        return None
+    return None if raw is None else parse_time(name, raw)
+
+
+def parse_time(name: str, raw: str) -> float:
+    """An RFC 3339 date-time (field `name`) as Unix seconds (a leap second counts as the
+    next second's start)."""
     m = _DATE_TIME_RE.fullmatch(raw)
     if m is None:
         fail(name, "must be an RFC 3339 date-time, e.g. 2024-05-01T00:00:00Z")

@@ -20,7 +20,7 @@ from typing import Any, Final, get_args
 import msgspec
 from msgspec import Struct
 
-from outboxd.http import console_models, login_models, models
+from outboxd.http import console_models, dependency_models, login_models, models
 from outboxd.http.endpoints import Ok, Param, Route
 from outboxd.http.problems import (
     FORBIDDEN,
@@ -37,7 +37,12 @@ from outboxd.http.routes import ROUTES
 from outboxd.storage.ports import JobEventType, JobStatus, RelayStatus, TaskStatus, WorkStatus
 
 # Every body of the API: http/models.py's, the console's admin reads, the login lock's.
-MODELS: Final = (*models.MODELS, *console_models.MODELS, *login_models.MODELS)
+MODELS: Final = (
+    *models.MODELS,
+    *console_models.MODELS,
+    *login_models.MODELS,
+    *dependency_models.MODELS,
+)
 
 Schema = dict[str, Any]
 

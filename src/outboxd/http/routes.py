@@ -13,6 +13,8 @@ from typing import Any, Final
 from outboxd.http import (
     admin,
     console_models,
+    dependencies,
+    dependency_models,
     jobs,
     login_models,
     logins,
@@ -66,6 +68,7 @@ CURSOR: Final = _query(
     {"type": "string", "pattern": CURSOR_PATTERN},
 )
 DOMAIN: Final = _path("domain", "The host name (normalised before the lookup).")
+DEPENDENCY: Final = _path("name", "The outside system.", enum=["portal", "ai", "sqs"])
 
 _JOB_LINKS: Final = (
     Link("GetJob", "getJob", "job_id", "/jobId"),
@@ -428,6 +431,43 @@ _ADMIN: Final[tuple[Route, ...]] = (
         errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
         access="admin",
         request=login_models.PortalLoginUnlockRequest,
+    ),
+    Route(
+        "GET",
+        "/v1/admin/dependencies",
+        dependencies.list_dependencies,
+        "listDependencies",
+        "admin",
+        "Each outside system's state (up, down, maintenance, paused) and its waiting work.",
+        ok=(Ok(200, "portal, ai and sqs.", dependency_models.DependencyList),),
+        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
+        access="admin",
+    ),
+    Route(
+        "POST",
+        "/v1/admin/dependencies/{name}/pause",
+        dependencies.pause_dependency,
+        "pauseDependency",
+        "admin",
+        "Stop calling an outside system, on every instance within a second and across restarts, "
+        "with a reason, for forS seconds, until a time, or until resumed; work waits, unspent.",
+        ok=(Ok(200, "The dependency, paused.", dependency_models.Dependency),),
+        errors=(*_BODY_ERRORS, NOT_FOUND, STORAGE_UNAVAILABLE),
+        access="admin",
+        request=dependency_models.PauseRequest,
+        params=(DEPENDENCY,),
+    ),
+    Route(
+        "POST",
+        "/v1/admin/dependencies/{name}/resume",
+        dependencies.resume_dependency,
+        "resumeDependency",
+        "admin",
+        "Lift an operator's pause: the work that waited goes out at the configured pace.",
+        ok=(Ok(200, "The dependency.", dependency_models.Dependency),),
+        errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
+        access="admin",
+        params=(DEPENDENCY,),
     ),
     Route(
         "GET",

@@ -128,6 +128,11 @@ class Breaker:
             return "down", r.down_since, None
         return "up", None, None
 
+    def chosen_off(self) -> bool:
+        """Paused by an operator or inside a maintenance window: no call at all, not even
+        the dependency's own retries."""
+        return self.state()[0] in ("paused", "maintenance")
+
     def waiting(self, now: float | None = None) -> Waiting | None:
         """Why work for this dependency waits now (None: it is `up`)."""
         state, _since, until = self.state(now)

@@ -131,6 +131,7 @@ class Consumer:
         self._deps = DependencyWaits(
             breakers.portal if breakers is not None else None, store, queues, clock
         )
+        self._sqs_off = breakers.sqs.chosen_off if breakers is not None else None
         # Handlers and heartbeats that could not reach the database or SQS: logged as one
         # outage, and while the database is down no message is received (each receive
         # would bring a message one delivery closer to the DLQ for nothing).
@@ -157,6 +158,9 @@ class Consumer:
         while not stop.is_set():
             if self._failures.outages["storage"].down:
                 await self._wait_for_storage(stop)
+                continue
+            if self._sqs_off is not None and self._sqs_off():  # SQS paused by an operator
+                await sleep_or_stop(stop, 0.5)
                 continue
             # Ask SQS for no more messages than there are free handler slots,
             # so nothing received waits (invisible) behind a busy handler.

@@ -10,6 +10,7 @@ while the current one is sent. `Relay` wires the two and is what the daemon runs
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 import structlog
 
 from outboxd.config import RelaySettings
+from outboxd.errors import StorageError
 from outboxd.metrics import Metrics
 from outboxd.queue.sqs import BatchResult
+from outboxd.services.breakers import Breaker
 from outboxd.storage.ports import RelayRow
 from outboxd.tracing import NO_TRACING, Tracing
 from outboxd.workers.dispatch import DISPATCH_BATCHES_IN_FLIGHT, DISPATCH_MAX_WAIT_S, Dispatch
@@ -85,6 +88,9 @@ class RelayLoop:
         self._stop = stop
         self._failures = LoopFailures("relay", "relay_iteration_failed")
         self._sqs_pauses = 0
+        # SQS's breaker (services/breakers.py): its state told what the loop sees, and while
+        # an operator paused it nothing is published.
+        self.breaker: Breaker | None = None
 
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()
@@ -93,12 +99,16 @@ class RelayLoop:
         log.info("relay_started", interval_s=self._send.settings.interval_s)
         interval = self._send.settings.interval_s
         while not stop.is_set():
+            if self.breaker is not None and self.breaker.chosen_off():
+                await sleep_or_stop(stop, interval)
+                continue
             try:
                 n = await self.relay_pass()
             except Exception as exc:  # the loop must survive a database outage
                 await self._failures.pause(stop, exc)
                 continue
             self._failures.ok()
+            await self._tell_breaker()
             if self._send.sqs_outage.down:
                 # SQS could not be reached: no row spent an attempt on it, and the loop
                 # tries again later and later (up to SQS_PAUSE_CAP_S) while it lasts, or
@@ -116,6 +126,15 @@ class RelayLoop:
                 continue  # a full round: there may be more due right now
             await sleep_or_stop(stop, interval)
         log.info("relay_stopped")
+
+    async def _tell_breaker(self) -> None:
+        if self.breaker is None:
+            return
+        with contextlib.suppress(StorageError):
+            if self._send.sqs_outage.down:
+                await self.breaker.outage("SQS did not answer (see sqs_unavailable)")
+            else:
+                await self.breaker.through()
 
     async def relay_pass(self) -> int:
         """`relay_once` in each lane at once; how many rows they claimed in all. Every
@@ -225,6 +244,14 @@ class Relay:
         )
         self._dispatch = Dispatch(self._send, stop, in_flight, dispatch_max_wait_s)
         self._loop = RelayLoop(self._send, lanes, batches_per_round, stop)
+        self._held: Callable[[], bool] = _never
+
+    def use_breaker(self, breaker: Breaker) -> None:
+        """SQS's breaker: the loop tells it what it sees, and while an operator paused SQS
+        nothing is published, on the request or in the loop (rows wait in the outbox,
+        unspent, and go out once it is resumed)."""
+        self._held = breaker.chosen_off
+        self._loop.breaker = breaker
 
     @classmethod
     def shaped(
@@ -253,12 +280,18 @@ class Relay:
     # ------------------------------------------------------------ for the API (Dispatcher)
 
     async def publish_now(self, outbox_id: str) -> bool:
+        if self._held():
+            return False
         return await self._dispatch.publish_now(outbox_id)
 
     async def dispatch(self, outbox_id: str, claimed: RelayRow | None = None) -> RelayRow | None:
+        if self._held():
+            return None
         return await self._dispatch.dispatch(outbox_id, claimed)
 
     def intake_claim_until(self, now: float) -> float | None:
+        if self._held():
+            return None
         return self._dispatch.intake_claim_until(now)
 
     # ------------------------------------------------------------ the loop
@@ -275,3 +308,7 @@ class Relay:
     async def drain(self, timeout_s: float) -> None:
         """At shutdown: wait for sends still at SQS to record their outcome."""
         await self._send.drain(timeout_s)
+
+
+def _never() -> bool:
+    return False
