@@ -750,3 +750,45 @@ def test_embedded_default_shows_relay_states_and_a_job_without_its_password(
     assert {"/ui/assets/app.js", "/ui/assets/app.css"} <= loaded
     assert page.context.cookies() == []
     assert daemon.terminate() == 0
+
+
+def test_dependencies_paused_with_a_reason_then_resumed(
+    console_daemon: DaemonProcess, base: str, browser: Browser
+) -> None:
+    """The Dependencies page shows each outside system's state; a pause needs a reason and
+    shows it with its end; a job sent meanwhile waits (the portal hears nothing), and
+    Resume lets it run."""
+    tab = open_tab(browser, base)
+    page = tab.page
+    sign_in(tab, base, ADMIN_TOKEN, "/ui/dependencies")
+    for name in ("portal", "ai", "sqs"):
+        expect(page.get_by_test_id(f"dep-state-{name}")).to_have_text("up")
+    form = page.get_by_test_id("dep-pause-portal")
+    form.get_by_role("button", name="Pause").click()
+    expect(page.locator("#notice")).to_contain_text("needs a reason")
+    page.get_by_test_id("dep-reason-input-portal").fill("the university asked for a quiet hour")
+    page.get_by_test_id("dep-minutes-portal").fill("60")
+    form.get_by_role("button", name="Pause").click()
+    expect(page.get_by_test_id("dep-state-portal")).to_have_text("paused")
+    expect(page.get_by_test_id("dep-reason-portal")).to_have_text(
+        "the university asked for a quiet hour"
+    )
+    expect(page.get_by_test_id("dep-until-portal")).to_contain_text("UTC")
+    assert any(d.startswith("confirm: Pause calls to portal") for d in tab.dialogs)
+    listed = http_request("GET", f"{base}/v1/admin/dependencies", headers=ADMIN).json()
+    portal = next(i for i in listed["items"] if i["name"] == "portal")
+    assert portal["state"] == "paused" and portal["pausedBy"] == "root"
+
+    job_id = submit_job(base, USER)
+
+    def waiting() -> bool:
+        body = http_request("GET", f"{base}/v1/jobs/{job_id}", headers=USER).json()
+        return (body["waitingFor"] or {}).get("state") == "paused"
+
+    eventually_sync(waiting, 30, what="the job to wait for the paused portal")
+    page.get_by_role("button", name="Refresh").click()
+    expect(page.get_by_test_id("dep-waiting-portal")).to_have_text("1")
+    page.get_by_test_id("dep-resume-portal").click()
+    expect(page.get_by_test_id("dep-state-portal")).to_have_text("up")
+    wait_job(base, job_id, "SUCCEEDED")
+    assert not tab.foreign

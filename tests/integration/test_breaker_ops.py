@@ -132,6 +132,8 @@ async def test_one_probe_at_a_time_for_the_cluster(store: SqlStore) -> None:
     assert again == [None, None, None]
     winner = next(g for g in got if g is not None)
     await breakers[0].outage("provider error HTTP 503", probe=winner)
+    # The failed probe freed its place, yet the next waits its probe interval.
+    assert await breakers[1].take_probe("i1", 60) is None
     await asyncio.sleep(0.6)  # the probe interval itself is what is tested here
     got = await asyncio.gather(*(b.take_probe(f"i{n}", 60) for n, b in enumerate(breakers)))
     assert sum(g is not None for g in got) == 1, got

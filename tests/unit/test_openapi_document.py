@@ -244,6 +244,7 @@ def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
         ("/ui/dead-letters", "get"),
         ("/ui/websites", "get"),
         ("/ui/tasks", "get"),
+        ("/ui/dependencies", "get"),
         ("/ui/assets/app.js", "get"),
         ("/ui/assets/app.css", "get"),
         ("/", "get"),

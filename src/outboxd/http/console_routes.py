@@ -90,6 +90,11 @@ CONSOLE_ROUTES: Final[tuple[Route, ...]] = (
     ),
     _console_page("/ui/websites", "consoleWebsites", "Classification states and FAILED rows."),
     _console_page("/ui/tasks", "consoleTasks", "Recent task runs and an enqueue form."),
+    _console_page(
+        "/ui/dependencies",
+        "consoleDependencies",
+        "The portal, the AI provider and SQS: state, a pause's reason and end, pause and resume.",
+    ),
     _console_file("/ui/assets/app.js", "consoleScript", "The console's script.", "text/javascript"),
     _console_file("/ui/assets/app.css", "consoleStyles", "The console's stylesheet.", "text/css"),
     _console_redirect("/", "rootToConsole", "The root: the console."),

@@ -1073,6 +1073,79 @@
     );
   }
 
+  // ------------------------------------------------------------ dependencies
+
+  // Each outside system's state (up, down, maintenance, paused), the reason and end of a
+  // pause, and pause (with a reason) and resume. Read when the page opens, after each
+  // action and on Refresh.
+  function dependencies() {
+    const root = main();
+    const list = el("div", { testid: "deps" });
+    const refresh = el("button", { type: "button", onclick: () => load() }, "Refresh");
+    replace(root, el("h1", { text: "Dependencies" }), el("p", { class: "muted", text:
+      "The portal, the AI provider and SQS as every instance sees them. While one is not up " +
+      "its work waits, spending no attempt." }), refresh, list);
+    async function load() {
+      try {
+        const body = await api("GET", "/v1/admin/dependencies");
+        replace(list, body.items.map(depCard));
+      } catch (err) {
+        handleFailure(err);
+      }
+    }
+    function depCard(d) {
+      const facts = kv([
+        ["State", statusSpan(d.state, "dep-state-" + d.name)],
+        ["Since", fmtTime(d.since)],
+        ["Until", fmtTime(d.until), "dep-until-" + d.name],
+        ["Reason", ext(d.reason), "dep-reason-" + d.name],
+        ["Paused by", ext(d.pausedBy)],
+        ["Outage failures in a row", String(d.failuresInARow)],
+        ["Last error", ext(d.lastError)],
+        ["Last probe", fmtTime(d.lastProbeAt)],
+        ["Waiting", String(d.waiting), "dep-waiting-" + d.name],
+      ]);
+      let action;
+      if (d.state === "paused") {
+        action = el("button", {
+          type: "button",
+          testid: "dep-resume-" + d.name,
+          onclick: () =>
+            act(`Resume calls to ${d.name}? Its waiting work goes out at the configured pace.`, async () => {
+              await api("POST", `/v1/admin/dependencies/${enc(d.name)}/resume`);
+              load();
+              return `${d.name} resumed.`;
+            }),
+        }, "Resume");
+      } else {
+        const reason = el("input", { type: "text", name: "reason", dir: "auto", maxlength: "500",
+          required: true, placeholder: "reason (required)", testid: "dep-reason-input-" + d.name });
+        const minutes = el("input", { type: "number", name: "minutes", min: "1", step: "1",
+          placeholder: "minutes (empty: until resumed)", testid: "dep-minutes-" + d.name });
+        action = el("form", { class: "inline", testid: "dep-pause-" + d.name },
+          el("label", {}, "Reason: ", reason), el("label", {}, "For: ", minutes),
+          el("button", { type: "submit" }, "Pause"));
+        action.addEventListener("submit", (ev) => {
+          ev.preventDefault();
+          const why = reason.value.trim();
+          if (!why) {
+            notice("A pause needs a reason.", true);
+            return;
+          }
+          const body = { reason: why };
+          if (minutes.value) body.forS = Number(minutes.value) * 60;
+          act(`Pause calls to ${d.name} on every instance?`, async () => {
+            await api("POST", `/v1/admin/dependencies/${enc(d.name)}/pause`, body);
+            load();
+            return `${d.name} paused.`;
+          });
+        });
+      }
+      return el("section", { class: "card", testid: "dep-" + d.name }, el("h2", { text: d.name }), facts, action);
+    }
+    load();
+  }
+
   // ------------------------------------------------------------ routing
 
   const PAGES = {
@@ -1080,6 +1153,7 @@
     "/ui/dead-letters": ["dead", deadLetters],
     "/ui/websites": ["websites", websites],
     "/ui/tasks": ["tasks", tasks],
+    "/ui/dependencies": ["deps", dependencies],
   };
 
   function route() {
