@@ -70,8 +70,9 @@ async def test_an_ai_outage_spends_no_attempt_and_every_row_is_classified_after_
     await _run(claimer, down_and_probed)
     rows = await _rows(db_url)
     assert all(r["status"] == "PENDING" for r in rows), rows
-    # Only the call before the breaker opened counted; probes and the opening call did not.
-    assert sum(r["attempt_count"] for r in rows) == 1, rows
+    # Only the calls up to the one that opened the breaker counted (a row's outcome is
+    # written before the breaker is told); no probe did.
+    assert sum(r["attempt_count"] for r in rows) == 2, rows
     # While down, one call a probe interval: the calls after the first two are spaced.
     starts = [c.started_at_monotonic for c in ai.calls[2:]]
     gaps = [b - a for a, b in itertools.pairwise(starts)]

@@ -14,7 +14,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from outboxd.services.breakers import Breakers
 from outboxd.storage.store import SqlStore
-from tests.support.consumer_rig import FINAL, Rig, RigFactory
+from tests.support.consumer_rig import BROKEN_PASSWORD, BROKEN_SNO, FINAL, Rig, RigFactory
 from tests.support.db import sql
 from tests.support.waits import eventually
 
@@ -161,3 +161,18 @@ async def test_inside_a_maintenance_window_nothing_calls_the_portal(
     view = await breakers.view("portal")
     assert view.state == "maintenance" and view.until is not None
     assert view.until - time.time() <= 3600
+
+
+async def test_a_verdict_is_no_outage_the_job_dies_as_before_and_the_breaker_stays_up(
+    make_rig: RigFactory, store: SqlStore
+) -> None:
+    """A student whose record the portal serves malformed fails every run with a verdict
+    (PORTAL_BAD_RESPONSE): its runs count as always and it ends DEAD; the portal answered
+    each time, so the breaker never opens."""
+    rig = await _rig(make_rig, open_after=2)
+    rig.start_consumer()
+    job_id = await rig.submit(BROKEN_SNO, BROKEN_PASSWORD)
+    job = await rig.wait_status(job_id, *FINAL)
+    assert job.status == "DEAD" and job.attempts == rig.settings.sqs.max_receive_count
+    row = next(r for r in await store.dependency_rows() if r.name == "portal")
+    assert row.down_since is None and row.failures_in_a_row == 0

@@ -14,6 +14,7 @@ A slot is only ever taken while holding a row, so idle instances spend none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import structlog
 
 from outboxd.config import ClaimerSettings
 from outboxd.crashpoints import crash_point
-from outboxd.errors import OutboxdError
+from outboxd.errors import OutboxdError, StorageError
 from outboxd.metrics import Metrics
 from outboxd.scrapers.classifier import (
     ClassificationError,
@@ -163,25 +164,15 @@ class Claimer:
         try:
             category = await self.classifier.classify(website.domain, website.favicon_url)
         except (RateLimited, ProviderUnavailable) as exc:
-            if await self._provider_away(exc, probe):
-                await self.store.give_back_work(row)
-                log.debug("classification_waiting", **bind)
-                self.metrics.claims.labels("waiting").inc()
-                return "waiting"
-            if isinstance(exc, ProviderUnavailable):
-                return await self._failed(row, exc, website.domain, bind)
-            self._paused_until = self.clock() + exc.retry_after_s
-            if self.pace is not None:
-                state = await self.pace.pace_pause(AI_PACE, exc.retry_after_s, time.time)
-                self._paused_until = self.clock() + state.paused_for_s
-            await self.store.give_back_work(row)
-            log.warning("claimer_rate_limited", retry_after_s=exc.retry_after_s, **bind)
-            self.metrics.claims.labels("rate_limited").inc()
-            return "rate_limited"
+            # The row's outcome first, then the breaker is told (a shutdown may cut the
+            # tick short after it: the row is settled either way).
+            outcome = await self._no_answer(row, exc, probe, website.domain, bind)
+            await self._tell_breaker(exc, probe)
+            return outcome
         except ClassificationError as exc:
-            await self._through()
-            return await self._failed(row, exc, website.domain, bind)
-        await self._through()
+            outcome = await self._failed(row, exc, website.domain, bind)
+            await self._tell_breaker(None, probe)
+            return outcome
         crash_point("after_classify_before_complete")
         if not await self.store.complete_work(row, category, self.clock()):
             log.warning("classification_outcome_lost_race", **bind)
@@ -189,6 +180,7 @@ class Claimer:
             return "lost"
         log.info("website_classified", domain=website.domain, category=category, **bind)
         self.metrics.claims.labels("completed").inc()
+        await self._tell_breaker(None, probe)
         return "completed"
 
     async def _failed(
@@ -220,16 +212,43 @@ class Claimer:
         assert self.breaker is not None
         return self.breaker.settings.probe_s + self.settings.processing_timeout_s
 
-    async def _provider_away(self, exc: OutboxdError, probe: bool) -> bool:
-        """Count an outage failure (a 5xx, a timeout, a 429); whether the provider is away
-        now, so the row waits instead of spending its attempt."""
-        if self.breaker is None:
-            return False
-        return await self.breaker.outage(str(exc), self.instance if probe else None) is not None
+    async def _no_answer(
+        self,
+        row: WorkRow,
+        exc: RateLimited | ProviderUnavailable,
+        probe: bool,
+        domain: str,
+        bind: dict[str, Any],
+    ) -> TickOutcome:
+        """A call that got no answer (a 5xx, a timeout, a 429): while the provider is away
+        (this was the probe, or its breaker is open) the row waits, unspent; else a 5xx
+        spends its attempt and a 429 pauses for Retry-After, as always."""
+        if probe or (self.breaker is not None and self.breaker.waiting() is not None):
+            await self.store.give_back_work(row)
+            log.debug("classification_waiting", **bind)
+            self.metrics.claims.labels("waiting").inc()
+            return "waiting"
+        if isinstance(exc, ProviderUnavailable):
+            return await self._failed(row, exc, domain, bind)
+        self._paused_until = self.clock() + exc.retry_after_s
+        if self.pace is not None:
+            state = await self.pace.pace_pause(AI_PACE, exc.retry_after_s, time.time)
+            self._paused_until = self.clock() + state.paused_for_s
+        await self.store.give_back_work(row)
+        log.warning("claimer_rate_limited", retry_after_s=exc.retry_after_s, **bind)
+        self.metrics.claims.labels("rate_limited").inc()
+        return "rate_limited"
 
-    async def _through(self) -> None:
-        if self.breaker is not None:
-            await self.breaker.through()
+    async def _tell_breaker(self, outage: OutboxdError | None, probe: bool) -> None:
+        """An outage failure counted, or an answer (which resets the count); a database
+        that does not answer loses the tally, not the tick."""
+        if self.breaker is None:
+            return
+        with contextlib.suppress(StorageError):
+            if outage is None:
+                await self.breaker.through()
+            else:
+                await self.breaker.outage(str(outage), self.instance if probe else None)
 
     async def _wait_for_slot(
         self, stop: asyncio.Event | None
