@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from outboxd.cli_audit import add_audit_parser, audit_command, cli_action, record_cli
 from outboxd.cli_commands import (
     EXIT_FAIL,
     EXIT_OK,
@@ -177,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_portal_parser(sub, commands)
     add_deps_parsers(sub)
+    add_audit_parser(sub)
     token = sub("token", "API tokens")
     tsub = commands(token, "token_command")
     tc = tsub(
@@ -185,7 +188,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     tc.add_argument("--user", required=True, help="the user name the token authenticates")
     tc.add_argument(
-        "--role", choices=["user", "admin"], default="user", help="the token's role (user)"
+        "--role",
+        choices=["user", "viewer", "operator", "admin"],
+        default="user",
+        help="the token's role (user)",
     )
     sub(
         "keygen",
@@ -320,9 +326,16 @@ def run(argv: Sequence[str] | None = None) -> int:
         "deps": deps_command,
         "pause": deps_command,
         "resume": deps_command,
+        "audit": audit_command,
     }
+    action = cli_action(args)
+    code = EXIT_FAIL
     try:
-        return asyncio.run(handlers[cmd](settings, args))
+        code = asyncio.run(handlers[cmd](settings, args))
     except OutboxdError as exc:
         print(f"outboxd: {exc}", file=sys.stderr)
-        return EXIT_FAIL
+    finally:
+        if action is not None:  # done or refused, the attempt is on the audit log
+            with contextlib.suppress(OutboxdError):
+                asyncio.run(record_cli(settings, action, code))
+    return code

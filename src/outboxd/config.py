@@ -222,6 +222,12 @@ class BreakersSettings:
 
 
 @dataclass(frozen=True)
+class AuditSettings:
+    # Audit rows older than this are removed by outbox.prune (which records that it did).
+    retention_s: float = 400 * 86400.0
+
+
+@dataclass(frozen=True)
 class SecuritySettings:
     keys_file: str | None = None
     dead_retention_s: float = 7 * 24 * 3600.0
@@ -231,7 +237,7 @@ class SecuritySettings:
 class TokenEntry:
     sha256: str
     user: str
-    role: Literal["user", "admin"] = "user"
+    role: Literal["user", "viewer", "operator", "admin"] = "user"
 
 
 @dataclass(frozen=True)
@@ -287,6 +293,7 @@ class Settings:
     claimer: ClaimerSettings = field(default_factory=ClaimerSettings)
     scrapers: ScrapersSettings = field(default_factory=ScrapersSettings)
     breakers: BreakersSettings = field(default_factory=BreakersSettings)
+    audit: AuditSettings = field(default_factory=AuditSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)

@@ -19,7 +19,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -241,6 +241,13 @@ def generate_token() -> str:
     return "obx_" + secrets.token_urlsafe(32)
 
 
+# The roles, lowest first: each may do what the ones before it may (docs/contract.md#roles-and-the-audit-log).
+# `user`: its own jobs and websites; `viewer`: reads every admin route and the console;
+# `operator`: viewer, plus cancel of any job, redrive, pause and resume; `admin`: everything.
+ROLES: Final = ("user", "viewer", "operator", "admin")
+_RANK: Final = {role: rank for rank, role in enumerate(ROLES)}
+
+
 @dataclass(frozen=True)
 class Principal:
     user: str
@@ -249,6 +256,10 @@ class Principal:
     @property
     def is_admin(self) -> bool:
         return self.role == "admin"
+
+    def can(self, role: str) -> bool:
+        """Whether this caller has `role` or a higher one."""
+        return _RANK.get(self.role, -1) >= _RANK[role]
 
 
 class TokenVerifier:

@@ -32,6 +32,7 @@ LAYERS = {
     "cli": 5,
     "cli_portal": 5,
     "cli_deps": 5,
+    "cli_audit": 5,
     "cli_commands": 5,
     "__main__": 6,
 }

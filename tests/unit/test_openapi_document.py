@@ -226,6 +226,7 @@ def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
         ("/v1/admin/portal-logins", "get"),
         ("/v1/admin/portal-logins/unlock", "post"),
         ("/v1/admin/dependencies", "get"),
+        ("/v1/admin/audit", "get"),
         ("/v1/admin/dependencies/{name}/pause", "post"),
         ("/v1/admin/dependencies/{name}/resume", "post"),
         ("/healthz", "get"),

@@ -41,6 +41,7 @@ from outboxd.scrapers.classifier import build_classifier
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.audit import AuditLog
 from outboxd.services.breakers import Breakers
 from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
@@ -232,6 +233,7 @@ def build_api_deps(
         ),
         tracing=tracing,
         breakers=breakers if breakers is not None else Breakers(settings, store, metrics),
+        audit=AuditLog(store, settings.daemon.instance_id or default_instance()),
     )
 
 
@@ -561,6 +563,7 @@ def _build(
                     storage_probe=store.db.ping,
                     tracing=tracing,
                     breakers=breakers,
+                    audit_retention_s=settings.audit.retention_s,
                 ),
             )
         )

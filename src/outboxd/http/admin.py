@@ -81,7 +81,11 @@ async def redrive_job(request: web.Request) -> web.Response:
         job = await deps.admin.redrive_job(
             inputs.path_id(request, "job_id"), actor=principal_of(request).user
         )
-    return json_response(job_model(job), status=202, headers={"Location": f"/v1/jobs/{job.id}"})
+    return json_response(
+        job_model(job, principal_of(request)),
+        status=202,
+        headers={"Location": f"/v1/jobs/{job.id}"},
+    )
 
 
 _JOB_QUERY = {*_PAGE_QUERY, "user", "username", "errorCode", "from", "to"}
@@ -128,15 +132,18 @@ async def list_jobs(request: web.Request) -> web.Response:
         login_subject=subject,
     )
     limit, cursor = inputs.query_limit(request), inputs.query_cursor(request)
+    reader = principal_of(request)
 
     async def read() -> Encoded:
         page = await deps.store.list_jobs(None, limit, cursor, where)
-        items = [admin_job_model(j) for j in page.items]
+        items = [admin_job_model(j, reader) for j in page.items]
         body = models.encode(models.JobPage(items, page.next_cursor))
         return body, digest(body)
 
-    # Held with Prefer: wait until a job's change alters this page (http/conditional.py).
-    return await held_view(request, f"jobs {where!r} {limit} {cursor}", read)
+    # Held with Prefer: wait until a job's change alters this page (http/conditional.py);
+    # results are shown to admins only, so admins share one view and the others another.
+    view = f"jobs {where!r} {limit} {cursor} {reader.is_admin}"
+    return await held_view(request, view, read)
 
 
 async def get_job_detail(request: web.Request) -> web.Response:
@@ -145,7 +152,7 @@ async def get_job_detail(request: web.Request) -> web.Response:
     if job is None:
         raise ApiError(NOT_FOUND, "no such job")
     rows = await deps.store.relay_rows_for_job(job.id, 20)
-    return json_response(job_detail_model(job, rows))
+    return json_response(job_detail_model(job, rows, principal_of(request)))
 
 
 async def list_websites(request: web.Request) -> web.Response:

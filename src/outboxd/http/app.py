@@ -20,7 +20,16 @@ from aiohttp import web
 from outboxd.config import is_loopback_host
 from outboxd.errors import StorageError, StorageUnavailable
 from outboxd.http import console, inputs, models
-from outboxd.http.deps import DEPS, OPENAPI_JSON, PRINCIPAL, REQUEST_ID, ApiDeps
+from outboxd.http.deps import (
+    AUDIT_REASON,
+    AUDIT_TARGET,
+    AUDITED,
+    DEPS,
+    OPENAPI_JSON,
+    PRINCIPAL,
+    REQUEST_ID,
+    ApiDeps,
+)
 from outboxd.http.endpoints import Access
 from outboxd.http.inputs import ClientDisconnected, InputError
 from outboxd.http.openapi import openapi_document
@@ -73,6 +82,10 @@ class _Edge:
         self._metrics = metrics
         self.tokens = tokens
         self.access: dict[web.AbstractRoute, Access] = {}
+        # Each route's operation id (the audit log's `action`), and the routes every call of
+        # which is on the audit log: the state-changing admin routes.
+        self.operation: dict[web.AbstractRoute, str] = {}
+        self.audited: set[web.AbstractRoute] = set()
         # Routes whose success means the database answered: the end of an outage.
         self.storage_routes: set[str] = set()
         # Requests refused because the database is down: one outage, not a line each.
@@ -114,6 +127,9 @@ async def edge_middleware(
     route = _route_name(request)
     try:
         response = await _guarded(request, handler, edge)
+        matched = request.match_info.route
+        if matched in edge.audited or request.get(AUDITED):
+            await _audit(request, edge.operation.get(matched, route), response.status)
     finally:
         structlog.contextvars.unbind_contextvars("request_id")
     response.headers["X-Request-Id"] = request_id
@@ -162,9 +178,9 @@ async def _guarded(
         access = edge.access.get(match.route, "user")
         if access != "public":
             principal = _authenticate(request, edge.tokens)
-            if access == "admin" and not principal.is_admin:
-                raise ApiError(FORBIDDEN, "this operation needs the admin role")
             request[PRINCIPAL] = principal
+            if access != "user" and not principal.can(access):
+                raise ApiError(FORBIDDEN, f"this operation needs the {access} role or above")
         return await handler(request)
     except ApiError as err:
         return problem(request, err)
@@ -271,6 +287,27 @@ def _authenticate(request: web.Request, tokens: TokenVerifier) -> Principal:
     return principal
 
 
+async def _audit(request: web.Request, action: str, status: int) -> None:
+    """The request's row on the audit log (services/audit.py): who, what, on which target,
+    why, and how it ended. A request refused before it named its caller (401) has none."""
+    audit = request.app[DEPS].audit
+    principal = request.get(PRINCIPAL)
+    if audit is None or principal is None:
+        return
+    target = request.get(AUDIT_TARGET)
+    if target is None:
+        target = "/".join(request.match_info.values()) or None
+    await audit.record(
+        principal.user,
+        principal.role,
+        action,
+        target,
+        status,
+        reason=request.get(AUDIT_REASON),
+        request_id=request.get(REQUEST_ID),
+    )
+
+
 async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
     # aiohttp would send its and Python's versions.
     response.headers["Server"] = SERVER_HEADER
@@ -291,6 +328,9 @@ def create_app(deps: ApiDeps) -> web.Application:
     for route in ROUTES:
         added = app.router.add_route(route.method, route.router_path or route.path, route.handler)
         edge.access[added] = route.access
+        edge.operation[added] = route.operation_id
+        if route.method != "GET" and route.access in ("operator", "admin"):
+            edge.audited.add(added)
         canonical = added.resource.canonical if added.resource is not None else route.path
         if route.access != "public" and canonical not in _ANSWERS_WITHOUT_STORAGE:
             edge.storage_routes.add(canonical)

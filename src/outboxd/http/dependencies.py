@@ -11,7 +11,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from outboxd.http import checks, dependency_models, inputs
-from outboxd.http.deps import deps_of, principal_of
+from outboxd.http.deps import AUDIT_REASON, deps_of, principal_of
 from outboxd.http.problems import NOT_FOUND, ApiError, field_error
 from outboxd.http.render import iso
 from outboxd.http.responses import json_response
@@ -86,6 +86,7 @@ async def pause_dependency(request: web.Request) -> web.Response:
     body = await inputs.read_json_object(request, deps.settings.server.max_body_bytes)
     inputs.check_fields(body, _PAUSE_FIELDS)
     reason = cast(str, _check_pause(body)["reason"])
+    request[AUDIT_REASON] = reason
     until = pause_end(body, time.time())
     view = await _breakers(request).pause(name, reason, until, principal_of(request).user)
     return json_response(dependency_model(view))

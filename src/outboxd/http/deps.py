@@ -16,6 +16,7 @@ from outboxd.config import Settings
 from outboxd.metrics import Metrics
 from outboxd.security import Principal, TokenVerifier
 from outboxd.services.admin import AdminService
+from outboxd.services.audit import AuditLog
 from outboxd.services.breakers import Breakers
 from outboxd.services.gauges import ReadinessCheck, StatsGauges
 from outboxd.services.job_waits import JobWaits
@@ -59,9 +60,17 @@ class ApiDeps:
     tracing: Tracing = NO_TRACING
     # The outside systems' breakers: their state, pause and resume (services/breakers.py).
     breakers: Breakers | None = None
+    # Every attempted change through an admin route (services/audit.py).
+    audit: AuditLog | None = None
 
 
 DEPS = web.AppKey("deps", ApiDeps)
+# The audit log's row of this request (services/audit.py): set by a handler whose route is
+# not audited by itself (a cancel of another user's job), or to name the target and the
+# reason better than the path does.
+AUDITED = web.RequestKey("audited", bool)
+AUDIT_TARGET = web.RequestKey("audit_target", str)
+AUDIT_REASON = web.RequestKey("audit_reason", str)
 REQUEST_ID = web.RequestKey("request_id", str)
 PRINCIPAL = web.RequestKey("principal", Principal)
 

@@ -14,7 +14,9 @@ from msgspec import Struct
 from outboxd.http.problems import FORBIDDEN, INTERNAL_ERROR, UNAUTHENTICATED, ProblemKind
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Access = Literal["public", "user", "admin"]
+# Who may call a route: anyone (`public`), any token (`user`), or a role and those above
+# it (security.py ROLES).
+Access = Literal["public", "user", "viewer", "operator", "admin"]
 Schema = dict[str, Any]
 
 
@@ -72,6 +74,6 @@ class Route:
         implied: tuple[ProblemKind, ...] = ()
         if self.access != "public":
             implied += (UNAUTHENTICATED,)
-        if self.access == "admin":
+        if self.access not in ("public", "user"):
             implied += (FORBIDDEN,)
         return (*self.errors, *implied, INTERNAL_ERROR)

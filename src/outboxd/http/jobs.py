@@ -11,9 +11,10 @@ from aiohttp import web
 from outboxd.errors import InvalidState, NotFound, QuotaExceeded
 from outboxd.http import checks, inputs, models
 from outboxd.http.conditional import Encoded, digest, matches, tagged
-from outboxd.http.deps import deps_of, principal_of
+from outboxd.http.deps import AUDITED, deps_of, principal_of
 from outboxd.http.problems import (
     ENQUEUE_FAILED,
+    FORBIDDEN,
     IDEMPOTENCY_KEY_CONFLICT,
     IDEMPOTENCY_KEY_REQUIRED,
     INVALID_STATE,
@@ -23,6 +24,7 @@ from outboxd.http.problems import (
 )
 from outboxd.http.render import dispatch_model, event_model, job_model
 from outboxd.http.responses import json_response
+from outboxd.security import Principal
 from outboxd.services.portal_jobs import DispatchFailed, IdempotencyConflict, LinkCredentials
 from outboxd.storage.ports import JobRecord
 from outboxd.tracing import trace_id_of
@@ -94,18 +96,18 @@ def _too_many(exc: QuotaExceeded) -> ApiError:
 
 
 def visible_job(request: web.Request, job: JobRecord | None) -> JobRecord:
-    """The job, when the caller owns it or is an admin; NOT_FOUND otherwise."""
+    """The job, when the caller owns it or is a viewer or above; NOT_FOUND otherwise."""
     p = principal_of(request)
     # Another user's job answers exactly like a missing one: existence is not leaked.
-    if job is None or (job.user_id != p.user and not p.is_admin):
+    if job is None or (job.user_id != p.user and not p.can("viewer")):
         raise ApiError(NOT_FOUND, "no such job")
     return job
 
 
-def _encoded(job: JobRecord) -> Encoded:
-    """The job's body, and its entity tag: a digest of exactly those bytes, so it changes
-    whenever the body does."""
-    body = models.encode(job_model(job))
+def _encoded(job: JobRecord, reader: Principal) -> Encoded:
+    """The job's body as `reader` sees it, and its entity tag: a digest of exactly those
+    bytes, so it changes whenever the body does."""
+    body = models.encode(job_model(job, reader))
     return body, digest(body)
 
 
@@ -114,17 +116,18 @@ async def get_job(request: web.Request) -> web.Response:
     api.max_wait_s): held, holding no database connection, until the job's body changes
     (with If-None-Match) or it finishes (without), or N seconds pass, or the daemon stops."""
     deps = deps_of(request)
+    reader = principal_of(request)
     job_id = inputs.path_id(request, "job_id")
     tags = inputs.if_none_match(request)
     wait_s = inputs.prefer_wait(request, deps.settings.api.max_wait_s)
     if wait_s is None or deps.waits is None:
         job = visible_job(request, await deps.store.get_job(job_id))
-        body, etag = _encoded(job)
+        body, etag = _encoded(job, reader)
         return tagged(body, etag, 304 if matches(tags, etag) else 200)
     # The hold is taken before the read: a change committed after the read still wakes it.
     async with deps.waits.hold(job_id, principal_of(request).user) as hold:
         job = visible_job(request, await deps.store.get_job(job_id))
-        body, etag = _encoded(job)
+        body, etag = _encoded(job, reader)
         if hold is None:  # api.max_waiters (or the user's share) held, or stopping: no wait
             return tagged(body, etag, 304 if matches(tags, etag) else 200, refused=True)
         if tags is None:
@@ -134,10 +137,12 @@ async def get_job(request: web.Request) -> web.Response:
         else:
             if not matches(tags, etag):  # stale: the client has not seen this body
                 return tagged(body, etag, applied=wait_s)
-            ending, now = await hold.until(lambda j: j is None or _encoded(j)[1] != etag, wait_s)
+            ending, now = await hold.until(
+                lambda j: j is None or _encoded(j, reader)[1] != etag, wait_s
+            )
     if now is None:
         raise ApiError(NOT_FOUND, "no such job")  # pruned while it was waited on
-    new_body, new_etag = _encoded(now)
+    new_body, new_etag = _encoded(now, reader)
     if tags is not None and new_etag == etag and ending != "stopped":
         return tagged(new_body, new_etag, 304, applied=wait_s)
     return tagged(new_body, new_etag, applied=wait_s)
@@ -156,7 +161,14 @@ async def cancel_job(request: web.Request) -> web.Response:
     request. 202 with the job; again 202 for a cancelled one; 409 once it finished."""
     deps = deps_of(request)
     p = principal_of(request)
-    job = visible_job(request, await deps.store.get_job(inputs.path_id(request, "job_id")))
+    found = await deps.store.get_job(inputs.path_id(request, "job_id"))
+    if found is not None and found.user_id != p.user:
+        # Someone else's job: an operator's action, on the audit log whatever its outcome
+        # (a caller who may not see the job is answered as if it did not exist).
+        request[AUDITED] = True
+    job = visible_job(request, found)
+    if job.user_id != p.user and not p.can("operator"):
+        raise ApiError(FORBIDDEN, "cancelling another user's job needs the operator role")
     by = "owner" if job.user_id == p.user else "admin"
     try:
         job, outcome = await deps.jobs.cancel(job.id, by)
@@ -173,4 +185,4 @@ async def cancel_job(request: web.Request) -> web.Response:
         status=job.status,
         trace_id=trace_id_of(job.traceparent),
     )
-    return json_response(job_model(job), 202, {"Location": f"/v1/jobs/{job.id}"})
+    return json_response(job_model(job, p), 202, {"Location": f"/v1/jobs/{job.id}"})

@@ -9,7 +9,7 @@ from typing import cast
 from aiohttp import web
 
 from outboxd.http import checks, inputs, login_models
-from outboxd.http.deps import deps_of, principal_of
+from outboxd.http.deps import AUDIT_TARGET, deps_of, principal_of
 from outboxd.http.problems import field_error
 from outboxd.http.render import iso
 from outboxd.http.responses import json_response
@@ -49,5 +49,7 @@ async def unlock_portal_login(request: web.Request) -> web.Response:
     body = await inputs.read_json_object(request, deps.settings.server.max_body_bytes)
     inputs.check_fields(body, _UNLOCK_FIELDS)
     username = cast(str, _check_unlock(body)["username"])
+    # The audit log names the username by its keyed hash, never as written.
+    request[AUDIT_TARGET] = deps.logins.subject(username)
     subject, cleared = await deps.logins.unlock(username, actor=principal_of(request).user)
     return json_response(login_models.PortalLoginUnlocked(subject, cleared))

@@ -351,6 +351,13 @@ class Job(Struct, rename="camel"):
     progress: JobProgress | None
     error: JobError | None
     result: PortalResult | None
+    result_hidden: Annotated[
+        bool,
+        Meta(
+            description="true: the job is another user's and only an admin reads its result "
+            "(a student's academic record): `result` is null."
+        ),
+    ]
     waiting_for: Annotated[
         WaitingFor | None,
         Meta(description="Set while the job waits for an outside system, else null."),

@@ -20,7 +20,7 @@ from typing import Any, Final, get_args
 import msgspec
 from msgspec import Struct
 
-from outboxd.http import console_models, dependency_models, login_models, models
+from outboxd.http import audit_models, console_models, dependency_models, login_models, models
 from outboxd.http.endpoints import Ok, Param, Route
 from outboxd.http.problems import (
     FORBIDDEN,
@@ -42,6 +42,7 @@ MODELS: Final = (
     *console_models.MODELS,
     *login_models.MODELS,
     *dependency_models.MODELS,
+    *audit_models.MODELS,
 )
 
 Schema = dict[str, Any]
@@ -240,6 +241,8 @@ def _operation(route: Route) -> Schema:
         op["description"] = route.description
     if route.access == "public":
         op["security"] = []
+    # The least role that may call it (docs/contract.md#roles-and-the-audit-log).
+    op["x-outboxd-role"] = route.access
     query = [_parameter(p) for p in route.params if p.where == "query"]
     headers = [{"$ref": "#/components/parameters/" + h} for h in route.headers]
     if query or headers:

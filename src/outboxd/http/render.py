@@ -9,6 +9,7 @@ from typing import Any, cast
 import msgspec
 
 from outboxd.http import console_models, models
+from outboxd.security import Principal
 from outboxd.services.admin import Stats
 from outboxd.services.tasks import BUILTIN_TASKS
 from outboxd.storage.ports import (
@@ -32,7 +33,8 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def job_model(job: JobRecord) -> models.Job:
+def job_model(job: JobRecord, reader: Principal | None = None) -> models.Job:
+    """The job as `reader` may see it: another user's result only for an admin."""
     error = None
     if job.error_code is not None and job.status != "SUCCEEDED":
         locked = iso(job.locked_until) if job.error_code == "PORTAL_LOGIN_LOCKED" else None
@@ -50,6 +52,9 @@ def job_model(job: JobRecord) -> models.Job:
     # progress and result are the stored JSON documents, sent as they are.
     progress: Any = dict(job.progress) if job.progress is not None else None
     result: Any = dict(job.result) if job.result is not None else None
+    hidden = reader is not None and reader.user != job.user_id and not reader.is_admin
+    if hidden:
+        result = None
     return models.Job(
         job_id=job.id,
         kind=cast(Any, job.kind),
@@ -62,6 +67,7 @@ def job_model(job: JobRecord) -> models.Job:
         progress=progress,
         error=error,
         result=result,
+        result_hidden=hidden,
         waiting_for=waiting,
         cancel_requested=job.cancel_requested,
     )
@@ -84,15 +90,18 @@ def job_body(job: JobRecord) -> dict[str, Any]:
     return models.to_builtins(job_model(job))
 
 
-def admin_job_model(job: JobRecord) -> models.AdminJob:
-    """The job with its owner (the admin's view)."""
-    return models.AdminJob(**msgspec.structs.asdict(job_model(job)), user=job.user_id)
+def admin_job_model(job: JobRecord, reader: Principal | None = None) -> models.AdminJob:
+    """The job with its owner (the administration's view)."""
+    return models.AdminJob(**msgspec.structs.asdict(job_model(job, reader)), user=job.user_id)
 
 
-def job_detail_model(job: JobRecord, rows: Sequence[RelayRow]) -> console_models.JobDetail:
-    """The job with its owner and relay outbox rows (the admin's view)."""
+def job_detail_model(
+    job: JobRecord, rows: Sequence[RelayRow], reader: Principal | None = None
+) -> console_models.JobDetail:
+    """The job with its owner and relay outbox rows (the administration's view)."""
     return console_models.JobDetail(
-        **msgspec.structs.asdict(admin_job_model(job)), outbox=[relay_model(r) for r in rows]
+        **msgspec.structs.asdict(admin_job_model(job, reader)),
+        outbox=[relay_model(r) for r in rows],
     )
 
 

@@ -12,6 +12,8 @@ from typing import Any, Final
 
 from outboxd.http import (
     admin,
+    audit,
+    audit_models,
     console_models,
     dependencies,
     dependency_models,
@@ -27,6 +29,7 @@ from outboxd.http.endpoints import Link, Ok, Param, Route, Schema
 from outboxd.http.inputs import ERROR_CODE_PATTERN
 from outboxd.http.problems import (
     ENQUEUE_FAILED,
+    FORBIDDEN,
     IDEMPOTENCY_KEY_CONFLICT,
     IDEMPOTENCY_KEY_REQUIRED,
     INVALID_STATE,
@@ -200,7 +203,7 @@ _API: Final[tuple[Route, ...]] = (
                 links=(Link("GetJob", "getJob", "job_id", "/jobId"),),
             ),
         ),
-        errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
+        errors=(FORBIDDEN, NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
         params=(JOB_ID,),
         description="A CANCELLED job's credentials are erased at once and its outbox row is "
         "never published; a SUCCEEDED, FAILED or DEAD job cannot be cancelled "
@@ -243,7 +246,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Relay outbox rows, newest first (keyset pagination).",
         ok=(Ok(200, "A page of rows.", models.OutboxPage),),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="viewer",
         params=(_status(RELAY_STATUSES, "Only rows in this state."), LIMIT, CURSOR),
     ),
     Route(
@@ -255,7 +258,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "A DEAD row back to PENDING (attempts reset), its job to QUEUED.",
         ok=(Ok(200, "The row after the redrive.", models.OutboxItem),),
         errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="operator",
         params=(_path("outbox_id", "The relay outbox row id."),),
     ),
     Route(
@@ -275,7 +278,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
             ),
         ),
         errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="operator",
         params=(JOB_ID,),
     ),
     Route(
@@ -288,7 +291,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "per transaction.",
         ok=(Ok(200, "What was redriven and what was refused.", models.JobRedriveResult),),
         errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="operator",
         request=models.JobRedriveRequest,
     ),
     Route(
@@ -304,7 +307,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
             _NOT_MODIFIED,
         ),
         errors=(STORAGE_UNAVAILABLE,),
-        access="admin",
+        access="viewer",
         headers=("Prefer", "If-None-Match"),
         description="Every answer carries a weak ETag over the counts, the queue depths and "
         "the pace (not the ages or the pace's countdowns, which move with the clock). "
@@ -333,7 +336,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Task runs, newest first (keyset pagination).",
         ok=(Ok(200, "A page of task runs.", models.TaskPage),),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="viewer",
         params=(
             _query(
                 "type",
@@ -357,7 +360,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
             _NOT_MODIFIED,
         ),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="viewer",
         headers=("Prefer", "If-None-Match"),
         description="Every answer carries the page's ETag. " + _VIEW_WAIT,
         params=(
@@ -410,7 +413,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Portal usernames with failed logins (by keyed hash): who caused them, and their locks.",
         ok=(Ok(200, "The usernames, most recently failed first.", login_models.PortalLoginPage),),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="viewer",
         params=(
             _query(
                 "locked",
@@ -429,8 +432,35 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Forget one portal username's failed logins and throttle (logged with the acting user).",
         ok=(Ok(200, "What was cleared.", login_models.PortalLoginUnlocked),),
         errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="operator",
         request=login_models.PortalLoginUnlockRequest,
+    ),
+    Route(
+        "GET",
+        "/v1/admin/audit",
+        audit.list_audit,
+        "listAudit",
+        "admin",
+        "The audit log, newest first: every attempted change through an admin route, a cancel "
+        "of another user's job and every state-changing CLI command, done or refused.",
+        ok=(Ok(200, "A page of rows.", audit_models.AuditPage),),
+        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
+        access="viewer",
+        params=(
+            _query("actor", "Only this actor's rows.", {"type": "string", "maxLength": 128}),
+            _query(
+                "action",
+                "Only this action (an operationId, or a CLI command).",
+                {"type": "string", "maxLength": 64},
+            ),
+            _query(
+                "since",
+                "Only rows at or after this time (RFC 3339).",
+                {"type": "string", "format": "date-time"},
+            ),
+            LIMIT,
+            CURSOR,
+        ),
     ),
     Route(
         "GET",
@@ -441,7 +471,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Each outside system's state (up, down, maintenance, paused) and its waiting work.",
         ok=(Ok(200, "portal, ai and sqs.", dependency_models.DependencyList),),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="viewer",
     ),
     Route(
         "POST",
@@ -453,7 +483,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "with a reason, for forS seconds, until a time, or until resumed; work waits, unspent.",
         ok=(Ok(200, "The dependency, paused.", dependency_models.Dependency),),
         errors=(*_BODY_ERRORS, NOT_FOUND, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="operator",
         request=dependency_models.PauseRequest,
         params=(DEPENDENCY,),
     ),
@@ -466,7 +496,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Lift an operator's pause: the work that waited goes out at the configured pace.",
         ok=(Ok(200, "The dependency.", dependency_models.Dependency),),
         errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="operator",
         params=(DEPENDENCY,),
     ),
     Route(
@@ -478,7 +508,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Any user's job with its relay outbox rows.",
         ok=(Ok(200, "The job.", console_models.JobDetail),),
         errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="viewer",
         params=(JOB_ID,),
     ),
     Route(
@@ -490,7 +520,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Websites by classification state, newest first (keyset pagination).",
         ok=(Ok(200, "A page of websites.", models.WebsitePage),),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="viewer",
         params=(
             _status(WORK_STATUSES, "Only websites whose classification is in this state."),
             LIMIT,
@@ -506,7 +536,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "A FAILED classification back to PENDING, its attempts reset.",
         ok=(Ok(200, "The website after the retry.", models.Website),),
         errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
-        access="admin",
+        access="operator",
         params=(DOMAIN,),
     ),
     Route(
@@ -518,7 +548,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "Readiness, claimer pace, schedules and per-minute throughput of this process.",
         ok=(Ok(200, "This process's state.", console_models.Runtime),),
         errors=(STORAGE_UNAVAILABLE,),
-        access="admin",
+        access="viewer",
     ),
 )
 

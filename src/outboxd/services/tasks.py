@@ -16,12 +16,14 @@ from typing import Any, Protocol
 import structlog
 
 from outboxd.ids import new_id
+from outboxd.services.audit import AuditLog
+from outboxd.storage.audit_ports import AuditStore
 from outboxd.storage.ports import PruneStore, TaskRun, TaskStore
 
 log = structlog.get_logger(__name__)
 
 
-class TaskControllerStore(TaskStore, PruneStore, Protocol):
+class TaskControllerStore(TaskStore, PruneStore, AuditStore, Protocol):
     pass
 
 
@@ -32,6 +34,8 @@ class TaskContext:
     store: TaskControllerStore
     clock: Callable[[], float]
     dead_retention_s: float
+    # audit.retention_s: audit rows older than this go with the prune, which records that.
+    audit_retention_s: float = 400 * 86400.0
 
 
 TaskController = Callable[[TaskContext, TaskRun], Awaitable[None]]
@@ -68,7 +72,31 @@ async def _prune_outbox(ctx: TaskContext, run: TaskRun) -> None:
         batch=1000,
     )
     log.info("outbox_pruned", task_id=run.id, **counts)
+    await _prune_audit(ctx, now - ctx.audit_retention_s)
     await ctx.store.finish_task(run.id, "SUCCEEDED", None, ctx.clock())
+
+
+async def _prune_audit(ctx: TaskContext, before: float) -> None:
+    """Audit rows older than `before`, a thousand a transaction (the only way rows leave the
+    append-only log), and one row of its own saying how many went."""
+    removed = 0
+    while True:
+        n = await ctx.store.prune_audit(before, _AUDIT_BATCH)
+        removed += n
+        if n < _AUDIT_BATCH:
+            break
+    if removed:
+        await AuditLog(ctx.store, "outboxd").record(
+            "outboxd",
+            "admin",
+            "outbox.prune",
+            f"audit rows before {before:.0f}",
+            200,
+            reason=f"{removed} rows older than audit.retention_s removed",
+        )
+
+
+_AUDIT_BATCH = 1000
 
 
 # Each controller finishes its run in the ledger itself; one that raises is retried

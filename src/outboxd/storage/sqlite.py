@@ -348,8 +348,17 @@ class SqliteDatabase:
 
 
 def _split_statements(script: str) -> list[str]:
-    # Migration files hold no semicolons inside literals or bodies.
-    return [s.strip() for s in script.split(";") if s.strip() and not _only_comments(s)]
+    """The script's statements: text up to a semicolon that ends a statement as SQLite
+    reads it (not one inside a comment, a literal or a trigger's body)."""
+    out: list[str] = []
+    buf = ""
+    for piece in script.split(";"):
+        buf += piece + ";"
+        if sqlite3.complete_statement(buf):
+            if buf.strip(" \n\t;") and not _only_comments(buf.rstrip(";")):
+                out.append(buf.strip())
+            buf = ""
+    return out
 
 
 def _only_comments(sql: str) -> bool:

@@ -98,6 +98,7 @@ class Consumer:
         storage_probe: Callable[[], Awaitable[None]] | None = None,
         tracing: Tracing = NO_TRACING,
         breakers: Breakers | None = None,
+        audit_retention_s: float = 400 * 86400.0,
     ) -> None:
         self._store = store
         self._tracing = tracing
@@ -117,7 +118,7 @@ class Consumer:
             "jobs": HandlerSlots(consumer_settings.max_concurrency),
             "tasks": HandlerSlots(1),
         }
-        self._task_ctx = TaskContext(store, clock, dead_retention_s)
+        self._task_ctx = TaskContext(store, clock, dead_retention_s, audit_retention_s)
         # The visibility a heartbeat renews to, and the job lease it keeps:
         # never 0, so a heartbeat always has something to extend.
         self._visibility_s = max(1, sqs_settings.visibility_timeout_s)

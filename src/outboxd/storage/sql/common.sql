@@ -784,3 +784,31 @@ SELECT CASE CAST(:name AS TEXT)
                          WHERE status IN ('PENDING', 'RETRYABLE_FAILED') AND waits_for IS NULL)
        ELSE (SELECT COUNT(*) FROM relay_outbox WHERE waits_for = :name AND status = 'PENDING')
        END AS n;
+
+-- ---------------------------------------------------------------- the audit log
+-- Append-only (migration 0012): rows are inserted here and deleted only by prune_audit, with
+-- the gate opened for its own transaction (docs/decisions/0034-roles-and-the-audit-log.md).
+
+-- name: insert_audit
+INSERT INTO audit_log (id, at, actor, role, action, target, reason, outcome, request_id, instance)
+VALUES (:id, :at, :actor, :role, :action, :target, :reason, :outcome, :request_id, :instance);
+
+-- name: list_audit
+SELECT * FROM audit_log
+ WHERE (CAST(:actor AS TEXT) IS NULL OR actor = :actor)
+   AND (CAST(:action AS TEXT) IS NULL OR action = :action)
+   AND (CAST(:since AS DOUBLE PRECISION) IS NULL OR at >= :since)
+   AND (CAST(:cursor_created AS DOUBLE PRECISION) IS NULL OR at < :cursor_created
+        OR (at = :cursor_created AND id < CAST(:cursor_id AS TEXT)))
+ ORDER BY at DESC, id DESC
+ LIMIT :limit;
+
+-- name: audit_prune_open
+UPDATE audit_prune SET open = 1;
+
+-- name: audit_prune_close
+UPDATE audit_prune SET open = 0;
+
+-- name: prune_audit
+DELETE FROM audit_log WHERE id IN (
+    SELECT id FROM audit_log WHERE at < :before ORDER BY at LIMIT :limit);

@@ -321,3 +321,10 @@ SELECT pg_notify('outboxd_jobs', p) FROM unnest(CAST(:payloads AS text[])) AS p;
 -- table and nothing to clean up; two users whose ids hash alike merely take turns. `hashtext`
 -- need only agree among the sessions of one server, which it does.
 SELECT pg_advisory_xact_lock(CAST(:cap AS integer), hashtext(:user_id));
+
+-- name: audit_prune_open
+-- The append-only trigger lets this transaction's DELETEs through, and no other's.
+SELECT set_config('outboxd.audit_prune', 'on', true);
+
+-- name: audit_prune_close
+SELECT set_config('outboxd.audit_prune', 'off', true);

@@ -7,7 +7,7 @@ SQLite). Where a write is best done differently, the driver's `Features` say how
 part of the store asks which backend it runs on. One module per concern of
 storage/ports.py: jobs, relay, tasks, websites, pace, stats (with pruning), and of
 storage/login_ports.py: the portal login lock (logins), and of storage/breaker_ports.py:
-the dependency breakers (breakers).
+the dependency breakers (breakers), and of storage/audit_ports.py: the audit log (audit).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from outboxd.storage.group import GroupCommitter
 from outboxd.storage.notifier import ChangeNotifier, heard
 from outboxd.storage.postgres import PostgresDatabase
 from outboxd.storage.sqlite import SqliteDatabase
+from outboxd.storage.store.audit import SqlAudit
 from outboxd.storage.store.breakers import SqlBreakers
 from outboxd.storage.store.jobs import SqlJobs
 from outboxd.storage.store.logins import SqlLogins
@@ -48,7 +49,9 @@ T = TypeVar("T")
 JOB_CHANNEL = "outboxd_jobs"
 
 
-class SqlStore(SqlJobs, SqlLogins, SqlBreakers, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats):
+class SqlStore(
+    SqlJobs, SqlLogins, SqlBreakers, SqlAudit, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats
+):
     """Every storage port. Each method is one transaction body (see `db.TxBody`),
     so SQLite runs it in one thread hop and Postgres on one connection."""
 
