@@ -241,7 +241,8 @@ def generate_token() -> str:
     return "obx_" + secrets.token_urlsafe(32)
 
 
-# The roles, lowest first: each may do what the ones before it may (docs/contract.md#roles-and-the-audit-log).
+# The roles, lowest first: each may do what the ones before it may
+# (docs/contract.md#roles-and-the-audit-log).
 # `user`: its own jobs and websites; `viewer`: reads every admin route and the console;
 # `operator`: viewer, plus cancel of any job, redrive, pause and resume; `admin`: everything.
 ROLES: Final = ("user", "viewer", "operator", "admin")
