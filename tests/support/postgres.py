@@ -23,6 +23,7 @@ TABLES = (
     "portal_login_failures",
     "portal_login_throttle",
     "website_registrations",
+    "audit_log",
 )
 
 
