@@ -54,6 +54,8 @@ pytestmark = pytest.mark.slow
 
 ADMIN_TOKEN = generate_token()
 USER_TOKEN = generate_token()
+VIEWER_TOKEN = generate_token()
+OPERATOR_TOKEN = generate_token()
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 USER = {"Authorization": f"Bearer {USER_TOKEN}"}
 AI_KEY_ENV = "CONSOLE_FAKE_AI_KEY"
@@ -269,6 +271,8 @@ def console_daemon(
             "tokens": [
                 {"sha256": hash_token(USER_TOKEN), "user": "bob", "role": "user"},
                 {"sha256": hash_token(ADMIN_TOKEN), "user": "root", "role": "admin"},
+                {"sha256": hash_token(VIEWER_TOKEN), "user": "vera", "role": "viewer"},
+                {"sha256": hash_token(OPERATOR_TOKEN), "user": "otto", "role": "operator"},
             ]
         },
     )
@@ -296,7 +300,7 @@ def test_user_token_refused_then_admin_sees_the_daemon_live(
     # A user token: the API's 403, and the page says so.
     sign_in(tab, base, USER_TOKEN)
     expect(page.get_by_test_id("auth-message")).to_contain_text("Forbidden (403)")
-    expect(page.get_by_test_id("auth-message")).to_contain_text("admin role")
+    expect(page.get_by_test_id("auth-message")).to_contain_text("needs a viewer token")
     assert page.get_by_test_id("tables").count() == 0
     page.get_by_test_id("token-input").fill(ADMIN_TOKEN)
     with page.expect_navigation():
@@ -795,3 +799,51 @@ def test_dependencies_paused_with_a_reason_then_resumed(
     expect(page.get_by_test_id("dep-state-portal")).to_have_text("up")
     wait_job(base, job_id, "SUCCEEDED")
     assert not tab.foreign
+
+
+def test_a_viewer_sees_no_actions_an_operator_no_tasks_and_the_audit_page_filters(
+    console_daemon: DaemonProcess, base: str, browser: Browser
+) -> None:
+    """Roles in the console: a viewer reads the dependencies and tasks but is offered no
+    pause, no resume and no enqueue; an operator pauses (and is offered no task enqueue);
+    the audit page lists that pause and the viewer's refused attempt, and filters by actor."""
+    viewer_tab = open_tab(browser, base)
+    sign_in(viewer_tab, base, VIEWER_TOKEN, "/ui/dependencies")
+    page = viewer_tab.page
+    expect(page.get_by_test_id("dep-state-portal")).to_have_text("up")
+    expect(page.get_by_test_id("dep-pause-portal")).to_be_hidden()
+    page.goto(base + "/ui/tasks")
+    expect(page.get_by_role("heading", name="Tasks")).to_be_visible()
+    expect(page.get_by_test_id("task-form")).to_be_hidden()
+    # The server refuses what the page does not offer, and writes it down.
+    refused = http_request(
+        "POST",
+        f"{base}/v1/admin/dependencies/portal/pause",
+        {"reason": "a viewer trying"},
+        headers={"Authorization": f"Bearer {VIEWER_TOKEN}"},
+    )
+    assert refused.status == 403
+
+    operator_tab = open_tab(browser, base)
+    sign_in(operator_tab, base, OPERATOR_TOKEN, "/ui/dependencies")
+    op = operator_tab.page
+    op.get_by_test_id("dep-reason-input-ai").fill("provider maintenance")
+    op.get_by_test_id("dep-pause-ai").get_by_role("button", name="Pause").click()
+    expect(op.get_by_test_id("dep-state-ai")).to_have_text("paused")
+    op.get_by_test_id("dep-resume-ai").click()
+    expect(op.get_by_test_id("dep-state-ai")).to_have_text("up")
+    op.goto(base + "/ui/tasks")
+    expect(op.get_by_role("heading", name="Tasks")).to_be_visible()
+    expect(op.get_by_test_id("task-form")).to_be_hidden()
+
+    page.goto(base + "/ui/audit")
+    rows = page.get_by_test_id("audit-row")
+    expect(rows).to_have_count(3)
+    expect(rows.first).to_contain_text("resumeDependency")
+    expect(rows.nth(2)).to_contain_text("vera")
+    expect(rows.nth(2).get_by_test_id("audit-outcome")).to_have_text("403")
+    page.get_by_test_id("audit-actor").fill("otto")
+    page.get_by_test_id("audit-filter").get_by_role("button", name="Filter").click()
+    expect(rows).to_have_count(2)
+    assert "actor=otto" in page.url
+    assert not viewer_tab.foreign and not operator_tab.foreign

@@ -400,10 +400,12 @@ async def test_admin_can_read_any_job(make_client: ClientFactory, store: SqlStor
         "progress",
         "error",
         "result",
+        "resultHidden",
         "waitingFor",
         "cancelRequested",
     }
     assert body["cancelRequested"] is False and body["waitingFor"] is None
+    assert body["resultHidden"] is False  # an admin reads every result
     assert "password" not in json.dumps(body) and "pw-jobs" not in json.dumps(body)
 
 

@@ -246,6 +246,7 @@ def test_every_route_of_the_spec_is_described(doc: dict[str, Any]) -> None:
         ("/ui/websites", "get"),
         ("/ui/tasks", "get"),
         ("/ui/dependencies", "get"),
+        ("/ui/audit", "get"),
         ("/ui/assets/app.js", "get"),
         ("/ui/assets/app.css", "get"),
         ("/", "get"),

@@ -187,6 +187,7 @@ async def runtime(request: web.Request) -> web.Response:
             rt.claimer_pace() if rt is not None else None,
             rt.schedules() if rt is not None else [],
             rt.throughput_series() if rt is not None else [],
+            principal_of(request),
         )
     )
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
@@ -165,6 +165,12 @@ class Runtime(Struct, rename="camel"):
     ]
     statuses: Annotated[
         StatusNames, Meta(description="The status names of each table, as the API uses them.")
+    ]
+    user: Annotated[
+        str, Meta(description="The caller (the console hides what its role cannot do).")
+    ]
+    role: Annotated[
+        Literal["user", "viewer", "operator", "admin"], Meta(description="The caller's role.")
     ]
 
 

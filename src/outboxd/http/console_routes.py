@@ -95,6 +95,9 @@ CONSOLE_ROUTES: Final[tuple[Route, ...]] = (
         "consoleDependencies",
         "The portal, the AI provider and SQS: state, a pause's reason and end, pause and resume.",
     ),
+    _console_page(
+        "/ui/audit", "consoleAudit", "The audit log: every attempted change, by actor and action."
+    ),
     _console_file("/ui/assets/app.js", "consoleScript", "The console's script.", "text/javascript"),
     _console_file("/ui/assets/app.css", "consoleStyles", "The console's stylesheet.", "text/css"),
     _console_redirect("/", "rootToConsole", "The root: the console."),

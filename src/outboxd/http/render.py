@@ -216,6 +216,7 @@ def runtime_model(
     claimer: tuple[float | None, float | None, float | None] | None,
     schedules: Iterable[tuple[str, str, float]],
     throughput: Iterable[tuple[float, int, int, int]],
+    caller: Principal,
 ) -> console_models.Runtime:
     """What only this process knows, for the console."""
     return console_models.Runtime(
@@ -235,4 +236,6 @@ def runtime_model(
         statuses=console_models.StatusNames(
             list(JOB_STATUSES), list(RELAY_STATUSES), list(WORK_STATUSES), list(TASK_STATUSES)
         ),
+        user=caller.user,
+        role=cast(Any, caller.role),
     )

@@ -212,9 +212,9 @@
     });
     const message =
       problem.status === 403
-        ? "Forbidden (403): this token does not have the admin role. " +
-          "The console needs an admin token."
-        : "This daemon needs an admin token (401). It is kept in this tab's " +
+        ? "Forbidden (403): this token's role may not do that. The console needs a " +
+          "viewer token (operator to act, admin for tasks and results)."
+        : "This daemon needs an admin token (401): a viewer, operator or admin token. It is kept in this tab's " +
           "sessionStorage only and sent as Authorization: Bearer.";
     replace(box, el("p", { testid: "auth-message", text: message }), form);
     replace(main());
@@ -697,6 +697,7 @@
           type: "button",
           class: "danger",
           testid: "cancel-job",
+          "data-needs": "operator",
           onclick: () =>
             act(`Cancel job ${id}? A QUEUED job ends CANCELLED at once; a RUNNING one stops before its next portal request.`, async () => {
               const after = await api("POST", `/v1/jobs/${enc(id)}/cancel`);
@@ -711,6 +712,7 @@
           type: "button",
           class: "danger",
           testid: "redrive-job",
+          "data-needs": "operator",
           onclick: () =>
             act(`Redrive job ${id}? It goes back to QUEUED with a fresh outbox row.`, async () => {
               await api("POST", `/v1/admin/jobs/${enc(id)}/redrive`);
@@ -888,7 +890,7 @@
   }
 
   function redriveButton(targets) {
-    return el("button", { type: "button", class: "danger", testid: "redrive", onclick: () => redrive(targets) }, "Redrive");
+    return el("button", { type: "button", class: "danger", testid: "redrive", "data-needs": "operator", onclick: () => redrive(targets) }, "Redrive");
   }
 
   function deadLetters() {
@@ -900,6 +902,7 @@
       type: "button",
       class: "danger",
       testid: "redrive-selected",
+          "data-needs": "operator",
       onclick: () => {
         const targets = [...selected].map((k) => k.split(/:(.*)/s).slice(0, 2));
         if (!targets.length) notice("Select rows first.", true);
@@ -988,6 +991,7 @@
           el("td", {}, el("button", {
             type: "button",
             testid: "retry-website",
+          "data-needs": "operator",
             onclick: () =>
               act(`Send ${w.domain} back to PENDING for classification?`, async () => {
                 await api("POST", `/v1/admin/websites/${enc(w.domain)}/retry`);
@@ -1011,7 +1015,7 @@
     const dedup = el("input", { type: "text", name: "dedupId", dir: "auto", placeholder: "dedup id (optional)" });
     const form = el(
       "form",
-      { testid: "task-form" },
+      { testid: "task-form", "data-needs": "admin" },
       el("div", { class: "inline" }, el("label", {}, "Type: ", typeSelect), el("label", {}, "Dedup id: ", dedup)),
       el("label", {}, "Payload (a JSON object):", payload),
       el("button", { type: "submit", class: "primary" }, "Enqueue"),
@@ -1110,6 +1114,7 @@
         action = el("button", {
           type: "button",
           testid: "dep-resume-" + d.name,
+          "data-needs": "operator",
           onclick: () =>
             act(`Resume calls to ${d.name}? Its waiting work goes out at the configured pace.`, async () => {
               await api("POST", `/v1/admin/dependencies/${enc(d.name)}/resume`);
@@ -1122,7 +1127,7 @@
           required: true, placeholder: "reason (required)", testid: "dep-reason-input-" + d.name });
         const minutes = el("input", { type: "number", name: "minutes", min: "1", step: "1",
           placeholder: "minutes (empty: until resumed)", testid: "dep-minutes-" + d.name });
-        action = el("form", { class: "inline", testid: "dep-pause-" + d.name },
+        action = el("form", { class: "inline", testid: "dep-pause-" + d.name, "data-needs": "operator" },
           el("label", {}, "Reason: ", reason), el("label", {}, "For: ", minutes),
           el("button", { type: "submit" }, "Pause"));
         action.addEventListener("submit", (ev) => {
@@ -1146,6 +1151,51 @@
     load();
   }
 
+  // ------------------------------------------------------------ the audit log
+
+  // Every attempted change, newest first, filtered by actor and action (kept in the URL).
+  function audit() {
+    const root = main();
+    const params = new URLSearchParams(location.search);
+    const actor = el("input", { type: "text", name: "actor", dir: "auto", testid: "audit-actor" });
+    const action = el("input", { type: "text", name: "action", dir: "auto", testid: "audit-action" });
+    actor.value = params.get("actor") || "";
+    action.value = params.get("action") || "";
+    const form = el("form", { class: "inline", testid: "audit-filter" },
+      el("label", {}, "Actor: ", actor), el("label", {}, "Action: ", action),
+      el("button", { type: "submit" }, "Filter"));
+    const list = el("div");
+    replace(root, el("h1", { text: "Audit log" }), form, list);
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const q = new URLSearchParams();
+      if (actor.value.trim()) q.set("actor", actor.value.trim());
+      if (action.value.trim()) q.set("action", action.value.trim());
+      history.pushState(null, "", "/ui/audit" + (q.toString() ? "?" + q : ""));
+      load(q);
+    });
+    async function load(q) {
+      try {
+        const page = await api("GET", "/v1/admin/audit?" + new URLSearchParams({ ...Object.fromEntries(q), limit: "100" }));
+        replace(list, table({ testid: "audit-table" },
+          ["at", "actor", "role", "action", "target", "reason", "outcome", "request id"],
+          page.items.map((a) => el("tr", { testid: "audit-row" },
+            el("td", { class: "time", text: fmtTime(a.at) }),
+            el("td", {}, ext(a.actor)),
+            el("td", { text: a.role }),
+            el("td", {}, ext(a.action)),
+            el("td", { class: "mono" }, ext(a.target)),
+            el("td", {}, ext(a.reason)),
+            el("td", { class: "num", testid: "audit-outcome", text: a.outcome }),
+            el("td", { class: "mono" }, ext(a.requestId)))),
+          "No audit rows."));
+      } catch (err) {
+        handleFailure(err);
+      }
+    }
+    load(params);
+  }
+
   // ------------------------------------------------------------ routing
 
   const PAGES = {
@@ -1154,6 +1204,7 @@
     "/ui/websites": ["websites", websites],
     "/ui/tasks": ["tasks", tasks],
     "/ui/dependencies": ["deps", dependencies],
+    "/ui/audit": ["audit", audit],
   };
 
   function route() {
@@ -1166,6 +1217,10 @@
   }
 
   setupForget();
+  // The caller's role: what it cannot do is not shown (app.css, [data-needs]).
+  runtimeInfo()
+    .then((rt) => { document.body.dataset.role = rt.role; })
+    .catch(() => {});
   // Back and forward between filtered views: the page as its URL says.
   window.addEventListener("popstate", () => location.reload());
   route();
