@@ -155,3 +155,29 @@ async def test_a_slow_serial_sqs_gets_every_row_once_from_the_loop_and_the_reque
     assert proxy.peak <= 6, proxy.peak
     received = await drain(proxied_queues)
     assert sorted(json.loads(b)["outboxId"] for _, b in received) == sorted(every)
+
+
+@pytest.mark.real_clock  # a lease that really runs short
+async def test_a_row_whose_lease_would_run_out_during_its_call_waits_for_its_next_claim(
+    store: SqlStore, keys: KeyRing, proxy: SerialSlowProxy, proxied_queues: SqsQueues
+) -> None:
+    """A row that reaches its call with less lease left than the call and the recording of
+    its outcome may take (it waited that long for the send window) is not sent by that
+    holder, which could otherwise send it beside the next holder with no timeout behind
+    the second copy; it goes out once, on its next claim."""
+    _, oid = await insert_portal_job(store, time.time() - 1, keys, "pw-lease")
+    relay = Relay(store, proxied_queues, relay_settings(publish_timeout_s=1.0), Metrics())
+    # Claimed by a holder with 1.5 s of lease left: less than a 1 s call plus its recording.
+    held = await store.claim_relay_row(oid, time.time(), 1.5)
+    assert held is not None
+    assert await relay.dispatch(oid, held) is None
+    assert proxy.received == Counter()
+    [row] = [r for r in await all_rows(store) if r.id == oid]
+    assert row.status != "SENT"
+
+    async def sent() -> bool:
+        await relay.relay_pass()
+        return all(r.status == "SENT" for r in await all_rows(store))
+
+    await eventually(sent, 10, what="the row sent on its next claim")
+    assert proxy.received == Counter({oid: 1})
