@@ -280,8 +280,10 @@ class _Spacer:
         self._lock = asyncio.Lock()
         self._next_at = 0.0
 
-    async def wait(self) -> None:
+    async def wait(self, check: CheckHook | None = None) -> None:
         if self._interval_s <= 0:
+            if check is not None:
+                await check()
             return
         # Holding the lock while sleeping queues waiters in order instead of letting
         # them all wake at the same instant.
@@ -289,6 +291,10 @@ class _Spacer:
             delay = self._next_at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if check is not None:
+                await check()
+            # Stamped after the last await before the request, never before one: a slow
+            # `check` must not let this request start closer to the next one.
             self._next_at = time.monotonic() + self._interval_s
 
 
@@ -299,8 +305,9 @@ class PortalPacing(Protocol):
         """Held from a job's login to the end of its scraping."""
         ...
 
-    async def before_request(self) -> None:
-        """Returns when the next portal request may start."""
+    async def before_request(self, check: CheckHook | None = None) -> None:
+        """Returns when the next portal request may start, `check` awaited on the way: the
+        caller sends the request at once, so the pace holds from that moment."""
         ...
 
 
@@ -316,8 +323,8 @@ class InstancePacing:
         async with self._jobs:
             yield
 
-    async def before_request(self) -> None:
-        await self._spacer.wait()
+    async def before_request(self, check: CheckHook | None = None) -> None:
+        await self._spacer.wait(check)
 
 
 @dataclass(frozen=True)
@@ -513,10 +520,11 @@ class SuwonScraper:
         http = job.http
         # Redirects are followed by hand so that every hop passes the check and the spacer.
         for _ in range(_MAX_REDIRECTS + 1):
-            await self._pacing.before_request()
-            # After the spacer's wait, right before the request: a cancel made meanwhile counts.
-            if job.check is not None:
-                await job.check()
+            # The check runs after the spacer's wait (a cancel made meanwhile counts) and
+            # inside it: nothing is awaited between the pace's go and the request.
+            await self._pacing.before_request(job.check)
+            # The pace's moment on the wall clock, comparable across instances on one host.
+            sent_at = time.time()
             started = time.monotonic()
             try:
                 async with http.request(
@@ -546,6 +554,7 @@ class SuwonScraper:
                 host=url.host,
                 path=url.path,
                 status=status,
+                sent_at=round(sent_at, 6),
                 elapsed_ms=round((time.monotonic() - started) * 1000),
             )
             if status >= 500 or status == 429:
