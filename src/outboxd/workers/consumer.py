@@ -30,7 +30,7 @@ from outboxd.metrics import Metrics
 from outboxd.queue.messages import IdField
 from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
-from outboxd.scrapers.suwon import PortalError
+from outboxd.scrapers.suwon_answers import PortalError
 from outboxd.security import KeyRing, Sealed
 from outboxd.services.breakers import PROBE, Breakers, Waiting
 from outboxd.services.parking import parked_for_another_message

@@ -26,7 +26,8 @@ import structlog
 from outboxd.config import SuwonScraperSettings
 from outboxd.errors import StorageError, StorageUnavailable
 from outboxd.observability import OutageLog
-from outboxd.scrapers.suwon import PortalError, PortalPacing
+from outboxd.scrapers.suwon import PortalPacing
+from outboxd.scrapers.suwon_answers import PortalError
 from outboxd.storage.ports import PaceLease, PaceSlot, PaceStore
 
 log = structlog.get_logger(__name__)
