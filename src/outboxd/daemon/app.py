@@ -1,6 +1,8 @@
-"""Wiring: roles -> components, one shutdown Event, signals, sd_notify.
+"""Running the daemon: start-up order, one shutdown Event, signals, sd_notify.
 
-Every long-running part is an object with `run(stop)`, owned by one TaskGroup.
+The port is bound, the store opened (daemon/startup.py) and SQS set up; then every
+long-running part the roles build (daemon/components.py), an object with `run(stop)`,
+is owned by one TaskGroup.
 SIGTERM/SIGINT set the stop event: the API stops accepting, loops stop
 claiming and receiving, in-flight work gets `daemon.shutdown_timeout_s` to
 finish, and whatever is still running then is cancelled and released. A
