@@ -30,7 +30,8 @@ from testkit.records import EXPECTED_RECORD
 from yarl import URL
 
 from outboxd.config import SuwonScraperSettings
-from outboxd.scrapers.suwon import PortalError, SuwonScraper
+from outboxd.scrapers.suwon import SuwonScraper
+from outboxd.scrapers.suwon_answers import PortalError
 from tests.support.waits import eventually
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -34,7 +34,8 @@ from outboxd.scrapers.classifier import (
 )
 from outboxd.services.breakers import PROBE, Breaker
 from outboxd.services.retries import classification_gives_up
-from outboxd.storage.ports import PaceStore, WebsiteStore, WorkRow
+from outboxd.storage.ports import PaceStore
+from outboxd.storage.website_ports import WebsiteStore, WorkRow
 from outboxd.workers.loops import LoopFailures, sleep_or_stop
 from outboxd.workers.pacing import DbClock, late_limit, spacing
 

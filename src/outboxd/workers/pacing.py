@@ -32,7 +32,8 @@ import structlog
 from outboxd.config import SuwonScraperSettings
 from outboxd.errors import StorageError, StorageUnavailable
 from outboxd.observability import OutageLog
-from outboxd.scrapers.suwon import CheckHook, PortalError, PortalPacing
+from outboxd.scrapers.suwon import CheckHook, PortalPacing
+from outboxd.scrapers.suwon_answers import PortalError
 from outboxd.storage.ports import PaceLease, PaceSlot, PaceStore
 
 log = structlog.get_logger(__name__)
