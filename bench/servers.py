@@ -164,7 +164,7 @@ async def build_bare_store_app(args: argparse.Namespace, cleanups: list[Any]) ->
     import time
 
     from bench.measure import new_portal_job
-    from outboxd.daemon.app import open_configured_store
+    from outboxd.daemon.startup import open_configured_store
     from outboxd.ids import new_id
 
     settings = _settings(args, cleanups, {})
@@ -188,7 +188,8 @@ async def build_bare_store_app(args: argparse.Namespace, cleanups: list[Any]) ->
 async def build_outboxd_app(
     args: argparse.Namespace, cleanups: list[Any], info: dict[str, Any]
 ) -> web.Application:
-    from outboxd.daemon.app import build_api_deps, open_configured_store
+    from outboxd.daemon.components import build_api_deps
+    from outboxd.daemon.startup import open_configured_store
     from outboxd.http.app import create_app
     from outboxd.metrics import Metrics
     from outboxd.queue.sqs import SqsQueues

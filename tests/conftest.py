@@ -15,7 +15,7 @@ from testkit.moto import MotoServer
 
 from outboxd.config import Settings
 from outboxd.config_file import settings_from_mapping
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.metrics import Metrics
 from outboxd.security import KeyRing

@@ -226,7 +226,7 @@ def _checked_username(username: str) -> str | None:
 
 def _username_filter(settings: Settings, store: Any, username: str) -> JobFilter:
     """The filter on the username's keyed hash, as the admin API's `username=` builds it."""
-    from outboxd.daemon.app import load_keys
+    from outboxd.daemon.startup import load_keys
     from outboxd.services.portal_logins import PortalLoginAdmin
 
     keys = load_keys(settings, os.environ)

@@ -37,7 +37,7 @@ def add_portal_parser(
 
 async def portal_command(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.cli_commands import EXIT_OK, cli_actor, open_store
-    from outboxd.daemon.app import load_keys
+    from outboxd.daemon.startup import load_keys
     from outboxd.services.portal_logins import PortalLoginAdmin
 
     keys = load_keys(settings, os.environ)

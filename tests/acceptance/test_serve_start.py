@@ -4,7 +4,7 @@ daemon's rows, nor starts a worker beside it.
 
 Start-up waits only for a database it cannot reach: one that answers with a refusal (a role
 it does not know, as a wrong password is) or a migration that fails exits 1 at once, naming
-the cause, instead of waiting for ever (daemon/app.py `open_when_reachable`)."""
+the cause, instead of waiting for ever (daemon/startup.py `open_when_reachable`)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from testkit.fakes.portal import FakePortal, sample_student
 from testkit.moto import MotoServer
 
 from outboxd.config import Settings
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.http.app import create_app
 from outboxd.metrics import Metrics

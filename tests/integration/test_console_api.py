@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from testkit.fakes.ai import FakeAI
 
 from outboxd.config import ClaimerSettings, ClassifierSettings
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
 from outboxd.http.app import create_app
 from outboxd.http.console import CONTENT_SECURITY_POLICY

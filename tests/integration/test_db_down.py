@@ -22,7 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from outboxd.config import Settings
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.metrics import Metrics
 from outboxd.security import KeyRing

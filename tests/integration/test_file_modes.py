@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from outboxd.config_file import settings_from_mapping
-from outboxd.daemon.app import load_keys
+from outboxd.daemon.startup import load_keys
 from outboxd.security import KeyRing
 from outboxd.storage.store import open_store
 from tests.support.ops import submit_job

@@ -26,7 +26,7 @@ from structlog.testing import capture_logs
 from testkit.moto import MotoServer, free_port
 
 from outboxd.config import ROLES
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.daemon.readiness import DependencyReadiness
 from outboxd.http.app import create_app
 from outboxd.metrics import Metrics, package_version

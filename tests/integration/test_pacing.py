@@ -13,6 +13,7 @@ import itertools
 import json
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from outboxd.metrics import Metrics
 from outboxd.storage.ports import PaceSlot, PaceStore
 from outboxd.storage.store import SqlStore
 from outboxd.workers.claimer import AI_PACE, Claimer
-from outboxd.workers.pacing import PORTAL_PACE, ClusterPortalPacing, DbClock
+from outboxd.workers.pacing import PORTAL_PACE, ClusterPortalPacing, DbClock, late_limit
 from tests.support.ai import classifier_for
 from tests.support.db import raw_rows
 from tests.support.ops import register_website
@@ -313,6 +314,43 @@ async def test_portal_pacing_spaces_requests_and_limits_sessions_across_instance
     assert len(starts) == 12 and min(gaps) >= 0.09, gaps
     states = {s.name: s for s in await store.pace_states(time.time())}
     assert states["suwon"].sessions == 0  # every session given back
+
+
+@pytest.mark.real_clock  # a request that really starts late in its slot's window
+async def test_a_portal_request_started_late_in_its_window_is_still_an_interval_from_the_next(
+    store: SqlStore, other: SqlStore
+) -> None:
+    """One instance's cancel check takes most of the late window, the other's nothing: the
+    requests still start (when before_request returns, the check done) `min_interval_s`
+    apart, because slots are handed out the late window further apart."""
+    interval = 0.4
+    settings = SuwonScraperSettings(min_interval_s=interval, timeout_s=2.0, pace_scope="cluster")
+    starts: list[float] = []
+
+    def check(delay_s: float) -> Callable[[], Awaitable[None]]:
+        async def slow() -> None:
+            await asyncio.sleep(delay_s)
+
+        return slow
+
+    async def requests(p: ClusterPortalPacing, delay_s: float) -> None:
+        for _ in range(3):
+            await p.before_request(check(delay_s))
+            # What the scraper does next is send: no await in between.
+            starts.append(time.monotonic())
+
+    late = late_limit(interval) * 0.75
+    await asyncio.wait_for(
+        asyncio.gather(
+            requests(ClusterPortalPacing(store, settings), late),
+            requests(ClusterPortalPacing(other, settings), 0.0),
+        ),
+        30,
+    )
+    starts.sort()
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    # Two estimates of the database clock (DbClock) are the only slack.
+    assert len(starts) == 6 and min(gaps) >= interval - 0.005, gaps
 
 
 @pytest.mark.real_clock  # a scrape that really outlives its session lease

@@ -23,7 +23,8 @@ from outboxd.scrapers.classifier import (
     ProviderUnavailable,
     RateLimited,
 )
-from outboxd.scrapers.suwon import PortalError, SuwonScraper
+from outboxd.scrapers.suwon import SuwonScraper
+from outboxd.scrapers.suwon_answers import PortalError
 from tests.support.ai import AI_KEY, AI_KEY_ENV, ai_settings
 
 # The default student of the fake has three semesters: index, login (and its two

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from outboxd.config_file import settings_from_mapping
-from outboxd.daemon.app import open_configured_store
+from outboxd.daemon.startup import open_configured_store
 from outboxd.metrics import Metrics
 from outboxd.storage.db import backend_of, known_schema_version, load_migrations
 from outboxd.storage.store import SqlStore

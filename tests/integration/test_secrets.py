@@ -17,7 +17,7 @@ import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
 from outboxd.config import Settings
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.metrics import Metrics
 from outboxd.observability import configure_logging

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.metrics import Metrics
 from outboxd.security import KeyRing, hash_token

@@ -32,7 +32,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from outboxd.config import Settings
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.metrics import Metrics
 from outboxd.security import KeyRing

@@ -614,7 +614,7 @@ async def test_a_storage_error_after_the_commit_still_answers_202(
 ) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from outboxd.daemon.app import build_api_deps
+    from outboxd.daemon.components import build_api_deps
     from outboxd.http.app import create_app
     from outboxd.metrics import Metrics
     from outboxd.workers.relay import Relay

@@ -40,8 +40,9 @@ from hypothesis.stateful import (
 
 from outboxd.errors import InvalidState
 from outboxd.services.retries import publish_failure
-from outboxd.storage.ports import JobRecord, RelayRow, WorkRow
+from outboxd.storage.ports import JobRecord, RelayRow
 from outboxd.storage.store import SqlStore, open_store
+from outboxd.storage.website_ports import WorkRow
 from tests.support import postgres as pg
 from tests.support.db import RawDb
 from tests.support.ops import placeholder_job

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from outboxd.config import Settings
-from outboxd.daemon.app import ApiServer, build_api_deps
+from outboxd.daemon.components import ApiServer, build_api_deps
 from outboxd.http.app import create_app
 from outboxd.metrics import Metrics
 from outboxd.observability import configure_logging

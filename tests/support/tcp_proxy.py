@@ -32,6 +32,8 @@ class TcpProxy:
         self.upstream_port = upstream_port
         self.ssl = ssl
         self.port = 0
+        # Connections accepted (with `ssl`: handshakes completed), since construction.
+        self.accepted = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -82,6 +84,7 @@ class TcpProxy:
         assert task is not None
         self._tasks.add(task)
         self._writers.add(client_w)
+        self.accepted += 1
         upstream_w: asyncio.StreamWriter | None = None
         try:
             await self._flowing.wait()

@@ -36,15 +36,8 @@ from outboxd.http.render import (
 from outboxd.http.responses import problem
 from outboxd.queue.sqs import QueueDepth, QueueKind
 from outboxd.services.admin import collect_stats
-from outboxd.storage.ports import (
-    JobEvent,
-    JobRecord,
-    PaceState,
-    RelayRow,
-    StatusCount,
-    TaskRun,
-    Website,
-)
+from outboxd.storage.ports import JobEvent, JobRecord, PaceState, RelayRow, StatusCount, TaskRun
+from outboxd.storage.website_ports import Website
 
 _BASE = "urn:outboxd:openapi"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")

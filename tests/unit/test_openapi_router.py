@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from outboxd.config_file import settings_from_mapping
-from outboxd.daemon.app import build_api_deps
+from outboxd.daemon.components import build_api_deps
 from outboxd.http.app import create_app
 from outboxd.http.openapi import openapi_document
 from outboxd.metrics import Metrics

@@ -23,8 +23,8 @@ from outboxd.storage.ports import (
     PaceState,
     RelayRow,
     TaskRun,
-    Website,
 )
+from outboxd.storage.website_ports import Website
 
 
 def iso(ts: float | None) -> str | None:

@@ -13,27 +13,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import re
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
 import aiohttp
 import structlog
 from yarl import URL
 
 from outboxd.config import SuwonScraperSettings
-from outboxd.errors import OutboxdError
 from outboxd.metrics import RequestOutcome
+from outboxd.scrapers.suwon_answers import (
+    COURSES_KEY,
+    PROFILE_KEY,
+    SEMESTER_CODE,
+    SEMESTER_YEAR,
+    SEMESTERS_KEY,
+    SESSION_ERROR_KEYS,
+    TOTALS_KEY,
+    PortalError,
+    bad_response,
+    json_object,
+    list_of,
+    login_refused,
+    map_section,
+)
 
 __all__ = [
     "CheckHook",
     "InstancePacing",
-    "PortalError",
-    "PortalErrorCode",
     "PortalPacing",
     "ProgressCallback",
     "SuwonScraper",
@@ -41,9 +52,6 @@ __all__ = [
 
 _log = structlog.get_logger(__name__)
 
-PortalErrorCode = Literal[
-    "PORTAL_AUTH_FAILED", "PORTAL_UNAVAILABLE", "PORTAL_SESSION_EXPIRED", "PORTAL_BAD_RESPONSE"
-]
 ProgressCallback = Callable[[str, int, int], Awaitable[None]]
 """Called as (step, done, total); steps LOGIN, SSO, PROFILE, SEMESTERS, GRADES."""
 CheckHook = Callable[[], Awaitable[None]]
@@ -56,44 +64,6 @@ CountRequest = Callable[[RequestOutcome], None]
 
 def _uncounted(_outcome: RequestOutcome) -> None:
     return None
-
-
-class PortalError(OutboxdError):
-    """A job-level portal failure; `message` is short English text without secrets or bodies."""
-
-    def __init__(
-        self,
-        code: PortalErrorCode,
-        message: str,
-        *,
-        retryable: bool | None = None,
-        outage: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.code: PortalErrorCode = code
-        self.message = message
-        # Only a credential problem is final: retrying a rejected login can lock the account.
-        self.retryable = code != "PORTAL_AUTH_FAILED" if retryable is None else retryable
-        # The portal did not answer (refused, reset, timed out, a 5xx): its breaker counts it.
-        self.outage = outage
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __repr__(self) -> str:
-        return (
-            f"PortalError(code={self.code!r}, message={self.message!r}, "
-            f"retryable={self.retryable!r}, outage={self.outage!r})"
-        )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_portal_error, (self.code, self.message, self.retryable, self.outage))
-
-
-def _rebuild_portal_error(
-    code: PortalErrorCode, message: str, retryable: bool, outage: bool = False
-) -> PortalError:
-    return PortalError(code, message, retryable=retryable, outage=outage)
 
 
 # --- The portal's paths (docs/portal.md) ---------------------------------------------------
@@ -112,154 +82,9 @@ _PROFILE_PATH: Final = "/scrgBas/selectScrgBas.do"
 _SEMESTERS_PATH: Final = "/smrCretSum/listSmrCretSumTabYearSmrStud.do"
 _GRADES_PATH: Final = "/cretBas/listSmrCretSumTabSubjt.do"
 
-# Legacy Korean pages may come as EUC-KR, with or without a charset header, so the markers
-# are looked for as bytes in both encodings rather than trusting a decode.
-_WRONG_CREDENTIALS: Final = ("비밀번호가 일치하지 않습니다", "존재하지 않는 사용자", "로그인 실패")
-_LOCKED: Final = ("잠금",)
-# A whole word only: "isLocked"-style identifiers in a normal page's script must not match.
-_LOCKED_WORD_RE: Final = re.compile(rb"\blocked\b", re.IGNORECASE)
 _JS_REDIRECT_RE: Final = re.compile(r"""location\.href\s*=\s*(["'])(.*?)\1""", re.DOTALL)
 _REDIRECT_STATUSES: Final = frozenset({301, 302, 303, 307, 308})
 _MAX_REDIRECTS: Final = 10
-
-# --- Source names -> result names: the only place that knows the info system's vocabulary --
-
-_Kind = Literal["text", "number", "term"]
-# The credit figures a semester and the totals row both carry, under the same names.
-_CREDIT_FIELDS: Final[tuple[tuple[str, str, _Kind], ...]] = (
-    ("creditsAttempted", "applPoint", "number"),
-    ("creditsEarned", "gainPoint", "number"),
-    ("gpa", "gainAvmk", "number"),
-    ("percentile", "gainTavgPont", "number"),
-)
-_FIELD_MAP: Final[Mapping[str, tuple[tuple[str, str, _Kind], ...]]] = {
-    "student": (
-        ("studentNumber", "sno", "text"),
-        ("name", "nm", "text"),
-        ("college", "colNm", "text"),
-        ("department", "deptNm", "text"),
-        ("major", "majorNm", "text"),
-        ("status", "studStatNm", "text"),
-        ("year", "grade", "number"),
-    ),
-    "semester": (
-        ("year", "cretGainYear", "number"),
-        ("term", "cretSmrCd", "term"),
-        *_CREDIT_FIELDS,
-        ("rank", "dpmjOrdp", "text"),
-    ),
-    "course": (
-        ("code", "subjtCd", "text"),
-        ("title", "subjtNm", "text"),
-        ("credits", "gainPoint", "number"),
-        ("grade", "cretGrdCd", "text"),
-        ("gradePoints", "gainGpa", "number"),
-        ("category", "facDvnm", "text"),
-        ("department", "estbDpmjNm", "text"),
-    ),
-    "totals": _CREDIT_FIELDS,
-}
-_TERMS: Final[Mapping[str, str]] = {"10": "1", "15": "summer", "20": "2", "25": "winter"}
-_PROFILE_KEY: Final = "studentInfo"
-_SEMESTERS_KEY: Final = "listSmrCretSumTabYearSmr"
-_TOTALS_KEY: Final = "selectSmrCretSumTabSjTotal"
-_COURSES_KEY: Final = "listSmrCretSumTabSubjt"
-_SEMESTER_YEAR: Final = "cretGainYear"
-_SEMESTER_CODE: Final = "cretSmrCd"
-_SESSION_ERROR_KEYS: Final = ("errorMessage", "errorCode")
-
-_INT_RE: Final = re.compile(r"[+-]?[0-9]+")
-_FLOAT_RE: Final = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-
-
-def _bad(message: str) -> PortalError:
-    return PortalError("PORTAL_BAD_RESPONSE", message)
-
-
-def _encoded(markers: tuple[str, ...]) -> tuple[bytes, ...]:
-    return tuple(m.encode(enc) for m in markers for enc in ("utf-8", "euc-kr"))
-
-
-_WRONG_CREDENTIALS_BYTES: Final = _encoded(_WRONG_CREDENTIALS)
-_LOCKED_BYTES: Final = _encoded(_LOCKED)
-
-
-def _contains_any(body: bytes, markers: tuple[bytes, ...]) -> bool:
-    return any(m in body for m in markers)
-
-
-def _number(value: Any, source: str) -> int | float | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise _bad(f"field {source} is not a number")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        raise _bad(f"field {source} is not a finite number")
-    if isinstance(value, str):
-        text = value.strip()
-        if _INT_RE.fullmatch(text):
-            return int(text)
-        if _FLOAT_RE.fullmatch(text):
-            return float(text)
-    raise _bad(f"field {source} is not a number")
-
-
-def _text(value: Any, source: str) -> str | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    raise _bad(f"field {source} is not text")
-
-
-def _term(value: Any, source: str) -> str:
-    code = _text(value, source)
-    term = _TERMS.get(code.strip()) if code is not None else None
-    if term is None:
-        raise _bad(f"field {source} is not a known semester code")
-    return term
-
-
-def _map(section: str, row: Any) -> dict[str, Any]:
-    """Renames and converts one source object; an absent or null leaf becomes None."""
-    if not isinstance(row, dict):
-        raise _bad(f"{section} is not an object")
-    out: dict[str, Any] = {}
-    for name, source, kind in _FIELD_MAP[section]:
-        value = row.get(source)
-        if kind == "number":
-            out[name] = _number(value, source)
-        elif kind == "term":
-            out[name] = _term(value, source)
-        else:
-            out[name] = _text(value, source)
-    return out
-
-
-def _list(data: Mapping[str, Any], key: str) -> list[Any]:
-    value = data.get(key, ...)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _bad(f"{key} is missing or not a list")
-    return value
-
-
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        # `from None`: a decode error carries the whole body, which may hold personal data.
-        raise _bad("info system answered something that is not JSON") from None
-    if not isinstance(data, dict):
-        raise _bad("info system answered JSON that is not an object")
-    return data
 
 
 def _tls_context(verify: bool) -> ssl.SSLContext:
@@ -280,8 +105,10 @@ class _Spacer:
         self._lock = asyncio.Lock()
         self._next_at = 0.0
 
-    async def wait(self) -> None:
+    async def wait(self, check: CheckHook | None = None) -> None:
         if self._interval_s <= 0:
+            if check is not None:
+                await check()
             return
         # Holding the lock while sleeping queues waiters in order instead of letting
         # them all wake at the same instant.
@@ -289,6 +116,10 @@ class _Spacer:
             delay = self._next_at - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if check is not None:
+                await check()
+            # Stamped after the last await before the request, never before one: a slow
+            # `check` must not let this request start closer to the next one.
             self._next_at = time.monotonic() + self._interval_s
 
 
@@ -299,8 +130,9 @@ class PortalPacing(Protocol):
         """Held from a job's login to the end of its scraping."""
         ...
 
-    async def before_request(self) -> None:
-        """Returns when the next portal request may start."""
+    async def before_request(self, check: CheckHook | None = None) -> None:
+        """Returns when the next portal request may start, `check` awaited on the way: the
+        caller sends the request at once, so the pace holds from that moment."""
         ...
 
 
@@ -316,8 +148,8 @@ class InstancePacing:
         async with self._jobs:
             yield
 
-    async def before_request(self) -> None:
-        await self._spacer.wait()
+    async def before_request(self, check: CheckHook | None = None) -> None:
+        await self._spacer.wait(check)
 
 
 @dataclass(frozen=True)
@@ -418,25 +250,25 @@ class SuwonScraper:
 
         await job.progress("PROFILE", 0, 0)
         profile = await self._info_call(job, _PROFILE_PATH, {"sno": job.username})
-        student = _map("student", profile.get(_PROFILE_KEY))
+        student = map_section("student", profile.get(PROFILE_KEY))
 
         await job.progress("SEMESTERS", 0, 0)
         summary = await self._info_call(job, _SEMESTERS_PATH, {"sno": job.username})
-        rows = _list(summary, _SEMESTERS_KEY)
-        semesters = [_map("semester", row) for row in rows]
-        totals_row = summary.get(_TOTALS_KEY)
-        totals = _map("totals", {} if totals_row is None else totals_row)
+        rows = list_of(summary, SEMESTERS_KEY)
+        semesters = [map_section("semester", row) for row in rows]
+        totals_row = summary.get(TOTALS_KEY)
+        totals = map_section("totals", {} if totals_row is None else totals_row)
 
         await job.progress("GRADES", 0, len(rows))
         for done, (row, semester) in enumerate(zip(rows, semesters, strict=True), start=1):
             # Echo the row's own values: the info system compares them as it sent them.
             body = {
                 "sno": job.username,
-                _SEMESTER_YEAR: row.get(_SEMESTER_YEAR),
-                _SEMESTER_CODE: row.get(_SEMESTER_CODE),
+                SEMESTER_YEAR: row.get(SEMESTER_YEAR),
+                SEMESTER_CODE: row.get(SEMESTER_CODE),
             }
             grades = await self._info_call(job, _GRADES_PATH, body)
-            semester["courses"] = [_map("course", c) for c in _list(grades, _COURSES_KEY)]
+            semester["courses"] = [map_section("course", c) for c in list_of(grades, COURSES_KEY)]
             await job.progress("GRADES", done, len(rows))
 
         return {"student": student, "semesters": semesters, "totals": totals}
@@ -456,10 +288,10 @@ class SuwonScraper:
             "password": job.password,
         }
         page = await self._send(
-            job, "POST", login, data=form, headers={"Referer": str(index)}, refused=_login_refused
+            job, "POST", login, data=form, headers={"Referer": str(index)}, refused=login_refused
         )
         # Checked before the status: a rejection must never look retryable.
-        refusal = _login_refused(page.body)
+        refusal = login_refused(page.body)
         if refusal is not None:
             raise PortalError("PORTAL_AUTH_FAILED", refusal)
         _expect_ok(page)
@@ -469,14 +301,14 @@ class SuwonScraper:
         page = _expect_ok(await self._send(job, "GET", sso))
         match = _JS_REDIRECT_RE.search(page.body.decode("utf-8", errors="replace"))
         if match is None:
-            raise _bad("SSO page has no location.href redirect")
+            raise bad_response("SSO page has no location.href redirect")
         try:
             # encoded=True: the one-time ticket must reach the info system byte for byte.
             target = page.url.join(URL(match.group(2).strip(), encoded=True))
         except ValueError:
-            raise _bad("SSO redirect is not a valid URL") from None
+            raise bad_response("SSO redirect is not a valid URL") from None
         if target.scheme not in ("http", "https") or not target.host:
-            raise _bad("SSO redirect is not an http(s) URL")
+            raise bad_response("SSO redirect is not an http(s) URL")
         _expect_ok(await self._send(job, "GET", target))
 
     async def _info_call(self, job: _Job, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -486,8 +318,8 @@ class SuwonScraper:
             page = _expect_ok(
                 await self._send(job, "POST", url, data=payload, headers=self._json_headers)
             )
-            data = _json_object(page.body)
-            if not any(key in data for key in _SESSION_ERROR_KEYS):
+            data = json_object(page.body)
+            if not any(key in data for key in SESSION_ERROR_KEYS):
                 return data
             if job.relogged_in:
                 raise PortalError(
@@ -513,10 +345,11 @@ class SuwonScraper:
         http = job.http
         # Redirects are followed by hand so that every hop passes the check and the spacer.
         for _ in range(_MAX_REDIRECTS + 1):
-            await self._pacing.before_request()
-            # After the spacer's wait, right before the request: a cancel made meanwhile counts.
-            if job.check is not None:
-                await job.check()
+            # The check runs after the spacer's wait (a cancel made meanwhile counts) and
+            # inside it: nothing is awaited between the pace's go and the request.
+            await self._pacing.before_request(job.check)
+            # The pace's moment on the wall clock, comparable across instances on one host.
+            sent_at = time.time()
             started = time.monotonic()
             try:
                 async with http.request(
@@ -534,7 +367,7 @@ class SuwonScraper:
                 ) from None
             except aiohttp.InvalidURL:
                 self._count("error")
-                raise _bad("portal sent an unusable URL") from None
+                raise bad_response("portal sent an unusable URL") from None
             except aiohttp.ClientError as exc:
                 self._count("error")
                 raise PortalError(
@@ -546,6 +379,7 @@ class SuwonScraper:
                 host=url.host,
                 path=url.path,
                 status=status,
+                sent_at=round(sent_at, 6),
                 elapsed_ms=round((time.monotonic() - started) * 1000),
             )
             if status >= 500 or status == 429:
@@ -565,24 +399,15 @@ class SuwonScraper:
                 try:
                     url = url.join(URL(location, encoded=True))
                 except ValueError:
-                    raise _bad("portal redirected to an invalid URL") from None
+                    raise bad_response("portal redirected to an invalid URL") from None
                 if status in (301, 302, 303):
                     method, data, headers = "GET", None, None
                 continue
             return _Page(url=url, status=status, body=body)
-        raise _bad("portal redirected too many times")
-
-
-def _login_refused(body: bytes) -> str | None:
-    """Why the portal refused a login, by its answer page; None when it did not."""
-    if _contains_any(body, _WRONG_CREDENTIALS_BYTES):
-        return "portal rejected the username or password"
-    if _contains_any(body, _LOCKED_BYTES) or _LOCKED_WORD_RE.search(body):
-        return "portal account is locked"
-    return None
+        raise bad_response("portal redirected too many times")
 
 
 def _expect_ok(page: _Page) -> _Page:
     if page.status >= 400:
-        raise _bad(f"portal answered HTTP {page.status}")
+        raise bad_response(f"portal answered HTTP {page.status}")
     return page

@@ -19,12 +19,8 @@ import structlog
 
 from outboxd.errors import CapReached, OutboxdError, QuotaExceeded
 from outboxd.ids import new_id
-from outboxd.storage.ports import (
-    WEBSITE_QUOTA_PERIOD_S,
-    Page,
-    Website,
-    WebsiteStore,
-)
+from outboxd.storage.ports import Page
+from outboxd.storage.website_ports import WEBSITE_QUOTA_PERIOD_S, Website, WebsiteStore
 
 log = structlog.get_logger(__name__)
 

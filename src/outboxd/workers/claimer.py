@@ -34,9 +34,10 @@ from outboxd.scrapers.classifier import (
 )
 from outboxd.services.breakers import PROBE, Breaker
 from outboxd.services.retries import classification_gives_up
-from outboxd.storage.ports import PaceStore, WebsiteStore, WorkRow
+from outboxd.storage.ports import PaceStore
+from outboxd.storage.website_ports import WebsiteStore, WorkRow
 from outboxd.workers.loops import LoopFailures, sleep_or_stop
-from outboxd.workers.pacing import DbClock
+from outboxd.workers.pacing import DbClock, late_limit, spacing
 
 log = structlog.get_logger(__name__)
 
@@ -161,6 +162,8 @@ class Claimer:
                 await self.store.give_back_work(row)
                 self.metrics.claims.labels(waited).inc()
                 return waited
+        # The pace's moment on the wall clock, comparable across instances on one host.
+        called_at = time.time()
         try:
             category = await self.classifier.classify(website.domain, website.favicon_url)
         except (RateLimited, ProviderUnavailable) as exc:
@@ -178,7 +181,13 @@ class Claimer:
             log.warning("classification_outcome_lost_race", **bind)
             self.metrics.claims.labels("lost").inc()
             return "lost"
-        log.info("website_classified", domain=website.domain, category=category, **bind)
+        log.info(
+            "website_classified",
+            domain=website.domain,
+            category=category,
+            called_at=round(called_at, 6),
+            **bind,
+        )
         self.metrics.claims.labels("completed").inc()
         await self._tell_breaker(None, probe)
         return "completed"
@@ -263,7 +272,9 @@ class Claimer:
         delay_s = self.settings.fixed_delay_s
         lead_s = min(_PAUSE_CHECK_LEAD_S, delay_s / 4)
         while True:
-            _slot, deadline = await self._db_clock.take(self.pace, AI_PACE, delay_s)
+            # Slots `spacing` apart: a call started anywhere in its window is `delay_s` from
+            # the next (workers/pacing.py).
+            _slot, deadline = await self._db_clock.take(self.pace, AI_PACE, spacing(delay_s))
             if await _sleep_or_stop(stop, deadline - lead_s - time.monotonic()):
                 return "stopped"
             state = await self.pace.pace_state(AI_PACE, time.time())
@@ -278,16 +289,6 @@ class Claimer:
             # Woken too late (a descheduled process): calling now would start
             # within fixed_delay_s of the next slot's holder. Skip this slot.
             log.info("claimer_slot_missed", late_ms=round(late_s * 1000))
-
-
-# How late after its slot a call may still start: this share of the slot, capped.
-_LATE_SHARE = 0.05
-_LATE_MAX_S = 0.05
-
-
-def late_limit(delay_s: float) -> float:
-    """How late after its slot a call may still start (`_LATE_SHARE`, `_LATE_MAX_S`)."""
-    return min(_LATE_MAX_S, delay_s * _LATE_SHARE)
 
 
 # How long before its slot a cluster claimer looks whether a 429 paused the pace.

@@ -30,23 +30,24 @@ from outboxd.metrics import Metrics
 from outboxd.queue.messages import IdField
 from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
-from outboxd.scrapers.suwon import PortalError
+from outboxd.scrapers.suwon_answers import PortalError
 from outboxd.security import KeyRing, Sealed
 from outboxd.services.breakers import PROBE, Breakers, Waiting
 from outboxd.services.parking import parked_for_another_message
 from outboxd.services.portal_logins import LOGIN_LOCKED_ERROR, LoginGuard
 from outboxd.services.retries import dead_job_error, job_verdict
-from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
+from outboxd.services.tasks import TaskControllerStore
 from outboxd.storage.breaker_ports import BreakerStore
 from outboxd.storage.login_ports import LoginFailure, LoginLockStore
-from outboxd.storage.ports import TERMINAL_TASK_STATUSES, JobRecord
+from outboxd.storage.ports import JobRecord
 from outboxd.tracing import NO_TRACING, Tracing, parse_traceparent
 from outboxd.workers.dependency_waits import Admission, DependencyWaits
-from outboxd.workers.dlq_sweep import DlqQueues, DlqStore, DlqSweep, DlqSweeper
+from outboxd.workers.dlq_sweep import DlqQueues, DlqStore, DlqSweep, DlqSweeper, sweep_every
 from outboxd.workers.handler_slots import HandlerSlots, until_stopped
 from outboxd.workers.login_gate import LoginGate, LoginRun
 from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
 from outboxd.workers.run_start import start_when_marked
+from outboxd.workers.task_runs import TaskRuns
 
 log = structlog.get_logger(__name__)
 
@@ -118,7 +119,15 @@ class Consumer:
             "jobs": HandlerSlots(consumer_settings.max_concurrency),
             "tasks": HandlerSlots(1),
         }
-        self._task_ctx = TaskContext(store, clock, dead_retention_s, audit_retention_s)
+        self._tasks = TaskRuns(
+            store,
+            queues,
+            clock,
+            dead_retention_s,
+            sqs_settings.max_receive_count,
+            self._retry_later,
+            audit_retention_s,
+        )
         # The visibility a heartbeat renews to, and the job lease it keeps:
         # never 0, so a heartbeat always has something to extend.
         self._visibility_s = max(1, sqs_settings.visibility_timeout_s)
@@ -147,7 +156,7 @@ class Consumer:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self._receive_loop("jobs", stop, tg))
             tg.create_task(self._receive_loop("tasks", stop, tg))
-            tg.create_task(self._dlq_sweep_loop(stop))
+            tg.create_task(sweep_every(stop, self._cs.dlq_sweep_s, lambda: self.sweep_dlq_once()))
         log.info("consumer_stopped")
 
     async def _receive_loop(
@@ -540,40 +549,7 @@ class Consumer:
         task_id = await self._id_or_retry_later("tasks", msg, "taskId")
         if task_id is None:
             return "malformed"
-        bind = {"task_id": task_id, "message_id": msg.message_id}
-        run = await self._store.get_task(task_id)
-        if run is None or run.status in TERMINAL_TASK_STATUSES:
-            await self._queues.delete("tasks", msg.receipt_handle)
-            return "skipped"
-        controller = TASK_TYPES.get(run.type)
-        if controller is None:
-            await self._store.finish_task(
-                task_id, "FAILED", f"unknown task type {run.type}", self._clock()
-            )
-            await self._queues.delete("tasks", msg.receipt_handle)
-            return "failed"
-        try:
-            await controller(self._task_ctx, run)
-        except Exception as exc:
-            log.warning("task_failed_attempt", task_type=run.type, error=exc, **bind)
-            if msg.receive_count >= self._sqs.max_receive_count:
-                await self._store.finish_task(
-                    task_id, "FAILED", f"{type(exc).__name__}: {exc}"[:500], self._clock()
-                )
-                await self._queues.change_visibility("tasks", msg.receipt_handle, 0)
-                return "dead"
-            await self._retry_later("tasks", msg)
-            return "retry"
-        await self._queues.delete("tasks", msg.receipt_handle)
-        log.info("task_succeeded", task_type=run.type, **bind)
-        return "succeeded"
-
-    async def _dlq_sweep_loop(self, stop: asyncio.Event) -> None:
-        """Every consumer.dlq_sweep_s: each DLQ keeps exactly the work that is DEAD."""
-        while not stop.is_set():
-            with contextlib.suppress(QueueError, StorageError):
-                await self.sweep_dlq_once()
-            await sleep_or_stop(stop, self._cs.dlq_sweep_s)
+        return await self._tasks.run(task_id, msg)  # workers/task_runs.py
 
     async def sweep_dlq_once(self) -> DlqSweep:
         """One pass over both DLQs (workers/dlq_sweep.py)."""

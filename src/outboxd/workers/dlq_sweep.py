@@ -8,19 +8,21 @@ consumer runs one sweep every consumer.dlq_sweep_s.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import structlog
 
-from outboxd.errors import InvalidState
+from outboxd.errors import InvalidState, StorageError
 from outboxd.metrics import Metrics
 from outboxd.queue.messages import id_field as _message_id_field
 from outboxd.queue.sqs import KINDS, QueueError, QueueKind, ReceivedMessage
 from outboxd.storage.ports import JobStore, TaskStore
+from outboxd.workers.loops import sleep_or_stop
 
 log = structlog.get_logger(__name__)
 
@@ -169,3 +171,14 @@ def _ids(msg: ReceivedMessage) -> dict[str, str | None]:
         "task_id": _message_id_field(msg.body, "taskId"),
         "outbox_id": _message_id_field(msg.body, "outboxId"),
     }
+
+
+async def sweep_every(
+    stop: asyncio.Event, interval_s: float, sweep_once: Callable[[], Awaitable[DlqSweep]]
+) -> None:
+    """The consumer's sweep loop: every consumer.dlq_sweep_s, each DLQ keeps exactly the
+    work that is DEAD (a pass that cannot reach SQS or the database waits for the next)."""
+    while not stop.is_set():
+        with contextlib.suppress(QueueError, StorageError):
+            await sweep_once()
+        await sleep_or_stop(stop, interval_s)

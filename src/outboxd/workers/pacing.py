@@ -7,6 +7,12 @@ instance's session comes back by itself), and each request starts at a slot of
 the shared "suwon" pace row, `min_interval_s` after the one before it from any
 instance. The claimer's cluster pace lives in claimer.py; both are described in
 docs/pacing.md.
+
+A slot is a window, not an instant: the request may start from the slot's time until
+`late_limit` after it, never later (a holder woken later skips it), so slots are handed
+out `spacing(delay)` = `delay + late_limit(delay)` apart and two requests from any
+instances start at least `delay` apart however late within its window each starts. "Starts"
+is the last moment before the request is sent: after every await its caller makes.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ import structlog
 from outboxd.config import SuwonScraperSettings
 from outboxd.errors import StorageError, StorageUnavailable
 from outboxd.observability import OutageLog
-from outboxd.scrapers.suwon import PortalError, PortalPacing
+from outboxd.scrapers.suwon import CheckHook, PortalPacing
+from outboxd.scrapers.suwon_answers import PortalError
 from outboxd.storage.ports import PaceLease, PaceSlot, PaceStore
 
 log = structlog.get_logger(__name__)
@@ -34,6 +41,21 @@ log = structlog.get_logger(__name__)
 PORTAL_PACE = "suwon"
 # How often a job that found every session taken looks again.
 _SESSION_POLL_S = 0.2
+
+# How late after its slot a request may still start: this share of the slot, capped.
+_LATE_SHARE = 0.05
+_LATE_MAX_S = 0.05
+
+
+def late_limit(delay_s: float) -> float:
+    """How late after its slot a request may still start (`_LATE_SHARE`, `_LATE_MAX_S`)."""
+    return min(_LATE_MAX_S, delay_s * _LATE_SHARE)
+
+
+def spacing(delay_s: float) -> float:
+    """How far apart slots are handed out so that requests started anywhere in their
+    windows (up to `late_limit` after the slot) are still `delay_s` apart."""
+    return delay_s + late_limit(delay_s)
 
 
 def instance_holder() -> str:
@@ -118,20 +140,26 @@ class ClusterPortalPacing:
             except StorageError as exc:  # it expires by itself
                 log.warning("portal_session_release_failed", slot=lease.slot, error=exc)
 
-    async def before_request(self) -> None:
+    async def before_request(self, check: CheckHook | None = None) -> None:
         if self._interval_s <= 0:
+            if check is not None:
+                await check()
             return
         while True:
             try:
-                _slot, deadline = await self._clock.take(self._store, self._name, self._interval_s)
+                _slot, deadline = await self._clock.take(
+                    self._store, self._name, spacing(self._interval_s)
+                )
             except StorageError:
                 raise PortalError(
                     "PORTAL_UNAVAILABLE", "portal pacing: the database did not answer"
                 ) from None
             await asyncio.sleep(max(0.0, deadline - time.monotonic()))
-            # Woken too late (a descheduled process): the next slot's holder is
-            # already due, so this slot is skipped rather than crowd it.
-            if time.monotonic() - deadline <= min(0.05, self._interval_s * 0.05):
+            if check is not None:
+                await check()
+            # Past the slot's window (a descheduled process, a slow `check`): the next
+            # slot's holder may already be due, so this slot is skipped rather than crowd it.
+            if time.monotonic() - deadline <= late_limit(self._interval_s):
                 return
 
     async def _acquire(self) -> PaceLease:

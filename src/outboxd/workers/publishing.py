@@ -167,8 +167,11 @@ class Publishing:
         # The timeout runs from the moment the call has its slot, not while it waits.
         started = await self.window.acquire(urgent)
         started_at = self.clock()
+        rows, messages = self._still_held(rows, messages, started_at)
         failed: bool | None = None
         try:
+            if not rows:
+                return BatchResult(successful={}, failed={})
             # asyncio.timeout, not wait_for: no extra task per SendMessageBatch.
             async with asyncio.timeout(self.settings.publish_timeout_s):
                 result = await self.publisher.send_batch(kind, messages)
@@ -190,6 +193,21 @@ class Publishing:
             return self._request_failed(rows, error)
         finally:
             self.window.release(started, failed)
+
+    def _still_held(
+        self, rows: Sequence[RelayRow], messages: list[OutgoingMessage], now: float
+    ) -> tuple[Sequence[RelayRow], list[OutgoingMessage]]:
+        """The rows (and their messages) whose lease outlasts this call and the recording of
+        its outcome. A row that waited for the send window so long that its lease could run
+        out meanwhile may be claimed and sent by another holder: sending it too would be a
+        second copy with no timeout behind it. It is left unsent and unrecorded, to whoever
+        claims it once the lease is over."""
+        need = 2 * self.settings.publish_timeout_s
+        keep = [i for i, r in enumerate(rows) if (r.claimed_until or 0.0) - now > need]
+        if len(keep) == len(rows):
+            return rows, messages
+        log.warning("outbox_lease_short_at_send", count=len(rows) - len(keep))
+        return [rows[i] for i in keep], [messages[i] for i in keep]
 
     def _request_failed(self, rows: Sequence[RelayRow], error: QueueError) -> BatchResult:
         """Every row's outcome when the SendMessageBatch request as a whole failed: an

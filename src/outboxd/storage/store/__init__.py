@@ -5,7 +5,8 @@ comes from the named blocks of `sql/common.sql`, with per-backend overrides wher
 dialects differ (claims: `FOR UPDATE SKIP LOCKED` on Postgres, `BEGIN IMMEDIATE` on
 SQLite). Where a write is best done differently, the driver's `Features` say how; no
 part of the store asks which backend it runs on. One module per concern of
-storage/ports.py: jobs, relay, tasks, websites, pace, stats (with pruning), and of
+storage/ports.py: jobs, relay, tasks, pace, stats (with pruning), of
+storage/website_ports.py: the websites' classification (websites), of
 storage/login_ports.py: the portal login lock (logins), and of storage/breaker_ports.py:
 the dependency breakers (breakers), and of storage/audit_ports.py: the audit log (audit).
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from outboxd.config import Settings
-from outboxd.storage import login_ports, ports
+from outboxd.storage import login_ports, ports, website_ports
 from outboxd.storage.changes import JobChanges, default_instance
 from outboxd.storage.db import Database, backend_of, load_queries, sqlite_path
 from outboxd.storage.group import GroupCommitter
@@ -109,7 +110,7 @@ def _check(store: SqlStore) -> None:
     _login_lock: login_ports.LoginLockStore = store
     _relay_store: ports.RelayStore = store
     _tasks: ports.TaskStore = store
-    _websites: ports.WebsiteStore = store
+    _websites: website_ports.WebsiteStore = store
     _stats: ports.StatsStore = store
     _prune: ports.PruneStore = store
     _pace: ports.PaceStore = store

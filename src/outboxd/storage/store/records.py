@@ -7,16 +7,8 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from outboxd.storage.db import Row
-from outboxd.storage.ports import (
-    JobEvent,
-    JobRecord,
-    NewPortalJob,
-    PaceState,
-    RelayRow,
-    TaskRun,
-    Website,
-    WorkRow,
-)
+from outboxd.storage.ports import JobEvent, JobRecord, NewPortalJob, PaceState, RelayRow, TaskRun
+from outboxd.storage.website_ports import Website, WorkRow
 
 
 def json_or_none(text: Any) -> dict[str, Any] | None:

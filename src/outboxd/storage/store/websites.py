@@ -8,9 +8,10 @@ from typing import Any
 
 from outboxd.errors import CapReached, InvalidState, NotFound
 from outboxd.storage.db import Op, execute
-from outboxd.storage.ports import WEBSITE_QUOTA_PERIOD_S, Page, Website, WorkRow
+from outboxd.storage.ports import Page
 from outboxd.storage.store.base import WEBSITES_CAP, StoreBase
 from outboxd.storage.store.records import website_record, work_record
+from outboxd.storage.website_ports import WEBSITE_QUOTA_PERIOD_S, Website, WorkRow
 
 
 class SqlWebsites(StoreBase):
