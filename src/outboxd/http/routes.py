@@ -8,15 +8,11 @@ document's paths from it, so the two cannot disagree.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Final
 
 from outboxd.http import (
     admin,
-    audit,
-    audit_models,
     console_models,
-    dependencies,
-    dependency_models,
     jobs,
     login_models,
     logins,
@@ -25,8 +21,18 @@ from outboxd.http import (
     websites,
 )
 from outboxd.http.console_routes import CONSOLE_ROUTES
-from outboxd.http.endpoints import Link, Ok, Param, Route, Schema
+from outboxd.http.endpoints import Link, Ok, Route
 from outboxd.http.inputs import ERROR_CODE_PATTERN
+from outboxd.http.oversight_routes import OVERSIGHT_ROUTES
+from outboxd.http.params import (
+    CURSOR,
+    DOMAIN,
+    JOB_ID,
+    LIMIT,
+    path_param,
+    query_param,
+    status_param,
+)
 from outboxd.http.problems import (
     ENQUEUE_FAILED,
     FORBIDDEN,
@@ -40,38 +46,13 @@ from outboxd.http.problems import (
     UNSUPPORTED_MEDIA_TYPE,
     VALIDATION_FAILED,
 )
-from outboxd.storage.ports import CURSOR_PATTERN, JOB_STATUSES, RELAY_STATUSES, WORK_STATUSES
+from outboxd.storage.ports import JOB_STATUSES, RELAY_STATUSES, WORK_STATUSES
 
 # ------------------------------------------------------------------ parameters
 
 _JOB_ID_PATTERN: Final = models.JOB_ID_PATTERN
 _NO_CONTROL_CHARS: Final = f"^[^{models.NO_CONTROLS}]*$"
 
-
-def _path(name: str, description: str, **schema: Any) -> Param:
-    return Param(name, "path", description, {"type": "string", "minLength": 1, **schema})
-
-
-def _query(name: str, description: str, schema: Schema) -> Param:
-    return Param(name, "query", description, schema)
-
-
-def _status(statuses: tuple[str, ...], description: str) -> Param:
-    return _query("status", description, {"type": "string", "enum": list(statuses)})
-
-
-JOB_ID: Final = _path("job_id", "The job id.")
-LIMIT: Final = _query(
-    "limit", "Page size.", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50}
-)
-CURSOR: Final = _query(
-    "cursor",
-    "The nextCursor of the previous page; leave it out for the first page (an empty or "
-    f"malformed value is {VALIDATION_FAILED.status} {VALIDATION_FAILED.code}).",
-    {"type": "string", "pattern": CURSOR_PATTERN},
-)
-DOMAIN: Final = _path("domain", "The host name (normalised before the lookup).")
-DEPENDENCY: Final = _path("name", "The outside system.", enum=["portal", "ai", "sqs"])
 
 _JOB_LINKS: Final = (
     Link("GetJob", "getJob", "job_id", "/jobId"),
@@ -176,7 +157,7 @@ _API: Final[tuple[Route, ...]] = (
         errors=(NOT_FOUND, VALIDATION_FAILED, STORAGE_UNAVAILABLE),
         params=(
             JOB_ID,
-            _query(
+            query_param(
                 "after",
                 "Only events after this seq (the last one seen); at most 1000 per answer.",
                 {"type": "integer", "minimum": 0, "maximum": 999_999_999_999_999_999},
@@ -247,7 +228,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         ok=(Ok(200, "A page of rows.", models.OutboxPage),),
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
         access="viewer",
-        params=(_status(RELAY_STATUSES, "Only rows in this state."), LIMIT, CURSOR),
+        params=(status_param(RELAY_STATUSES, "Only rows in this state."), LIMIT, CURSOR),
     ),
     Route(
         "POST",
@@ -259,7 +240,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         ok=(Ok(200, "The row after the redrive.", models.OutboxItem),),
         errors=(NOT_FOUND, INVALID_STATE, STORAGE_UNAVAILABLE),
         access="operator",
-        params=(_path("outbox_id", "The relay outbox row id."),),
+        params=(path_param("outbox_id", "The relay outbox row id."),),
     ),
     Route(
         "POST",
@@ -338,7 +319,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
         access="viewer",
         params=(
-            _query(
+            query_param(
                 "type",
                 "Only tasks of this type.",
                 {"type": "string", "maxLength": 100, "pattern": _NO_CONTROL_CHARS},
@@ -364,13 +345,13 @@ _ADMIN: Final[tuple[Route, ...]] = (
         headers=("Prefer", "If-None-Match"),
         description="Every answer carries the page's ETag. " + _VIEW_WAIT,
         params=(
-            _status(JOB_STATUSES, "Only jobs in this state."),
-            _query(
+            status_param(JOB_STATUSES, "Only jobs in this state."),
+            query_param(
                 "user",
                 "Only this user's jobs.",
                 {"type": "string", "minLength": 1, "maxLength": 128, "pattern": _NO_CONTROL_CHARS},
             ),
-            _query(
+            query_param(
                 "username",
                 "Only the jobs for this portal username (a student number), spelt exactly as "
                 "intake takes it (an invalid one is 400 VALIDATION_FAILED). The server finds "
@@ -385,17 +366,17 @@ _ADMIN: Final[tuple[Route, ...]] = (
                     "pattern": models.USERNAME_TEXT,
                 },
             ),
-            _query(
+            query_param(
                 "errorCode",
                 "Only jobs whose error has this code (e.g. RETRIES_EXHAUSTED).",
                 {"type": "string", "pattern": ERROR_CODE_PATTERN},
             ),
-            _query(
+            query_param(
                 "from",
                 "Only jobs created at or after this time (RFC 3339).",
                 {"type": "string", "format": "date-time"},
             ),
-            _query(
+            query_param(
                 "to",
                 "Only jobs created before this time (RFC 3339).",
                 {"type": "string", "format": "date-time"},
@@ -415,7 +396,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
         access="viewer",
         params=(
-            _query(
+            query_param(
                 "locked",
                 "true: only usernames locked for some user or throttled; false: only the others.",
                 {"type": "string", "enum": ["true", "false"]},
@@ -434,70 +415,6 @@ _ADMIN: Final[tuple[Route, ...]] = (
         errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
         access="operator",
         request=login_models.PortalLoginUnlockRequest,
-    ),
-    Route(
-        "GET",
-        "/v1/admin/audit",
-        audit.list_audit,
-        "listAudit",
-        "admin",
-        "The audit log, newest first: every attempted change through an admin route, a cancel "
-        "of another user's job and every state-changing CLI command, done or refused.",
-        ok=(Ok(200, "A page of rows.", audit_models.AuditPage),),
-        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
-        access="viewer",
-        params=(
-            _query("actor", "Only this actor's rows.", {"type": "string", "maxLength": 128}),
-            _query(
-                "action",
-                "Only this action (an operationId, or a CLI command).",
-                {"type": "string", "maxLength": 64},
-            ),
-            _query(
-                "since",
-                "Only rows at or after this time (RFC 3339).",
-                {"type": "string", "format": "date-time"},
-            ),
-            LIMIT,
-            CURSOR,
-        ),
-    ),
-    Route(
-        "GET",
-        "/v1/admin/dependencies",
-        dependencies.list_dependencies,
-        "listDependencies",
-        "admin",
-        "Each outside system's state (up, down, maintenance, paused) and its waiting work.",
-        ok=(Ok(200, "portal, ai and sqs.", dependency_models.DependencyList),),
-        errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
-        access="viewer",
-    ),
-    Route(
-        "POST",
-        "/v1/admin/dependencies/{name}/pause",
-        dependencies.pause_dependency,
-        "pauseDependency",
-        "admin",
-        "Stop calling an outside system, on every instance within a second and across restarts, "
-        "with a reason, for forS seconds, until a time, or until resumed; work waits, unspent.",
-        ok=(Ok(200, "The dependency, paused.", dependency_models.Dependency),),
-        errors=(*_BODY_ERRORS, NOT_FOUND, STORAGE_UNAVAILABLE),
-        access="operator",
-        request=dependency_models.PauseRequest,
-        params=(DEPENDENCY,),
-    ),
-    Route(
-        "POST",
-        "/v1/admin/dependencies/{name}/resume",
-        dependencies.resume_dependency,
-        "resumeDependency",
-        "admin",
-        "Lift an operator's pause: the work that waited goes out at the configured pace.",
-        ok=(Ok(200, "The dependency.", dependency_models.Dependency),),
-        errors=(NOT_FOUND, STORAGE_UNAVAILABLE),
-        access="operator",
-        params=(DEPENDENCY,),
     ),
     Route(
         "GET",
@@ -522,7 +439,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
         access="viewer",
         params=(
-            _status(WORK_STATUSES, "Only websites whose classification is in this state."),
+            status_param(WORK_STATUSES, "Only websites whose classification is in this state."),
             LIMIT,
             CURSOR,
         ),
@@ -599,4 +516,10 @@ _OPERATIONS: Final[tuple[Route, ...]] = (
 )
 
 
-ROUTES: Final[tuple[Route, ...]] = (*_API, *_ADMIN, *_OPERATIONS, *CONSOLE_ROUTES)
+ROUTES: Final[tuple[Route, ...]] = (
+    *_API,
+    *_ADMIN,
+    *OVERSIGHT_ROUTES,
+    *_OPERATIONS,
+    *CONSOLE_ROUTES,
+)
