@@ -148,7 +148,9 @@ async def test_another_users_result_is_for_admins_only(
 
 
 @pytest.mark.parametrize(
-    "statement", ["UPDATE audit_log SET reason = 'x'", "DELETE FROM audit_log"]
+    "statement",
+    ["UPDATE audit_log SET reason = 'x'", "DELETE FROM audit_log"],
+    ids=["update", "delete"],
 )
 async def test_the_log_is_append_only_against_direct_sql(
     store: SqlStore, db_url: str, statement: str
