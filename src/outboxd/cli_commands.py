@@ -303,24 +303,40 @@ async def _job_events(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _jobs_redrive_all(store: Any, status: str, limit: int | None) -> int:
-    """Every job in `status`, through the service the admin API's bulk redrive calls: a
+    """Every job in `status`: listed first, then those ids sent through the service the
+    admin API's bulk redrive calls, so a job that dies after the listing is not touched; a
     progress line per batch, then the count (exit 1 when any job was refused)."""
     from outboxd.services.admin import AdminService, BulkRedrive
 
-    counts = {sc.status: sc.count for sc in await store.status_counts() if sc.table == "jobs"}
-    total = counts.get(status, 0) if limit is None else min(limit, counts.get(status, 0))
+    ids: list[str] = []
+    cursor: str | None = None
+    more = False
+    while True:
+        room = 500 if limit is None else min(500, limit - len(ids))
+        if room <= 0:
+            more = bool((await store.list_jobs(status, 1, cursor)).items)
+            break
+        page = await store.list_jobs(status, room, cursor)
+        ids.extend(j.id for j in page.items)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    total = len(ids)
     print(f"{status} jobs to redrive: {total}", flush=True)
+    if not ids:
+        print("redriven: 0 jobs, refused: 0")
+        return EXIT_OK
 
     def progress(done: BulkRedrive) -> None:
         print(f"redriven {len(done.redriven)}/{total}, refused {len(done.refused)}", flush=True)
 
     done = await AdminService(store).redrive_jobs(
-        actor=cli_actor(), status="DEAD", limit=limit, on_progress=progress
+        actor=cli_actor(), job_ids=ids, on_progress=progress
     )
     for job_id, why in done.refused:
         print(f"refused {job_id}: {why}")
-    more = " (more are left: run it again)" if done.more else ""
-    print(f"redriven: {len(done.redriven)} jobs, refused: {len(done.refused)}{more}")
+    left = " (more are left: run it again)" if more else ""
+    print(f"redriven: {len(done.redriven)} jobs, refused: {len(done.refused)}{left}")
     return EXIT_FAIL if done.refused else EXIT_OK
 
 

@@ -50,3 +50,31 @@ async def test_the_largest_limit_is_accepted(api: Client, store: SqlStore, keys:
     assert resp.status == 200, await resp.text()
     body = await resp.json()
     assert (body["jobIds"], body["more"]) == ([dead.id], False)
+
+
+async def test_a_redrive_of_the_ids_shown_touches_those_only(
+    api: Client, store: SqlStore, keys: KeyRing
+) -> None:
+    """`{"jobIds": [...]}` alone: the DEAD ones named go back to QUEUED, the others are
+    skipped with a code, and a DEAD job not named stays DEAD (it died after the listing)."""
+    dead = await submit_job(store, keys, key="shown-dead")
+    await kill_at_publish(store, dead.id)
+    alive = await submit_job(store, keys, key="shown-queued")
+    later = await submit_job(store, keys, key="died-later")
+    await kill_at_publish(store, later.id)
+    unknown = str(uuid.uuid4())
+    resp = await api.post(URL, json={"jobIds": [dead.id, alive.id, unknown]})
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == {
+        "redriven": [dead.id],
+        "skipped": [
+            {"jobId": alive.id, "code": "NOT_DEAD"},
+            {"jobId": unknown, "code": "NOT_FOUND"},
+        ],
+    }
+    still = await store.get_job(later.id)
+    assert still is not None and still.status == "DEAD"
+    too_many = [str(uuid.uuid4()) for _ in range(REDRIVE_MAX_IDS + 1)]
+    refused = await api.post(URL, json={"jobIds": too_many})
+    assert refused.status == 400
+    assert (await api.post(URL, json={"jobIds": [dead.id], "limit": 5})).status == 400

@@ -12,9 +12,9 @@ import structlog
 from aiohttp import web
 
 from outboxd.errors import InvalidState, NotFound
-from outboxd.http import checks, inputs, models
+from outboxd.http import bulk_models, checks, inputs, models
 from outboxd.http.conditional import Encoded, digest, held_view
-from outboxd.http.deps import deps_of, principal_of
+from outboxd.http.deps import AUDIT_TARGET, deps_of, principal_of
 from outboxd.http.problems import INVALID_STATE, NOT_FOUND, ApiError, field_error
 from outboxd.http.render import (
     admin_job_model,
@@ -96,6 +96,14 @@ async def redrive_jobs(request: web.Request) -> web.Response:
     deps = deps_of(request)
     body = await inputs.read_json_object(request, deps.settings.server.max_body_bytes)
     inputs.check_fields(body, _REDRIVE_FIELDS)
+    if "status" not in body and "jobIds" in body:
+        # The ids on the operator's screen, and nothing else: a job that died since is not
+        # touched.
+        named = checks.redrive_ids(body)
+        request[AUDIT_TARGET] = f"{len(named)} jobs"
+        by_ids = await deps.admin.redrive_jobs(actor=principal_of(request).user, job_ids=named)
+        skipped = [bulk_models.RedriveSkip(j, bulk_models.skip_code(w)) for j, w in by_ids.refused]
+        return json_response(bulk_models.JobRedriveByIds(by_ids.redriven, skipped))
     job_ids, limit = checks.redrive_selection(body)
     done = await deps.admin.redrive_jobs(
         actor=principal_of(request).user,

@@ -116,9 +116,9 @@ def payload_days(payload: dict[str, Any]) -> float:
 
 def redrive_selection(body: dict[str, Any]) -> tuple[list[str] | None, int]:
     """A JobRedriveRequest's job ids (None: every job in its status, which must be DEAD)
-    and limit."""
+    and limit. Without `status`, `jobIds` alone (see `redrive_ids`)."""
     if "status" not in body:
-        inputs.fail("status", "is required")
+        inputs.fail("status", "is required (or send jobIds alone)")
     if body["status"] != "DEAD":
         inputs.fail("status", "must be DEAD")
     limit = body.get("limit", 1000)
@@ -135,6 +135,15 @@ def redrive_selection(body: dict[str, Any]) -> tuple[list[str] | None, int]:
         if not isinstance(job_id, str) or not JOB_ID_RE.fullmatch(job_id):
             inputs.fail(f"jobIds[{i}]", "must be a job id (a lowercase UUID)")
     return ids, limit
+
+
+def redrive_ids(body: dict[str, Any]) -> list[str]:
+    """The ids of a JobRedriveRequest that names its jobs alone (no status, no limit)."""
+    if "limit" in body:
+        inputs.fail("limit", "applies with status only")
+    ids, _limit = redrive_selection({**body, "status": "DEAD"})
+    assert ids is not None
+    return ids
 
 
 def _days_meta() -> Any:

@@ -45,7 +45,8 @@ class Ok:
 
     status: int
     description: str
-    body: type[Struct] | UnionType | None = None
+    # A model, a union named in the document, or the name of a ONE_OF answer (openapi.py).
+    body: type[Struct] | UnionType | str | None = None
     media: str = "application/json"
     headers: tuple[str, ...] = ()
     links: tuple[Link, ...] = ()

@@ -192,18 +192,22 @@ class TaskRequest(_Body):
 JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 JOB_ID_RE: Final = re.compile(JOB_ID_PATTERN)
 # A bulk redrive names at most this many jobs, or redrives at most this many by status.
-REDRIVE_MAX_IDS: Final = 500
+REDRIVE_MAX_IDS: Final = 1000
 REDRIVE_MAX_LIMIT: Final = 10_000
 
 
 class JobRedriveRequest(_Body):
-    """Redrive jobs in bulk: the jobs in `status` (newest first, at most `limit`), or only
-    those of them named by `jobIds`. Unknown fields are rejected."""
+    """Redrive jobs in bulk: the ids shown to the operator (`jobIds` alone: the answer is
+    JobRedriveByIds), or the jobs in `status` (newest first, at most `limit`; with `jobIds`,
+    only those of them). Unknown fields are rejected."""
 
-    status: Annotated[
-        Literal["DEAD"],
-        Meta(description="The jobs in this state.", extra={"max_length": 32}),
-    ]
+    status: (
+        Annotated[
+            Literal["DEAD"],
+            Meta(description="The jobs in this state.", extra={"max_length": 32}),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
     job_ids: (
         Annotated[
             list[Annotated[str, Meta(pattern=JOB_ID_PATTERN)]],

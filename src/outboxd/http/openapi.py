@@ -20,7 +20,14 @@ from typing import Any, Final, get_args
 import msgspec
 from msgspec import Struct
 
-from outboxd.http import audit_models, console_models, dependency_models, login_models, models
+from outboxd.http import (
+    audit_models,
+    bulk_models,
+    console_models,
+    dependency_models,
+    login_models,
+    models,
+)
 from outboxd.http.endpoints import Ok, Param, Route
 from outboxd.http.problems import (
     FORBIDDEN,
@@ -43,6 +50,7 @@ MODELS: Final = (
     *login_models.MODELS,
     *dependency_models.MODELS,
     *audit_models.MODELS,
+    *bulk_models.MODELS,
 )
 
 Schema = dict[str, Any]
@@ -61,6 +69,13 @@ def _ref(name: str) -> Schema:
 
 # The types that are not Structs but have a name in the document: a component each, which
 # every body holding the type points to.
+# Named answers that are one of several models, the request deciding which.
+ONE_OF: Final[dict[str, tuple[tuple[type[Struct], ...], str]]] = {
+    "JobRedriveAnswer": (
+        (models.JobRedriveResult, bulk_models.JobRedriveByIds),
+        "JobRedriveByIds when the request named jobIds alone, else JobRedriveResult.",
+    ),
+}
 NAMED_TYPES: Final[dict[str, tuple[Any, str]]] = {
     "OutboxItem": (models.OutboxItem, "A relay outbox row; its kind says which id it carries."),
     "JobStatus": (
@@ -125,6 +140,9 @@ def _schemas() -> dict[str, Schema]:
         else:
             schemas[name] = {"type": "string", **named}
         schemas[name]["description"] = description
+    # Answers whose shape the request decides (untagged, so msgspec names no union of them).
+    for name, (variants, description) in ONE_OF.items():
+        schemas[name] = {"oneOf": [_ref(v.__name__) for v in variants], "description": description}
     return dict(sorted(schemas.items()))
 
 
@@ -169,9 +187,11 @@ def _headers(names: tuple[str, ...] = ()) -> dict[str, Schema]:
     }
 
 
-def _body_schema(body: type[Struct] | UnionType | None) -> Schema:
+def _body_schema(body: type[Struct] | UnionType | str | None) -> Schema:
     if body is None:
         return {"type": "string"}
+    if isinstance(body, str):  # a component of ONE_OF
+        return _ref(body)
     if isinstance(body, type):
         return _ref(body.__name__)
     return _ref(next(name for name, (t, _) in NAMED_TYPES.items() if t == body))

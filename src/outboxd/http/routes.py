@@ -270,7 +270,13 @@ _ADMIN: Final[tuple[Route, ...]] = (
         "admin",
         "Redrive in bulk: every DEAD job (up to a limit), or those of them named, a hundred "
         "per transaction.",
-        ok=(Ok(200, "What was redriven and what was refused.", models.JobRedriveResult),),
+        ok=(
+            Ok(
+                200,
+                "What was redriven and what was refused.",
+                "JobRedriveAnswer",
+            ),
+        ),
         errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
         access="operator",
         request=models.JobRedriveRequest,
