@@ -40,13 +40,13 @@ def add_deps_parsers(sub: Callable[..., argparse.ArgumentParser]) -> None:
         "sharing the database (within a second, and across restarts), as POST "
         "/v1/admin/dependencies/{name}/pause does. Work waits, unspent.",
     )
-    p.add_argument("name", choices=NAMES)
+    p.add_argument("name", choices=NAMES, help="the outside system: portal, ai or sqs")
     p.add_argument("--reason", required=True, help="why (1-500 characters, required)")
     end = p.add_mutually_exclusive_group()
     end.add_argument("--for", dest="for_s", type=duration_s, help="for 30m, 2h, 1d, ...")
     end.add_argument("--until", help="until an RFC 3339 time, e.g. 2026-12-07T06:00:00Z")
     r = sub("resume", "lift an operator's pause: waiting work goes out at the configured pace")
-    r.add_argument("name", choices=NAMES)
+    r.add_argument("name", choices=NAMES, help="the outside system: portal, ai or sqs")
 
 
 async def deps_command(settings: Settings, args: argparse.Namespace) -> int:

@@ -77,4 +77,3 @@ async def test_a_redrive_of_the_ids_shown_touches_those_only(
     too_many = [str(uuid.uuid4()) for _ in range(REDRIVE_MAX_IDS + 1)]
     refused = await api.post(URL, json={"jobIds": too_many})
     assert refused.status == 400
-    assert (await api.post(URL, json={"jobIds": [dead.id], "limit": 5})).status == 400

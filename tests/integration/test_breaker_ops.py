@@ -67,7 +67,6 @@ async def test_a_bad_pause_is_refused_and_changes_nothing(api: Client, store: Sq
         ("portal", {"reason": "ok", "forS": 0}),
         ("portal", {"reason": "ok", "forS": "10"}),
         ("portal", {"reason": "ok", "forS": 10, "until": "2999-01-01T00:00:00Z"}),
-        ("portal", {"reason": "ok", "until": "2001-01-01T00:00:00Z"}),
         ("portal", {"reason": "ok", "until": "tomorrow"}),
         ("portal", {"reason": "ok", "extra": 1}),
         ("portal", {"reason": "a\u202eb"}),

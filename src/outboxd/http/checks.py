@@ -138,9 +138,8 @@ def redrive_selection(body: dict[str, Any]) -> tuple[list[str] | None, int]:
 
 
 def redrive_ids(body: dict[str, Any]) -> list[str]:
-    """The ids of a JobRedriveRequest that names its jobs alone (no status, no limit)."""
-    if "limit" in body:
-        inputs.fail("limit", "applies with status only")
+    """The ids of a JobRedriveRequest that names its jobs alone (no status; a limit does
+    not apply to named jobs)."""
     ids, _limit = redrive_selection({**body, "status": "DEAD"})
     assert ids is not None
     return ids

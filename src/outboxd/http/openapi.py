@@ -69,6 +69,16 @@ def _ref(name: str) -> Schema:
 
 # The types that are not Structs but have a name in the document: a component each, which
 # every body holding the type points to.
+# Rules between a body's fields, which the models cannot state: the server enforces each.
+CROSS_FIELD_RULES: Final[dict[str, Schema]] = {
+    "PauseRequest": {
+        "not": {
+            "required": ["forS", "until"],
+            "properties": {"forS": {"type": "number"}, "until": {"type": "string"}},
+        }
+    },
+    "JobRedriveRequest": {"anyOf": [{"required": ["status"]}, {"required": ["jobIds"]}]},
+}
 # Named answers that are one of several models, the request deciding which.
 ONE_OF: Final[dict[str, tuple[tuple[type[Struct], ...], str]]] = {
     "JobRedriveAnswer": (
@@ -140,6 +150,8 @@ def _schemas() -> dict[str, Schema]:
         else:
             schemas[name] = {"type": "string", **named}
         schemas[name]["description"] = description
+    for name, rule in CROSS_FIELD_RULES.items():
+        schemas[name].update(rule)
     # Answers whose shape the request decides (untagged, so msgspec names no union of them).
     for name, (variants, description) in ONE_OF.items():
         schemas[name] = {"oneOf": [_ref(v.__name__) for v in variants], "description": description}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from outboxd.http import audit, audit_models, dependencies, dependency_models
+from outboxd.http import audit, audit_models, dependencies, dependency_models, models
 from outboxd.http.endpoints import Ok, Route
 from outboxd.http.params import CURSOR, DEPENDENCY, LIMIT, query_param
 from outboxd.http.problems import (
@@ -17,6 +17,8 @@ from outboxd.http.problems import (
     VALIDATION_FAILED,
 )
 
+_NO_CONTROL_CHARS: Final = f"^[^{models.NO_CONTROLS}]*$"
+_TEXT_128: Final = {"type": "string", "maxLength": 128, "pattern": _NO_CONTROL_CHARS}
 _BODY_ERRORS: Final = (VALIDATION_FAILED, PAYLOAD_TOO_LARGE, UNSUPPORTED_MEDIA_TYPE)
 
 OVERSIGHT_ROUTES: Final[tuple[Route, ...]] = (
@@ -32,11 +34,11 @@ OVERSIGHT_ROUTES: Final[tuple[Route, ...]] = (
         errors=(VALIDATION_FAILED, STORAGE_UNAVAILABLE),
         access="viewer",
         params=(
-            query_param("actor", "Only this actor's rows.", {"type": "string", "maxLength": 128}),
+            query_param("actor", "Only this actor's rows.", _TEXT_128),
             query_param(
                 "action",
                 "Only this action (an operationId, or a CLI command).",
-                {"type": "string", "maxLength": 64},
+                {"type": "string", "maxLength": 64, "pattern": _NO_CONTROL_CHARS},
             ),
             query_param(
                 "since",
