@@ -348,8 +348,7 @@ async def test_bulk_redrive_of_named_jobs(api: Client, store: SqlStore, keys: Ke
 @pytest.mark.parametrize(
     "body",
     [
-        {},
-        {"jobIds": [str(uuid.uuid4())]},  # the status is required
+        {},  # neither a status nor the ids
         {"status": "FAILED"},
         {"status": None},
         {"status": "DEAD", "jobIds": []},
@@ -360,7 +359,9 @@ async def test_bulk_redrive_of_named_jobs(api: Client, store: SqlStore, keys: Ke
         {"status": "DEAD", "jobIds": ["a\u0000b"]},
         {"status": "DEAD", "jobIds": [str(uuid.uuid4()) + "\n"]},
         {"status": "DEAD", "jobIds": [str(uuid.uuid4()).upper()]},
-        {"status": "DEAD", "jobIds": [str(uuid.uuid4()) for _ in range(501)]},
+        {"status": "DEAD", "jobIds": [str(uuid.uuid4()) for _ in range(1001)]},
+        {"jobIds": []},
+        {"jobIds": [str(uuid.uuid4()).upper()]},
         {"status": "DEAD", "limit": 0},
         {"status": "DEAD", "limit": 10_001},
         {"status": "DEAD", "limit": True},

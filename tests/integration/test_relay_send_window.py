@@ -82,7 +82,7 @@ class TimedOut:
         try:
             return await self.queues.send_batch(kind, messages)
         except asyncio.CancelledError:
-            self.entries.update(m.id for m in messages)
+            self.entries.update(m.entry_id for m in messages)
             raise
 
 

@@ -22,7 +22,11 @@ MAX_TEXT = 500
 
 
 def _short(text: str | None) -> str | None:
-    return None if text is None else text[:MAX_TEXT]
+    """At most MAX_TEXT characters, each one a database stores: a control character or a
+    lone surrogate (a path may carry either) is written as its escape."""
+    if text is None:
+        return None
+    return "".join(ch if ch.isprintable() else f"\\u{ord(ch):04x}" for ch in text[:MAX_TEXT])
 
 
 class AuditLog:
