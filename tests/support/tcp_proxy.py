@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import socket
 import ssl as _ssl
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -19,6 +22,25 @@ def via_proxy(dsn: str, port: int) -> str:
     netloc = parts.netloc.rsplit("@", 1)
     creds = netloc[0] + "@" if len(netloc) == 2 else ""
     return urlunsplit(parts._replace(netloc=f"{creds}127.0.0.1:{port}"))
+
+
+def outside_ephemeral_port() -> int:
+    """A free loopback port below the kernel's ephemeral range: one a stopped proxy can
+    listen on again, since no outgoing connection is ever given it meanwhile (a port of the
+    ephemeral range was, under load: `address already in use` at the restart)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(10_000, max(10_001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free loopback port below the ephemeral range")
 
 
 class TcpProxy:
@@ -48,6 +70,8 @@ class TcpProxy:
         """Listen (on the same port as before after a stop); the port."""
         if self._server is not None:
             return self.port
+        if self.port == 0:
+            self.port = outside_ephemeral_port()
         self._server = await asyncio.start_server(
             self._accept, "127.0.0.1", self.port, reuse_address=True, ssl=self.ssl
         )
