@@ -168,6 +168,18 @@ def gaps_of(starts: list[float]) -> list[float]:
     return [b - a for a, b in itertools.pairwise(s)]
 
 
+def most_in_span(starts: list[float], span_s: float) -> int:
+    """The most requests starting within any `span_s` seconds: the pace over a stretch, which
+    the arrival jitter of single requests hardly moves."""
+    s = sorted(starts)
+    best, lo = 0, 0
+    for hi, t in enumerate(s):
+        while t - s[lo] >= span_s:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
 def max_overlap(spans: list[tuple[float, float]]) -> int:
     edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
     best = cur = 0
@@ -417,6 +429,9 @@ def analyse(
             "gaps_below_floor": sum(1 for g in gaps if g < floor),
             "floor_s": floor,
             "min_interval_s": MIN_INTERVAL_S,
+            "most_in_10s": most_in_span([c[0] for c in catchup], 10.0),
+            "allowed_in_10s": int(10.0 / MIN_INTERVAL_S),
+            "starts_after_T2_s": [round(c[0] - t2, 4) for c in catchup],
             "max_sessions_at_once": max_overlap(sessions),
             "sessions": len(sessions),
             "max_requests_in_flight": in_flight,
@@ -503,6 +518,7 @@ def report(r: dict[str, Any]) -> None:
                 "min gap s",
                 "gap p1 s",
                 "gaps < floor",
+                "most in 10 s",
                 "max sessions",
                 "max in flight",
             ],
@@ -515,12 +531,14 @@ def report(r: dict[str, Any]) -> None:
                     c["min_gap_s"],
                     c["gap_p1_s"],
                     c["gaps_below_floor"],
+                    f"{c['most_in_10s']}/{c['allowed_in_10s']}",
                     c["max_sessions_at_once"],
                     c["max_requests_in_flight"],
                 )
             ],
             f"pace: min_interval_s {MIN_INTERVAL_S} (floor {c['floor_s']:.2f} with the "
-            f"clock tolerance), max_concurrency {MAX_CONCURRENCY}, cluster scope; "
+            f"clock tolerance; at most one request a slot in any 10 s), max_concurrency "
+            f"{MAX_CONCURRENCY}, cluster scope; "
             f"machine busy: {r['machine_busy']}",
         )
     )
