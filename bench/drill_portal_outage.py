@@ -180,6 +180,13 @@ def most_in_span(starts: list[float], span_s: float) -> int:
     return best
 
 
+def shortest_run(starts: list[float], k: int) -> float:
+    """The shortest time from a request to the k-th after it: at least k slots if the pace
+    held, whatever the jitter of single arrivals."""
+    s = sorted(starts)
+    return min((s[i + k] - s[i] for i in range(len(s) - k)), default=math.nan)
+
+
 def max_overlap(spans: list[tuple[float, float]]) -> int:
     edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
     best = cur = 0
@@ -431,6 +438,7 @@ def analyse(
             "min_interval_s": MIN_INTERVAL_S,
             "most_in_10s": most_in_span([c[0] for c in catchup], 10.0),
             "allowed_in_10s": int(10.0 / MIN_INTERVAL_S),
+            "shortest_50_gaps_s": round(shortest_run([c[0] for c in catchup], 50), 4),
             "starts_after_T2_s": [round(c[0] - t2, 4) for c in catchup],
             "max_sessions_at_once": max_overlap(sessions),
             "sessions": len(sessions),
@@ -519,6 +527,7 @@ def report(r: dict[str, Any]) -> None:
                 "gap p1 s",
                 "gaps < floor",
                 "most in 10 s",
+                "50 gaps s",
                 "max sessions",
                 "max in flight",
             ],
@@ -532,12 +541,14 @@ def report(r: dict[str, Any]) -> None:
                     c["gap_p1_s"],
                     c["gaps_below_floor"],
                     f"{c['most_in_10s']}/{c['allowed_in_10s']}",
+                    c["shortest_50_gaps_s"],
                     c["max_sessions_at_once"],
                     c["max_requests_in_flight"],
                 )
             ],
             f"pace: min_interval_s {MIN_INTERVAL_S} (floor {c['floor_s']:.2f} with the "
-            f"clock tolerance; at most one request a slot in any 10 s), max_concurrency "
+            "clock tolerance; at most one request a slot in any 10 s; 50 gaps: the shortest "
+            "time from a request to the 50th after it, 10 s at this pace), max_concurrency "
             f"{MAX_CONCURRENCY}, cluster scope; "
             f"machine busy: {r['machine_busy']}",
         )
