@@ -201,7 +201,9 @@ class FakePortal(FakeServer):
     or e.g. 401 to check a rejection is recognised by its text, whatever the status); methods
     `fail_next_n_with_503(n)` and `expire_sessions_after(n)`.
     Records: `login_attempts`, `requests`, `in_flight_max`, `sessions` (per student: the
-    monotonic start of the first and end of the last request made as them, login included).
+    monotonic start of the first and end of the last request made as them, login included),
+    `calls` (every request as (monotonic start, end, the student it was made as or None,
+    path, status)).
     """
 
     def __init__(self, students: list[Student] | None = None) -> None:
@@ -222,6 +224,7 @@ class FakePortal(FakeServer):
         # Records.
         self.login_attempts: dict[str, int] = {}
         self.requests: list[tuple[float, str, str]] = []
+        self.calls: list[tuple[float, float, str | None, str, int]] = []
         self.in_flight_max = 0
         self.sessions: dict[str, list[float]] = {}
         self._in_flight = 0
@@ -282,18 +285,23 @@ class FakePortal(FakeServer):
         self.requests.append((started, request.method, request.path))
         self._in_flight += 1
         self.in_flight_max = max(self.in_flight_max, self._in_flight)
+        status = 500
         try:
             if self.delay_s > 0:
                 await asyncio.sleep(self.delay_s)
             if self.always_fail_503 or self._fail_503_left > 0:
                 self._fail_503_left = max(0, self._fail_503_left - 1)
+                status = 503
                 return web.Response(status=503, text="Service Unavailable")
-            return await handler(request)
+            resp = await handler(request)
+            status = resp.status
+            return resp
         finally:
             self._in_flight -= 1
-            await self._note_session(request, started)
+            user = await self._note_session(request, started)
+            self.calls.append((started, time.monotonic(), user, request.path, status))
 
-    async def _note_session(self, request: web.Request, started: float) -> None:
+    async def _note_session(self, request: web.Request, started: float) -> str | None:
         user = self._info_sessions.get(request.cookies.get(INFO_COOKIE, ""))
         if user is None:
             user = self._portal_sessions.get(request.cookies.get(PORTAL_COOKIE, ""))
@@ -302,6 +310,7 @@ class FakePortal(FakeServer):
         if user is not None:
             span = self.sessions.setdefault(user, [started, started])
             span[1] = time.monotonic()
+        return user
 
     # --- the portal ----------------------------------------------------------------------
 
