@@ -125,6 +125,9 @@ async def test_one_probe_at_a_time_for_the_cluster(store: SqlStore) -> None:
     settings = BreakerSettings(open_after=1, probe_s=0.5)
     breakers = [Breaker("ai", settings, (), store) for _ in range(3)]
     assert await breakers[0].outage("provider error HTTP 503") is not None  # opens it
+    # The first probe comes a probe interval after the breaker opened, not at once.
+    assert await breakers[1].take_probe("i1", 60) is None
+    await asyncio.sleep(0.6)  # the probe interval itself is what is tested here
     got = await asyncio.gather(*(b.take_probe(f"i{n}", 60) for n, b in enumerate(breakers)))
     assert sum(g is not None for g in got) == 1, got
     again = await asyncio.gather(*(b.take_probe(f"i{n}", 60) for n, b in enumerate(breakers)))

@@ -727,13 +727,14 @@ RETURNING *;
 
 -- name: dependency_probe_take
 -- The cluster's one probe while the breaker is open: taken by one caller at a time, a probe
--- interval after the last, and held until :until (or the probe's outcome).
+-- interval after the last (the first, a probe interval after it opened), and held until
+-- :until (or the probe's outcome).
 UPDATE dependencies
    SET probe_job = :job, probe_until = :until, last_probe_at = :now, updated_at = :now,
        version = version + 1
  WHERE name = :name AND down_since IS NOT NULL
    AND (probe_until IS NULL OR probe_until < :now)
-   AND (last_probe_at IS NULL OR last_probe_at <= :probe_before)
+   AND COALESCE(last_probe_at, down_since) <= :probe_before
 RETURNING *;
 
 -- name: dependency_pause
