@@ -420,3 +420,36 @@ async def test_a_users_jobs_at_once_for_one_username_are_not_locked_by_their_own
     ends = [await rig.wait_status(job_id, *FINAL, timeout_s=40) for job_id, _ in jobs]
     assert [j.status for j in ends] == ["SUCCEEDED"] * 5, [j.error_code for j in ends]
     assert [j.attempts for j in ends] == [1] * 5
+
+
+async def test_tries_left_under_way_by_runs_that_died_make_no_one_wait(
+    make_rig: RigFactory, store: SqlStore, keys: KeyRing
+) -> None:
+    """A run that dies mid-login leaves its try recorded as under way. The same job's next
+    run is not held up by its own past try (it is over), and tries older than the lease
+    (their runs died) make no other job of the user wait: found by the chaos run, where a
+    job killed three times parked itself every 5 s for as long as the window lasted."""
+    from outboxd.config import SuwonScraperSettings
+    from outboxd.services.portal_logins import LoginGuard
+
+    rig = await make_rig()
+    now = time.time()
+    guard = LoginGuard(store, keys, SuwonScraperSettings(), hold_s=60.0, clock=lambda: now)
+    job_id, _ = await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD, user="alice")
+    job = await store.start_job_run(job_id, now, 60)
+    assert job is not None
+    # Three runs of this job that died under way: each left its try behind.
+    for n in range(3):
+        guard.clock = lambda n=n: now + n  # type: ignore[misc]
+        verdict = await guard.check(job, SAMPLE_SNO)
+        assert verdict is not None and verdict.action == "go", verdict
+    # Three other jobs of alice that died long ago under way (older than the lease).
+    subject = keys.login_subject("suwon", SAMPLE_SNO)
+    for n in range(3):
+        other, _ = await rig.create(SAMPLE_SNO, SAMPLE_PASSWORD, user="alice")
+        await store.reserve_login(
+            subject, other, "alice", now - 600 - n, now - 7200, 60, lambda _s: LoginPlan("go")
+        )
+    guard.clock = lambda: now + 10
+    verdict = await guard.check(job, SAMPLE_SNO)
+    assert verdict is not None and verdict.action == "go", verdict

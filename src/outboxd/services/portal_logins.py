@@ -109,6 +109,8 @@ class LoginGuard:
         window = s.auth_failure_window_s
         subject = self.keys.login_subject(job.portal, username)
 
+        stale = now - self.hold_s
+
         def decide(state: LoginState) -> LoginPlan:
             # Tries under way count as failures, so jobs running at once cannot all pass;
             # but only failures lock: a job that tries under way would lock waits for them.
@@ -117,7 +119,9 @@ class LoginGuard:
             until = locked_until(failed, now, window, s.max_auth_failures)
             if until is not None:
                 return LoginPlan("locked", until)
-            if login_locked([f.failed_at for f in mine], now, window, s.max_auth_failures):
+            # A try still under way after its lease (its run died) no longer makes anyone wait.
+            live = [f.failed_at for f in mine if f.attempt_of is None or f.failed_at > stale]
+            if login_locked(live, now, window, s.max_auth_failures):
                 return LoginPlan("busy", now + BUSY_RETRY_S)
             everyone = [f.failed_at for f in state.failures]
             if not login_locked(everyone, now, window, s.max_auth_failures_total):

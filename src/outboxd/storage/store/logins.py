@@ -87,6 +87,9 @@ class SqlLogins(StoreBase):
             # One decision per username at a time: on SQLite the write transaction is
             # serialised already, on Postgres a transaction-scoped advisory lock.
             yield execute(self.q["login_subject_lock"], {"subject": subject})
+            # This job's own earlier try, if a run of it died under way, is over: it starts
+            # a new run now, and must not wait for (or be locked by) its own past.
+            yield execute(self.q["login_attempt_delete"], {"subject": subject, "holder": holder})
             state = yield from self._state(subject, since)
             plan = decide(state)  # the rule is the service's; the store records
             if plan.action in ("locked", "busy"):
