@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from outboxd.http.models import REDRIVE_MAX_IDS, REDRIVE_MAX_LIMIT
+from outboxd.http.bulk_models import REDRIVE_MAX_IDS, REDRIVE_MAX_LIMIT
 from outboxd.security import KeyRing
 from outboxd.storage.store import SqlStore
 from tests.support.ops import kill_at_publish, submit_job

@@ -34,7 +34,7 @@ log = structlog.get_logger(__name__)
 
 _PAGE_QUERY = {"status", "limit", "cursor"}
 _TASK_FIELDS = checks.wire_names(models.TaskRequest)
-_REDRIVE_FIELDS = checks.wire_names(models.JobRedriveRequest)
+_REDRIVE_FIELDS = checks.wire_names(bulk_models.JobRedriveRequest)
 _TASK_PAYLOAD_FIELDS = checks.wire_names(models.TaskPayload)
 _check_task_type = checks.check_text_fields(models.TaskRequest, ("type",))
 _check_dedup_id = checks.check_text_fields(models.TaskRequest, ("dedup_id",))
@@ -112,10 +112,10 @@ async def redrive_jobs(request: web.Request) -> web.Response:
         limit=limit,
     )
     return json_response(
-        models.JobRedriveResult(
+        bulk_models.JobRedriveResult(
             redriven=len(done.redriven),
             job_ids=done.redriven,
-            refused=[models.RedriveRefusal(job_id, why) for job_id, why in done.refused],
+            refused=[bulk_models.RedriveRefusal(job_id, why) for job_id, why in done.refused],
             more=done.more,
         )
     )

@@ -11,10 +11,9 @@ import msgspec
 from msgspec import Struct
 
 from outboxd.http import inputs
+from outboxd.http.bulk_models import REDRIVE_MAX_IDS, REDRIVE_MAX_LIMIT
 from outboxd.http.models import (
     JOB_ID_RE,
-    REDRIVE_MAX_IDS,
-    REDRIVE_MAX_LIMIT,
     PortalLinkRequest,
     TaskPayload,
 )

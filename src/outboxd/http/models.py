@@ -87,14 +87,14 @@ RFC3339: Final = " (RFC 3339, UTC, millisecond precision)."
 Cursor = Annotated[str | None, Meta(description="Pass as `cursor` for the next page.")]
 
 
-class _Body(Struct, rename="camel", forbid_unknown_fields=True):
+class Body(Struct, rename="camel", forbid_unknown_fields=True):
     """Base of the bodies: camelCase on the wire, unknown fields refused."""
 
 
 # ------------------------------------------------------------------ requests
 
 
-class PortalLinkRequest(_Body):
+class PortalLinkRequest(Body):
     """Link a student's portal account; unknown fields are rejected."""
 
     portal: Annotated[PortalName, Meta(description="The portal.", extra={"max_length": 32})]
@@ -123,7 +123,7 @@ class PortalLinkRequest(_Body):
     ]
 
 
-class WebsiteRequest(_Body):
+class WebsiteRequest(Body):
     """Register a website (upsert by normalised domain); unknown fields are rejected."""
 
     domain: Annotated[
@@ -169,7 +169,7 @@ class TaskPayload(Struct, forbid_unknown_fields=True):
     ] = 7
 
 
-class TaskRequest(_Body):
+class TaskRequest(Body):
     """Enqueue a task through the task outbox; unknown fields are rejected."""
 
     type: Annotated[TaskType, Meta(extra={"max_length": 100})]
@@ -191,46 +191,6 @@ class TaskRequest(_Body):
 # A job id as the API issues it (a UUID, lowercase).
 JOB_ID_PATTERN: Final = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 JOB_ID_RE: Final = re.compile(JOB_ID_PATTERN)
-# A bulk redrive names at most this many jobs, or redrives at most this many by status.
-REDRIVE_MAX_IDS: Final = 1000
-REDRIVE_MAX_LIMIT: Final = 10_000
-
-
-class JobRedriveRequest(_Body):
-    """Redrive jobs in bulk: the ids shown to the operator (`jobIds` alone: the answer is
-    JobRedriveByIds), or the jobs in `status` (newest first, at most `limit`; with `jobIds`,
-    only those of them). Unknown fields are rejected."""
-
-    status: (
-        Annotated[
-            Literal["DEAD"],
-            Meta(description="The jobs in this state.", extra={"max_length": 32}),
-        ]
-        | msgspec.UnsetType
-    ) = msgspec.UNSET
-    job_ids: (
-        Annotated[
-            list[Annotated[str, Meta(pattern=JOB_ID_PATTERN)]],
-            Meta(
-                min_length=1,
-                max_length=REDRIVE_MAX_IDS,
-                description="Only these jobs; one that is not DEAD, unknown or whose "
-                "credentials were erased is refused and changes nothing.",
-            ),
-        ]
-        | msgspec.UnsetType
-    ) = msgspec.UNSET
-    limit: Annotated[
-        int,
-        Meta(
-            ge=1,
-            le=REDRIVE_MAX_LIMIT,
-            description="Without jobIds: redrive at most this many (default 1000); `more` "
-            "in the answer says whether any are left.",
-        ),
-    ] = 1000
-
-
 # ------------------------------------------------------------------ responses
 
 
@@ -515,25 +475,6 @@ class TaskPage(Struct, rename="camel"):
     next_cursor: Cursor
 
 
-class RedriveRefusal(Struct, rename="camel"):
-    """A job a bulk redrive did not redrive, and why."""
-
-    job_id: str
-    reason: str
-
-
-class JobRedriveResult(Struct, rename="camel"):
-    """What a bulk redrive did: each job is redriven (one transaction per hundred) or
-    refused, and changes nothing when refused."""
-
-    redriven: Annotated[int, Meta(ge=0, description="How many jobs went back to QUEUED.")]
-    job_ids: Annotated[list[str], Meta(description="The jobs redriven, in order.")]
-    refused: list[RedriveRefusal]
-    more: Annotated[
-        bool, Meta(description="The limit was reached and more jobs are in that state.")
-    ]
-
-
 class Health(Struct):
     """The event loop answers."""
 
@@ -573,9 +514,6 @@ MODELS: Final = (
     Classification,
     TaskRequest,
     TaskAccepted,
-    JobRedriveRequest,
-    JobRedriveResult,
-    RedriveRefusal,
     TaskRun,
     TaskPage,
     JobOutboxItem,

@@ -82,7 +82,7 @@ CROSS_FIELD_RULES: Final[dict[str, Schema]] = {
 # Named answers that are one of several models, the request deciding which.
 ONE_OF: Final[dict[str, tuple[tuple[type[Struct], ...], str]]] = {
     "JobRedriveAnswer": (
-        (models.JobRedriveResult, bulk_models.JobRedriveByIds),
+        (bulk_models.JobRedriveResult, bulk_models.JobRedriveByIds),
         "JobRedriveByIds when the request named jobIds alone, else JobRedriveResult.",
     ),
 }

@@ -12,6 +12,7 @@ from typing import Final
 
 from outboxd.http import (
     admin,
+    bulk_models,
     console_models,
     jobs,
     login_models,
@@ -279,7 +280,7 @@ _ADMIN: Final[tuple[Route, ...]] = (
         ),
         errors=(*_BODY_ERRORS, STORAGE_UNAVAILABLE),
         access="operator",
-        request=models.JobRedriveRequest,
+        request=bulk_models.JobRedriveRequest,
     ),
     Route(
         "GET",
