@@ -228,6 +228,17 @@ class AuditSettings:
 
 
 @dataclass(frozen=True)
+class RetentionSettings:
+    # outbox.prune removes SUCCEEDED, FAILED and CANCELLED jobs (their events, outbox rows and
+    # payloads with them), COMPLETED work rows and finished task runs once finished this long,
+    # DEAD jobs after dead_s, in transactions of at most batch_rows rows. It runs every hour
+    # unless [[scheduler.jobs]] schedules outbox.prune otherwise.
+    finished_s: float = 30 * 86400.0
+    dead_s: float = 90 * 86400.0
+    batch_rows: int = 1000
+
+
+@dataclass(frozen=True)
 class SecuritySettings:
     keys_file: str | None = None
     dead_retention_s: float = 7 * 24 * 3600.0
@@ -294,6 +305,7 @@ class Settings:
     scrapers: ScrapersSettings = field(default_factory=ScrapersSettings)
     breakers: BreakersSettings = field(default_factory=BreakersSettings)
     audit: AuditSettings = field(default_factory=AuditSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
     security: SecuritySettings = field(default_factory=SecuritySettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)

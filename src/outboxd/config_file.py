@@ -400,7 +400,8 @@ def validate(s: Settings) -> None:
                 CronSchedule.parse(window.cron)
             except CronError as exc:
                 raise ConfigError(f"config: {key}: {exc}") from None
-    positive("audit.retention_s")
+    positive("audit.retention_s", "retention.finished_s", "retention.dead_s")
+    at_least_one("retention.batch_rows")
     for name in ("portal", "ai", "sqs"):
         need(
             getattr(s.breakers, name).open_after >= 1, f"breakers.{name}.open_after", "must be >= 1"

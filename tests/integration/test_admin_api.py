@@ -243,7 +243,7 @@ async def test_job_redrive_after_credentials_were_erased_is_409(
     job = await submit_job(store, keys)
     await kill_in_processing(store, job.id)
     # outbox.prune past security.dead_retention_s erases a DEAD job's ciphertext.
-    counts = await store.prune(finished_before=0, dead_before=time.time() + 60, batch=100)
+    counts = await store.prune(0, 0, credentials_before=time.time() + 60, batch=100)
     assert counts["dead_credentials"] == 1
     body = await assert_problem(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
     assert "credentials" in body["detail"]

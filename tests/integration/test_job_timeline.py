@@ -173,7 +173,7 @@ async def test_pruning_a_job_takes_its_events_and_only_its(store: SqlStore, db_u
         run = await store.start_job_run(job_id, at, 10.0)
         assert run is not None
         assert await store.finish_job(run, "SUCCEEDED", at + 1, result={}) is not None
-    totals = await store.prune(finished_before=time.time() - 3600, dead_before=0.0, batch=1)
+    totals = await store.prune(time.time() - 3600, 0.0, 0.0, batch=1)
     assert totals["finished_jobs"] == 1
     assert await store.get_job(old_id) is None
     q = "SELECT job_id, COUNT(*) AS n FROM job_events GROUP BY job_id"

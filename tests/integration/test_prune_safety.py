@@ -50,7 +50,9 @@ async def test_a_running_jobs_sent_row_survives_older_than_zero_days(
     dead = (await kill_in_processing(store, (await submit_job(store, keys, key="d")).id)).id
 
     now = time.time() + 1  # older_than_days = 0: every finished row is old enough
-    counts = await store.prune(finished_before=now, dead_before=now - 7 * DAY, batch=2)
+    counts = await store.prune(
+        finished_before=now, dead_before=now - 90 * DAY, credentials_before=now - 7 * DAY, batch=2
+    )
 
     assert await _relay_status(store, running) == "SENT", "a RUNNING job lost its relay row"
     job = await store.get_job(running)
@@ -64,10 +66,19 @@ async def test_a_running_jobs_sent_row_survives_older_than_zero_days(
     assert counts["finished_jobs"] == 2
 
     # Past dead_retention_s, the DEAD job's row goes and its ciphertext is erased.
-    counts = await store.prune(finished_before=now, dead_before=now, batch=2)
+    counts = await store.prune(
+        finished_before=now, dead_before=now - 90 * DAY, credentials_before=now, batch=2
+    )
     assert counts["relay_sent"] == 1 and counts["dead_credentials"] == 1
     assert await _relay_status(store, dead) is None
     assert await _relay_status(store, running) == "SENT"
+    dead_job = await store.get_job(dead)
+    assert dead_job is not None and dead_job.status == "DEAD", "a DEAD job went before dead_s"
+
+    # Past retention.dead_s the DEAD job itself goes; the RUNNING one never does.
+    counts = await store.prune(now, dead_before=now, credentials_before=now, batch=2)
+    assert counts["finished_jobs"] == 1 and await store.get_job(dead) is None
+    assert (await store.get_job(running)) is not None
 
 
 async def test_a_running_tasks_sent_row_survives(store: SqlStore) -> None:
@@ -81,11 +92,11 @@ async def test_a_running_tasks_sent_row_survives(store: SqlStore) -> None:
     assert claimed is not None
     assert await store.mark_relay_sent([(claimed, "msg-t")], now)
 
-    await store.prune(finished_before=now + 60, dead_before=now + 60, batch=10)
+    await store.prune(now + 60, now + 60, now + 60, batch=10)
     assert (await store.get_relay_row(row.id)) is not None, "an unfinished task lost its row"
 
     await store.finish_task(run.id, "SUCCEEDED", None, now)
-    await store.prune(finished_before=now + 60, dead_before=now + 60, batch=10)
+    await store.prune(now + 60, now + 60, now + 60, batch=10)
     assert await store.get_task(run.id) is None
 
 
@@ -95,9 +106,11 @@ async def test_the_store_refuses_non_finite_cut_offs(
 ) -> None:
     done = (await succeed(store, (await submit_job(store, keys)).id)).id
     with pytest.raises(ValueError, match="finite"):
-        await store.prune(finished_before=bad, dead_before=time.time(), batch=10)
+        await store.prune(bad, time.time(), time.time(), batch=10)
     with pytest.raises(ValueError, match="finite"):
-        await store.prune(finished_before=time.time(), dead_before=bad, batch=10)
+        await store.prune(time.time(), bad, time.time(), batch=10)
+    with pytest.raises(ValueError, match="finite"):
+        await store.prune(time.time(), time.time(), bad, batch=10)
     assert await store.get_job(done) is not None
 
 

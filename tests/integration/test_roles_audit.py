@@ -20,7 +20,7 @@ from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 
 from outboxd.http.routes import ROUTES
 from outboxd.security import ROLES, generate_token, hash_token
-from outboxd.services.tasks import TaskContext, _prune_audit
+from outboxd.services.tasks import Retention, TaskContext, _prune_audit
 from outboxd.storage.audit_ports import AuditEntry
 from outboxd.storage.store import SqlStore
 from tests.integration.conftest import ClientFactory
@@ -167,8 +167,8 @@ async def test_only_the_prune_removes_old_rows_and_records_that(
     now = time.time()
     for age_days in (500, 450, 10):
         await store.append_audit(_entry(now - age_days * 86400))
-    ctx = TaskContext(store, time.time, 7 * 86400, audit_retention_s=400 * 86400)
-    await _prune_audit(ctx, now - ctx.audit_retention_s)
+    ctx = TaskContext(store, time.time, Retention(audit_s=400 * 86400))
+    await _prune_audit(ctx, now - ctx.retention.audit_s)
     left = (await store.list_audit(None, None, None, 10, None)).items
     assert len(left) == 2
     assert left[0].action == "outbox.prune" and "2 rows" in (left[0].reason or "")

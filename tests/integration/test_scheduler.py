@@ -299,18 +299,33 @@ async def test_cron_schedules_fire_at_their_minutes_with_utc_dedup_ids(store: Sq
         cron("seoul", "0 9 * * *", timezone="Asia/Seoul"),
     )
     assert await tick_at(s, clock, "2024-03-10T11:59:59.999") == 0
-    assert await tick_at(s, clock, "2024-03-10T12:00:00") == 1
+    # "five" and the built-in hourly prune ("retention") at the top of the hour.
+    assert await tick_at(s, clock, "2024-03-10T12:00:00") == 2
     assert await tick_at(s, clock, "2024-03-10T12:04:59") == 0
     assert await tick_at(s, clock, "2024-03-10T12:05:01") == 1
     clock.now = ts("2024-03-11T00:00:30")
-    # Both are due: "five" (latest passed 00:00) and "seoul" (09:00 KST).
-    assert await s.tick() == 2
+    # All are due: "five" (latest passed 00:00), "seoul" (09:00 KST) and the hourly prune.
+    assert await s.tick() == 3
     assert await dedup_ids(store) == [
         "five-2024-03-10T12:00:00Z",
         "five-2024-03-10T12:05:00Z",
         "five-2024-03-11T00:00:00Z",
+        "retention-2024-03-10T12:00:00Z",
+        "retention-2024-03-11T00:00:00Z",
         "seoul-2024-03-11T00:00:00Z",
     ]
+    assert {r.type for r in await task_runs(store) if r.dedup_id.startswith("retention")} == {
+        "outbox.prune"
+    }
+
+
+async def test_a_configured_prune_replaces_the_hourly_one(store: SqlStore) -> None:
+    clock = Clock(ts("2024-03-10T11:58:30"))
+    nightly = ScheduleEntry(name="nightly", task="outbox.prune", cron="30 3 * * *")
+    s = scheduler(store, clock, nightly)
+    assert await tick_at(s, clock, "2024-03-10T12:00:01") == 0  # no hourly prune
+    assert await tick_at(s, clock, "2024-03-11T03:30:01") == 1
+    assert await dedup_ids(store) == ["nightly-2024-03-11T03:30:00Z"]
 
 
 async def test_cron_and_every_instances_agree_on_fire_times(

@@ -218,7 +218,7 @@ async def test_a_classified_website_whose_work_row_was_pruned_stays_listed_compl
     done = await store.website_by_id(row.website_id)
     assert done is not None and done.domain == "done.example"
     assert await store.complete_work(row, "news", time.time())
-    pruned = await store.prune(time.time() + 60, time.time() + 60, 100)
+    pruned = await store.prune(time.time() + 60, time.time() + 60, time.time() + 60, 100)
     assert await raw_count(db_url, "work_outbox") == 1, pruned
 
     listed = await (await api.get("/v1/admin/websites")).json()

@@ -34,6 +34,7 @@ from outboxd.queue.sqs import (
 from outboxd.scrapers.suwon import SuwonScraper
 from outboxd.security import KeyRing
 from outboxd.services.breakers import Breakers
+from outboxd.services.tasks import Retention
 from outboxd.storage.ports import JobRecord, NewPortalJob
 from outboxd.storage.store import SqlStore
 from outboxd.workers.breaker_loop import BreakerLoop
@@ -155,7 +156,7 @@ class Rig:
             self.settings.consumer,
             self.settings.sqs,
             self.metrics,
-            self.settings.security.dead_retention_s,
+            Retention.of(self.settings),
             clock=clock,
             portal_settings=self.settings.scrapers.suwon,
             storage_probe=storage_probe,

@@ -221,7 +221,7 @@ async def dead_jobs_of_every_kind(store: SqlStore, keys: KeyRing, at_publish: in
     erased = await submit_job(store, keys, key="e")
     await kill_in_processing(store, erased.id)
     # outbox.prune erases a DEAD job's credentials after security.dead_retention_s.
-    assert (await store.prune(0, time.time() + 60, 100))["dead_credentials"] == 1
+    assert (await store.prune(0, 0, time.time() + 60, 100))["dead_credentials"] == 1
     published = [await submit_job(store, keys, key=f"p{i}") for i in range(at_publish)]
     for job in published:
         await kill_at_publish(store, job.id)

@@ -36,7 +36,7 @@ from outboxd.services.gauges import StatsGauges
 from outboxd.services.job_waits import JobWaits
 from outboxd.services.portal_jobs import Dispatcher, PortalJobService
 from outboxd.services.portal_logins import PortalLoginAdmin
-from outboxd.services.tasks import TaskService
+from outboxd.services.tasks import Retention, TaskService
 from outboxd.services.websites import WebsiteService
 from outboxd.storage.changes import default_instance
 from outboxd.storage.store import SqlStore
@@ -229,12 +229,11 @@ def build_components(
                     settings.consumer,
                     settings.sqs,
                     metrics,
-                    settings.security.dead_retention_s,
+                    Retention.of(settings),
                     portal_settings=settings.scrapers.suwon,
                     storage_probe=store.db.ping,
                     tracing=tracing,
                     breakers=breakers,
-                    audit_retention_s=settings.audit.retention_s,
                 ),
             )
         )
@@ -251,7 +250,7 @@ def build_components(
             instance=store.instance,
         )
         components.append(("claimer", console.claimer))
-    if "scheduler" in roles and settings.scheduler.jobs:
+    if "scheduler" in roles:
         console.scheduler = Scheduler(settings.scheduler, tasks)
         components.append(("scheduler", console.scheduler))
 

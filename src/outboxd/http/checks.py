@@ -99,10 +99,13 @@ def check_text_fields(
     return check
 
 
-def payload_days(payload: dict[str, Any]) -> float:
-    """TaskPayload.older_than_days within the model's bounds (finite, 0-36500)."""
+def payload_days(payload: dict[str, Any]) -> float | None:
+    """TaskPayload.older_than_days within the model's bounds (finite, 0-36500); None when
+    the payload leaves it out (retention.finished_s applies)."""
     meta = _DAYS_META
-    days = payload.get("older_than_days", TaskPayload.__struct_defaults__[0])
+    if "older_than_days" not in payload:
+        return None
+    days = payload["older_than_days"]
     if (
         isinstance(days, bool)
         or not isinstance(days, int | float)

@@ -158,15 +158,19 @@ class WebsiteRequest(Body):
 class TaskPayload(Struct, forbid_unknown_fields=True):
     """The one payload field a built-in task reads."""
 
-    older_than_days: Annotated[
-        float,
-        Meta(
-            ge=0,
-            le=36500,
-            description="outbox.prune: the age of finished rows to delete (default 7); a "
-            "finite number, never NaN or Infinity.",
-        ),
-    ] = 7
+    older_than_days: (
+        Annotated[
+            float,
+            Meta(
+                ge=0,
+                le=36500,
+                description="outbox.prune: for this run, the age in days past which finished "
+                "history goes, instead of retention.finished_s; a finite number, never NaN or "
+                "Infinity.",
+            ),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
 
 
 class TaskRequest(Body):

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from outboxd.config import Settings
 from outboxd.ids import new_id
 from outboxd.services.audit import AuditLog
 from outboxd.storage.audit_ports import AuditStore
@@ -28,14 +29,36 @@ class TaskControllerStore(TaskStore, PruneStore, AuditStore, Protocol):
 
 
 @dataclass(frozen=True)
+class Retention:
+    """How long history stays (config `retention`, `security.dead_retention_s`,
+    `audit.retention_s`): what `outbox.prune` removes, and how much a transaction."""
+
+    finished_s: float = 30 * 86400.0
+    dead_s: float = 90 * 86400.0
+    batch_rows: int = 1000
+    # A DEAD job's credentials go sooner than its row: it stays redrivable without them.
+    credentials_s: float = 7 * 86400.0
+    audit_s: float = 400 * 86400.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> Retention:
+        r = settings.retention
+        return cls(
+            r.finished_s,
+            r.dead_s,
+            r.batch_rows,
+            settings.security.dead_retention_s,
+            settings.audit.retention_s,
+        )
+
+
+@dataclass(frozen=True)
 class TaskContext:
     """What a controller may use; the consumer builds it once and injects it."""
 
     store: TaskControllerStore
     clock: Callable[[], float]
-    dead_retention_s: float
-    # audit.retention_s: audit rows older than this go with the prune, which records that.
-    audit_retention_s: float = 400 * 86400.0
+    retention: Retention = Retention()
 
 
 TaskController = Callable[[TaskContext, TaskRun], Awaitable[None]]
@@ -48,42 +71,52 @@ async def _noop(ctx: TaskContext, run: TaskRun) -> None:
 
 
 async def _prune_outbox(ctx: TaskContext, run: TaskRun) -> None:
-    days = run.payload.get("older_than_days", 7)
-    # NaN passes `days < 0` and turns every "older than" into "everything".
-    if (
-        not isinstance(days, int | float)
-        or isinstance(days, bool)
-        or not math.isfinite(days)
-        or days < 0
-    ):
-        await ctx.store.finish_task(
-            run.id,
-            "FAILED",
-            "payload.older_than_days must be a finite number >= 0",
-            ctx.clock(),
-        )
-        return
+    """History past its retention (`Retention`); `older_than_days` in the payload overrides
+    `retention.finished_s` for this run."""
+    keep = ctx.retention
+    finished_s = keep.finished_s
+    if "older_than_days" in run.payload:
+        days = run.payload["older_than_days"]
+        # NaN passes `days < 0` and turns every "older than" into "everything".
+        if (
+            not isinstance(days, int | float)
+            or isinstance(days, bool)
+            or not math.isfinite(days)
+            or days < 0
+        ):
+            await ctx.store.finish_task(
+                run.id,
+                "FAILED",
+                "payload.older_than_days must be a finite number >= 0",
+                ctx.clock(),
+            )
+            return
+        finished_s = float(days) * 86400
     now = ctx.clock()
     # Deletes are idempotent, so running them again after a crash before
     # the ledger write is harmless.
     counts = await ctx.store.prune(
-        finished_before=now - float(days) * 86400,
-        dead_before=now - ctx.dead_retention_s,
-        batch=1000,
+        finished_before=now - finished_s,
+        dead_before=now - keep.dead_s,
+        credentials_before=now - keep.credentials_s,
+        batch=keep.batch_rows,
     )
-    log.info("outbox_pruned", task_id=run.id, **counts)
-    await _prune_audit(ctx, now - ctx.audit_retention_s)
+    await _prune_audit(ctx, now - keep.audit_s)
+    # The space the deleted rows held goes back to the file (SQLite; a no-op on Postgres,
+    # whose autovacuum reuses it).
+    pages = await ctx.store.give_back_space()
+    log.info("outbox_pruned", task_id=run.id, pages_freed=pages, **counts)
     await ctx.store.finish_task(run.id, "SUCCEEDED", None, ctx.clock())
 
 
 async def _prune_audit(ctx: TaskContext, before: float) -> None:
-    """Audit rows older than `before`, a thousand a transaction (the only way rows leave the
-    append-only log), and one row of its own saying how many went."""
+    """Audit rows older than `before`, `retention.batch_rows` a transaction (the only way
+    rows leave the append-only log), and one row of its own saying how many went."""
     removed = 0
     while True:
-        n = await ctx.store.prune_audit(before, _AUDIT_BATCH)
+        n = await ctx.store.prune_audit(before, ctx.retention.batch_rows)
         removed += n
-        if n < _AUDIT_BATCH:
+        if n < ctx.retention.batch_rows:
             break
     if removed:
         await AuditLog(ctx.store, "outboxd").record(
@@ -94,9 +127,6 @@ async def _prune_audit(ctx: TaskContext, before: float) -> None:
             200,
             reason=f"{removed} rows older than audit.retention_s removed",
         )
-
-
-_AUDIT_BATCH = 1000
 
 
 # Each controller finishes its run in the ledger itself; one that raises is retried

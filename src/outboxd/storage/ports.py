@@ -537,5 +537,18 @@ class PaceStore(Protocol):
 
 class PruneStore(Protocol):
     async def prune(
-        self, finished_before: float, dead_before: float, batch: int
-    ) -> dict[str, int]: ...
+        self,
+        finished_before: float,
+        dead_before: float,
+        credentials_before: float,
+        batch: int,
+    ) -> dict[str, int]:
+        """History finished before `finished_before` (DEAD jobs: `dead_before`; a DEAD
+        job's credentials: `credentials_before`) deleted, at most `batch` rows a
+        transaction; how many rows of each kind went."""
+        ...
+
+    async def give_back_space(self) -> int:
+        """The database file's free pages given back to the file system (SQLite's
+        incremental vacuum, a few megabytes a transaction); how many. 0 on Postgres."""
+        ...

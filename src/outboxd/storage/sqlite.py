@@ -9,11 +9,14 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
+
+import structlog
 
 from outboxd.errors import StorageError, StorageUnavailable
 from outboxd.storage.db import (
@@ -27,6 +30,8 @@ from outboxd.storage.db import (
     next_step,
 )
 from outboxd.storage.ports import Listening
+
+log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
@@ -108,6 +113,10 @@ class _SqliteThread:
                 check_same_thread=False,
                 timeout=self._busy_timeout_s,
             )
+            # A new file frees pages it no longer needs on request (give_back_space); set
+            # before anything is written to it, a no-op on an existing file (migrate
+            # converts one that was made without it).
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
             # WAL lets readers run beside the writer; FULL makes every COMMIT
             # durable before the API answers 202, also across a power cut.
             conn.execute("PRAGMA journal_mode=WAL")
@@ -259,6 +268,7 @@ class SqliteDatabase:
 
     async def migrate(self) -> list[str]:
         def apply(conn: sqlite3.Connection) -> list[str]:
+            _incremental_vacuum_on(conn)
             # Off for the migrations (a no-op inside a transaction, so before BEGIN): a
             # table rebuilt by copy-drop-rename must not take the rows referencing it
             # along when the old one is dropped. Checked before the commit instead.
@@ -298,6 +308,15 @@ class SqliteDatabase:
 
         async with self._write_turn():
             return await self._writer.call(apply)
+
+    async def give_back_space(self) -> int:
+        freed = 0
+        while True:
+            async with self._write_turn():
+                n = await self._writer.call(_vacuum_some)
+            freed += n
+            if n < VACUUM_PAGES:
+                return freed
 
     async def pending_migrations(self) -> list[str]:
         done = await self._applied_versions()
@@ -345,6 +364,33 @@ class SqliteDatabase:
         self._open = False
         await self._writer.close()
         await self._reader.close()
+
+
+# Pages an incremental vacuum gives back in one write transaction (16 MiB of 4 KiB pages):
+# the writer is held for milliseconds, not for the whole file.
+VACUUM_PAGES = 4096
+
+
+def _vacuum_some(conn: sqlite3.Connection) -> int:
+    """Up to VACUUM_PAGES free pages given back; how many went."""
+    before = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    if not before:
+        return 0
+    # executescript steps the pragma to its end: execute() would free one page only.
+    conn.executescript(f"PRAGMA incremental_vacuum({VACUUM_PAGES})")
+    after = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    return int(before - after)
+
+
+def _incremental_vacuum_on(conn: sqlite3.Connection) -> None:
+    """A file made before auto_vacuum was set (by release 0.1.0) is rewritten once with it,
+    so that outbox.prune's deletes can give space back; a new file has it from the start."""
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+        return
+    started = time.monotonic()
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    conn.execute("VACUUM")
+    log.info("sqlite_vacuumed", auto_vacuum="incremental", seconds=time.monotonic() - started)
 
 
 def _split_statements(script: str) -> list[str]:

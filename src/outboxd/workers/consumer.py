@@ -36,7 +36,7 @@ from outboxd.services.breakers import PROBE, Breakers, Waiting
 from outboxd.services.parking import parked_for_another_message
 from outboxd.services.portal_logins import LOGIN_LOCKED_ERROR, LoginGuard
 from outboxd.services.retries import dead_job_error, job_verdict
-from outboxd.services.tasks import TaskControllerStore
+from outboxd.services.tasks import Retention, TaskControllerStore
 from outboxd.storage.breaker_ports import BreakerStore
 from outboxd.storage.login_ports import LoginFailure, LoginLockStore
 from outboxd.storage.ports import JobRecord
@@ -93,13 +93,12 @@ class Consumer:
         consumer_settings: ConsumerSettings,
         sqs_settings: SqsSettings,
         metrics: Metrics,
-        dead_retention_s: float,
+        retention: Retention,
         clock: Callable[[], float] = time.time,
         portal_settings: SuwonScraperSettings | None = None,
         storage_probe: Callable[[], Awaitable[None]] | None = None,
         tracing: Tracing = NO_TRACING,
         breakers: Breakers | None = None,
-        audit_retention_s: float = 400 * 86400.0,
     ) -> None:
         self._store = store
         self._tracing = tracing
@@ -123,10 +122,9 @@ class Consumer:
             store,
             queues,
             clock,
-            dead_retention_s,
+            retention,
             sqs_settings.max_receive_count,
             self._retry_later,
-            audit_retention_s,
         )
         # The visibility a heartbeat renews to, and the job lease it keeps:
         # never 0, so a heartbeat always has something to extend.

@@ -28,6 +28,18 @@ from outboxd.workers.loops import LoopFailures, sleep_or_stop
 log = structlog.get_logger(__name__)
 
 
+# Retention's own schedule: outbox.prune at the top of every hour, unless [[scheduler.jobs]]
+# names outbox.prune itself (then that entry, and only it, decides).
+HOURLY_PRUNE = ScheduleEntry(name="retention", task="outbox.prune", cron="0 * * * *")
+
+
+def schedules(settings: SchedulerSettings) -> tuple[ScheduleEntry, ...]:
+    """The configured schedules, and the hourly prune unless one of them runs outbox.prune."""
+    if any(entry.task == HOURLY_PRUNE.task for entry in settings.jobs):
+        return settings.jobs
+    return (*settings.jobs, HOURLY_PRUNE)
+
+
 def schedule_of(entry: ScheduleEntry) -> tuple[Schedule, ZoneInfo]:
     """The entry's schedule and time zone; CronError (a ValueError) when invalid."""
     tz = parse_timezone(entry.timezone)
@@ -76,7 +88,7 @@ class Scheduler:
         self._failures = LoopFailures("scheduler", "scheduler_enqueue_failed", level="error")
         now = self._now()
         self._slots = []
-        for entry in settings.jobs:
+        for entry in schedules(settings):
             schedule, tz = schedule_of(entry)
             self._slots.append(_Slot(entry, schedule, tz, schedule.next_after(now, tz)))
 

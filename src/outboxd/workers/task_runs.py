@@ -14,7 +14,7 @@ from typing import Protocol
 import structlog
 
 from outboxd.queue.sqs import QueueKind, ReceivedMessage
-from outboxd.services.tasks import TASK_TYPES, TaskContext, TaskControllerStore
+from outboxd.services.tasks import TASK_TYPES, Retention, TaskContext, TaskControllerStore
 from outboxd.storage.ports import TERMINAL_TASK_STATUSES
 
 log = structlog.get_logger(__name__)
@@ -36,15 +36,14 @@ class TaskRuns:
         store: TaskControllerStore,
         queues: TaskQueues,
         clock: Callable[[], float],
-        dead_retention_s: float,
+        retention: Retention,
         max_receive_count: int,
         retry_later: Callable[[QueueKind, ReceivedMessage], Awaitable[int]],
-        audit_retention_s: float = 400 * 86400.0,
     ) -> None:
         self._store = store
         self._queues = queues
         self._clock = clock
-        self._task_ctx = TaskContext(store, clock, dead_retention_s, audit_retention_s)
+        self._task_ctx = TaskContext(store, clock, retention)
         self._max_receive_count = max_receive_count
         self._retry_later = retry_later
 

@@ -685,7 +685,14 @@ DELETE FROM website_registrations WHERE (user_id, registered_at, website_id) IN 
      WHERE registered_at < :before LIMIT :limit);
 
 -- name: prunable_jobs
-SELECT id FROM jobs WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND finished_at < :before
+-- Jobs past their retention, with how many rows go with each (timeline events, outbox rows):
+-- the prune takes as many as fit in one transaction of retention.batch_rows rows.
+SELECT j.id,
+       (SELECT COUNT(*) FROM job_events e WHERE e.job_id = j.id)
+       + (SELECT COUNT(*) FROM relay_outbox r WHERE r.job_id = j.id) AS attached
+  FROM jobs j
+ WHERE (j.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND j.finished_at < :before)
+    OR (j.status = 'DEAD' AND j.finished_at < :dead_before)
  LIMIT :limit;
 
 -- name: delete_job_events_of

@@ -47,44 +47,63 @@ class SqlStats(StoreBase):
 
         return await self.db.read(body)
 
-    async def prune(self, finished_before: float, dead_before: float, batch: int) -> dict[str, int]:
-        """Delete old history in batches of `batch` rows, one short transaction each."""
-        if not (math.isfinite(finished_before) and math.isfinite(dead_before)):
+    async def prune(
+        self,
+        finished_before: float,
+        dead_before: float,
+        credentials_before: float,
+        batch: int,
+    ) -> dict[str, int]:
+        """Delete old history, one short transaction of at most `batch` rows at a time."""
+        if not all(math.isfinite(t) for t in (finished_before, dead_before, credentials_before)):
             # NaN compares false to everything but SQL may not: never guess.
             raise ValueError("prune needs finite cut-off times")
         totals: dict[str, int] = {}
-        for name, before in (
-            ("prune_relay_sent", finished_before),
-            ("prune_work_completed", finished_before),
-            ("prune_finished_jobs", finished_before),
-            ("prune_finished_tasks", finished_before),
-            ("prune_login_failures", finished_before),
-            ("prune_login_throttle", finished_before),
-            ("prune_website_registrations", finished_before),
-            ("prune_dead_credentials", dead_before),
+        # A DEAD job's SENT relay row goes with its credentials: it is history the moment
+        # the job died, kept only as long as the job can be redriven from it.
+        for name, before, dead in (
+            ("prune_relay_sent", finished_before, credentials_before),
+            ("prune_work_completed", finished_before, dead_before),
+            ("prune_finished_jobs", finished_before, dead_before),
+            ("prune_finished_tasks", finished_before, dead_before),
+            ("prune_login_failures", finished_before, dead_before),
+            ("prune_login_throttle", finished_before, dead_before),
+            ("prune_website_registrations", finished_before, dead_before),
+            ("prune_dead_credentials", credentials_before, dead_before),
         ):
             total = 0
             while True:
-                params = {"before": before, "limit": batch}
-                if name == "prune_relay_sent":
-                    params["dead_before"] = dead_before
+                params = {"before": before, "limit": batch, "dead_before": dead}
                 if name == "prune_finished_jobs":
-                    n = await self.db.run(partial(self._prune_jobs, params))
+                    n, more = await self.db.run(partial(self._prune_jobs, params))
                 else:
                     n = await self.db.run(partial(self._count, name, params))
+                    more = n >= batch
                 total += n
-                if n < batch:
+                if not more:
                     break
             totals[name.removeprefix("prune_")] = total
         return totals
 
-    def _prune_jobs(self, params: dict[str, Any]) -> Generator[Op, Any, int]:
-        """One batch of finished jobs deleted, their timelines with them (their outbox rows
-        go by the foreign key's cascade)."""
+    def _prune_jobs(self, params: dict[str, Any]) -> Generator[Op, Any, tuple[int, bool]]:
+        """One batch of jobs past retention deleted with their timelines (their outbox rows
+        go by the foreign key's cascade): as many as keep the transaction within `limit`
+        rows, one at least. (jobs deleted, whether more may be left)."""
         rows = yield fetch(self.q["prunable_jobs"], params)
-        if not rows:
-            return 0
-        ids = json.dumps([r["id"] for r in rows])
-        yield execute(self.q["delete_job_events_of"], {"ids": ids})
-        n: int = yield execute(self.q["delete_jobs_of"], {"ids": ids})
-        return n
+        ids: list[str] = []
+        taken = 0
+        for r in rows:
+            cost = 1 + int(r["attached"])
+            if ids and taken + cost > params["limit"]:
+                break
+            ids.append(r["id"])
+            taken += cost
+        if not ids:
+            return 0, False
+        packed = json.dumps(ids)
+        yield execute(self.q["delete_job_events_of"], {"ids": packed})
+        n: int = yield execute(self.q["delete_jobs_of"], {"ids": packed})
+        return n, len(rows) > len(ids) or len(rows) >= params["limit"]
+
+    async def give_back_space(self) -> int:
+        return await self.db.give_back_space()
