@@ -108,6 +108,29 @@ class Metrics:
             "outboxd_oldest_running_job_age_seconds",
             "Age (since it was accepted) of the oldest RUNNING job, 0 when none runs",
         )
+        # Growth in sight (storage/growth_ports.py): cluster-wide, read from the database.
+        self.table_bytes = gauge(
+            "outboxd_table_bytes",
+            "Bytes a table takes on disk, its indexes and TOAST included (SQLite: `*` the file's "
+            "tables together when it is not split by table, `*free` its free pages)",
+            "table",
+        )
+        self.table_live_rows = gauge(
+            "outboxd_table_live_rows",
+            "Live rows of a table, as the statistics estimate them (Postgres only)",
+            "table",
+        )
+        self.table_dead_rows = gauge(
+            "outboxd_table_dead_rows",
+            "Dead rows of a table waiting for vacuum, as the statistics estimate them "
+            "(Postgres only)",
+            "table",
+        )
+        self.oldest_transaction_age = gauge(
+            "outboxd_oldest_transaction_age_seconds",
+            "Age of the oldest transaction open in the database, which holds back vacuum "
+            "(0: none; always 0 on SQLite)",
+        )
         self.queue_depth = gauge(
             "outboxd_queue_depth", "SQS messages by queue and state", "queue", "state"
         )

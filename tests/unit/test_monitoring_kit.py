@@ -92,6 +92,8 @@ def test_the_alerts_cover_what_operators_need() -> None:
         "OutboxdPortalFailing",
         "OutboxdAiFailing",
         "OutboxdJobRunningTooLong",
+        "OutboxdVacuumFallingBehind",
+        "OutboxdTransactionHeldOpen",
     ):
         assert f"alert: {alert}" in text, alert
 
@@ -131,7 +133,8 @@ def test_every_alert_has_a_promtool_case_that_fires() -> None:
 
 CLUSTER_WIDE = re.compile(
     r"\b(?:outboxd_rows|outboxd_oldest_pending_age_seconds|outboxd_oldest_running_job_age_seconds"
-    r"|outboxd_queue_depth|outboxd_pace_\w+)\b"
+    r"|outboxd_queue_depth|outboxd_pace_\w+|outboxd_table_\w+"
+    r"|outboxd_oldest_transaction_age_seconds)\b"
 )
 SUM = re.compile(r"\bsum\s*(?:(?:by|without)\s*\([^()]*\)\s*)?\(")
 
@@ -149,7 +152,7 @@ def summed_parts(expr: str) -> list[str]:
 
 
 def test_cluster_wide_gauges_are_never_summed() -> None:
-    """Every instance exports the same row counts, ages, queue depths and pace: a sum
+    """Every instance exports the same row counts, ages, queue depths, pace and growth: a sum
     would show N instances as N times the truth (they are taken with max)."""
     assert summed_parts("sum by (table) (outboxd_rows)") == ["outboxd_rows"]
     for expr in alert_exprs() + panel_exprs():

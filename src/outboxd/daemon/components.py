@@ -88,7 +88,9 @@ def build_api_deps(
         tokens=TokenVerifier((t.sha256, t.user, t.role) for t in settings.auth.tokens),
         metrics=metrics,
         readiness=readiness,
-        gauges=StatsGauges(metrics, admin, readiness, settings.metrics.refresh_s),
+        gauges=StatsGauges(
+            metrics, admin, readiness, settings.metrics.refresh_s, growth=store
+        ),
         logins=PortalLoginAdmin(store, keys, settings.scrapers.suwon),
         runtime=runtime,
         waits=JobWaits(

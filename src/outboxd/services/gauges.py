@@ -6,6 +6,9 @@ A scrape never waits longer than the refresh's timeout and always answers: with 
 database down it shows the last values it could read, `outboxd_stats_refresh_success
 {source="database"} 0` and the time of the last good refresh, so Prometheus keeps
 scraping the process and the readiness alert can fire.
+
+The growth gauges (the tables' size, their dead rows, the oldest open transaction) are part
+of the database's refresh: read beside the counts, stale with them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import structlog
 from outboxd.metrics import Metrics
 from outboxd.queue.sqs import QueueDepth, QueueKind
 from outboxd.services.admin import AdminService, Stats
+from outboxd.storage.growth_ports import Growth, GrowthStore
 from outboxd.storage.ports import TABLE_STATUSES
 
 log = structlog.get_logger(__name__)
@@ -48,6 +52,8 @@ class StatsGauges:
     refresh_s: float
     timeout_s: float = REFRESH_TIMEOUT_S
     clock: Callable[[], float] = time.monotonic
+    # Where the growth gauges are read from (None: they are left as they are).
+    growth: GrowthStore | None = None
     _task: asyncio.Task[None] | None = field(default=None, init=False)
     _started: float = field(default=0.0, init=False)
     _failing: set[str] = field(default_factory=set, init=False)
@@ -72,10 +78,19 @@ class StatsGauges:
         for check, verdict in (await self.readiness.check()).items():
             self.metrics.ready.labels(check).set(1 if verdict == "ok" else 0)
 
+    async def _read_database(self) -> tuple[Stats, Growth | None]:
+        if self.growth is None:
+            return await self.admin.database_stats(), None
+        stats, growth = await asyncio.gather(self.admin.database_stats(), self.growth.growth())
+        return stats, growth
+
     async def _refresh_database(self) -> None:
-        stats: Stats | None = await self._bounded("database", self.admin.database_stats())
-        if stats is None:
+        read: tuple[Stats, Growth | None] | None = await self._bounded(
+            "database", self._read_database()
+        )
+        if read is None:
             return
+        stats, growth = read
         m = self.metrics
         for table, known in TABLE_STATUSES.items():
             counts = stats.tables.get(table, {})
@@ -95,7 +110,23 @@ class StatsGauges:
             m.pace_next_slot.labels(p.name).set(p.next_at if p.last_at is not None else 0.0)
             m.pace_paused_until.labels(p.name).set(max(p.paused_until, 0.0))
             m.pace_sessions.labels(p.name).set(p.sessions)
+        if growth is not None:
+            self._set_growth(growth)
         self._succeeded("database")
+
+    def _set_growth(self, growth: Growth) -> None:
+        m = self.metrics
+        # Cleared first: a table dropped, or an SQLite file that outgrew its split, leaves no
+        # series behind at its last value.
+        for gauge, values in (
+            (m.table_bytes, growth.table_bytes),
+            (m.table_live_rows, growth.live_rows),
+            (m.table_dead_rows, growth.dead_rows),
+        ):
+            gauge.clear()
+            for table, value in values.items():
+                gauge.labels(table).set(value)
+        m.oldest_transaction_age.set(growth.oldest_transaction_age_s or 0.0)
 
     async def _refresh_sqs(self) -> None:
         if not self.admin.has_queues:

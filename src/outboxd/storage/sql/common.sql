@@ -820,3 +820,13 @@ UPDATE audit_prune SET open = 0;
 -- name: prune_audit
 DELETE FROM audit_log WHERE id IN (
     SELECT id FROM audit_log WHERE at < :before ORDER BY at LIMIT :limit);
+
+-- ---------------------------------------------------------------- growth in sight
+-- The growth gauges (storage/store/growth.py): what the tables take on disk, their dead rows,
+-- the oldest open transaction. Each backend has its own way to tell (sqlite.sql,
+-- postgres.sql); the defaults here are what a backend that cannot tell answers.
+
+-- name: growth_oldest_transaction
+-- A database that shows no other session's transactions (SQLite: each process sees only its
+-- own connections) answers none.
+SELECT NULL AS age_s;

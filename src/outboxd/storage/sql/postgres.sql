@@ -328,3 +328,33 @@ SELECT set_config('outboxd.audit_prune', 'on', true);
 
 -- name: audit_prune_close
 SELECT set_config('outboxd.audit_prune', 'off', true);
+
+-- name: growth_file
+-- No one file: each table's size is read with the table (growth_tables), always split.
+SELECT NULL AS bytes, NULL AS free_bytes, true AS split;
+
+-- name: growth_tables
+-- outboxd's tables in its schema (storage/growth_ports.py `OUTBOXD_TABLES`: the schema may
+-- hold other applications' tables), each with its indexes and TOAST, and the statistics
+-- collector's live and dead row estimates (flushed by each backend at most once a second or
+-- so: they lag the writes a little). Reading a size takes the table's weakest lock for the
+-- statement, which only an ACCESS EXCLUSIVE lock (ALTER TABLE, VACUUM FULL) waits for.
+SELECT s.relname AS name,
+       coalesce(pg_total_relation_size(s.relid), 0) AS bytes,
+       s.n_live_tup AS live,
+       s.n_dead_tup AS dead
+  FROM pg_stat_user_tables AS s
+ WHERE s.schemaname = current_schema() AND s.relname = ANY(CAST(:tables AS text[]));
+
+-- name: growth_oldest_transaction
+-- How long the oldest transaction open in this database has run: any session's with a
+-- transaction under way, idle in it or not, and any prepared transaction; this read's own
+-- session aside. That transaction holds back vacuum: no row deleted or updated since it began
+-- can be removed until it ends. Other roles' sessions show their times only to a role with
+-- pg_read_all_stats (pg_monitor); without it they are not seen (docs/operations.md).
+SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp() - min(t.started)) AS double precision) AS age_s
+  FROM (SELECT xact_start AS started FROM pg_stat_activity
+         WHERE datname = current_database() AND xact_start IS NOT NULL
+           AND pid <> pg_backend_pid()
+        UNION ALL
+        SELECT prepared FROM pg_prepared_xacts WHERE database = current_database()) AS t;

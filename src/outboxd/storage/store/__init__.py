@@ -8,7 +8,8 @@ part of the store asks which backend it runs on. One module per concern of
 storage/ports.py: jobs, relay, tasks, pace, stats (with pruning), of
 storage/website_ports.py: the websites' classification (websites), of
 storage/login_ports.py: the portal login lock (logins), and of storage/breaker_ports.py:
-the dependency breakers (breakers), and of storage/audit_ports.py: the audit log (audit).
+the dependency breakers (breakers), of storage/audit_ports.py: the audit log (audit), and
+of storage/growth_ports.py: the tables' size, dead rows and oldest transaction (growth).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from outboxd.config import Settings
-from outboxd.storage import login_ports, ports, website_ports
+from outboxd.storage import growth_ports, login_ports, ports, website_ports
 from outboxd.storage.changes import JobChanges, default_instance
 from outboxd.storage.db import Database, backend_of, load_queries, sqlite_path
 from outboxd.storage.group import GroupCommitter
@@ -28,6 +29,7 @@ from outboxd.storage.postgres import PostgresDatabase
 from outboxd.storage.sqlite import SqliteDatabase
 from outboxd.storage.store.audit import SqlAudit
 from outboxd.storage.store.breakers import SqlBreakers
+from outboxd.storage.store.growth import SqlGrowth
 from outboxd.storage.store.jobs import SqlJobs
 from outboxd.storage.store.logins import SqlLogins
 from outboxd.storage.store.pace import SqlPace
@@ -51,7 +53,16 @@ JOB_CHANNEL = "outboxd_jobs"
 
 
 class SqlStore(
-    SqlJobs, SqlLogins, SqlBreakers, SqlAudit, SqlRelay, SqlTasks, SqlWebsites, SqlPace, SqlStats
+    SqlJobs,
+    SqlLogins,
+    SqlBreakers,
+    SqlAudit,
+    SqlRelay,
+    SqlTasks,
+    SqlWebsites,
+    SqlPace,
+    SqlStats,
+    SqlGrowth,
 ):
     """Every storage port. Each method is one transaction body (see `db.TxBody`),
     so SQLite runs it in one thread hop and Postgres on one connection."""
@@ -115,6 +126,7 @@ def _check(store: SqlStore) -> None:
     _prune: ports.PruneStore = store
     _pace: ports.PaceStore = store
     _changes: ports.JobChangeStore = store
+    _growth: growth_ports.GrowthStore = store
 
 
 async def open_database(
