@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import multiprocessing
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from bench.common import Bench, database, emit, percentile, pg_version, table, w
 from bench.measure import new_portal_job
 from bench.pgcost import PROGRESS, RESULT
 from bench.svgplot import Series, line_chart
+from outboxd.workers.loops import sleep_or_stop
 
 CONCURRENCY = 16
 SAMPLE_S = 10.0
@@ -103,26 +105,49 @@ def timed_runs(store: Any, durations: list[float], by_kind: dict[str, float]) ->
     store.db.run = timed
 
 
-async def pruner(
-    store: Any, keep_s: float, every_s: float, stop: asyncio.Event, log: list[dict[str, Any]]
-) -> None:
+async def pruner(url: str, keep_s: float, every_s: float, stop: Any) -> dict[str, Any]:
+    """outbox.prune every `every_s` through its controller, as another instance's consumer runs
+    it, every transaction timed, until `stop` (a multiprocessing Event) is set."""
     from outboxd.services.tasks import TASK_TYPES, Retention, TaskContext
+    from outboxd.storage.store import SqlStore, open_database
 
+    db = await open_database(url, Path("."), 2, 10.0)
+    store = SqlStore(db, group_commit=False)
+    durations: list[float] = []
+    kinds: dict[str, float] = {}
+    timed_runs(store, durations, kinds)
     retention = Retention(finished_s=keep_s, dead_s=keep_s, batch_rows=1000)
     ctx = TaskContext(store, time.time, retention)
+    runs: list[dict[str, Any]] = []
+    next_at = time.monotonic() + every_s
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), every_s)
-        except TimeoutError:
-            pass
-        if stop.is_set():
-            return
+        await asyncio.sleep(0.2)
+        if time.monotonic() < next_at:
+            continue
+        next_at += every_s
         run, _ = await store.enqueue_task(
             str(uuid.uuid4()), str(uuid.uuid4()), "outbox.prune", {}, uuid.uuid4().hex, time.time()
         )
         t0 = time.perf_counter()
         await TASK_TYPES["outbox.prune"](ctx, run)
-        log.append({"at": time.time(), "seconds": time.perf_counter() - t0})
+        runs.append({"at": time.time(), "seconds": time.perf_counter() - t0})
+    await store.close()
+    return {
+        "runs": runs,
+        "tx_max_ms": max(durations, default=0.0) * 1e3,
+        "tx_p99_ms": percentile(durations, 99) * 1e3 if durations else 0.0,
+        "tx_count": len(durations),
+        "tx_max_ms_by_kind": {k: v * 1e3 for k, v in kinds.items()},
+    }
+
+
+def pruner_process(url: str, keep_s: float, every_s: float, stop: Any, out: Any) -> None:
+    import structlog
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(30)  # warnings and up
+    )
+    out.send(asyncio.run(pruner(url, keep_s, every_s, stop)))
 
 
 async def holder(url: str, at_s: float, for_s: float, t0: float, marks: dict[str, float]) -> None:
@@ -159,7 +184,7 @@ async def sampler(
     try:
         while True:
             rows = await conn.fetch(SIZES_SQL, list(TABLES))
-            growth = await store.growth() if hasattr(store, "growth") else None
+            growth = await store.growth()
             window = claims.take()
             intake = intakes.take()
             out.append(
@@ -174,15 +199,12 @@ async def sampler(
                     "claim_p50_ms": percentile(window, 50) * 1e3 if window else None,
                     "claim_p99_ms": percentile(window, 99) * 1e3 if window else None,
                     "intake_p99_ms": percentile(intake, 99) * 1e3 if intake else None,
-                    "oldest_tx_s": growth.oldest_transaction_age_s if growth else None,
+                    "oldest_tx_s": growth.oldest_transaction_age_s,
                 }
             )
             if stop.is_set():
                 return
-            try:
-                await asyncio.wait_for(stop.wait(), SAMPLE_S)
-            except TimeoutError:
-                pass
+            await sleep_or_stop(stop, SAMPLE_S)
     finally:
         await conn.close()
 
@@ -193,11 +215,15 @@ async def run(url: str, args: Any, hold: tuple[float, float] | None) -> dict[str
     db = await open_database(url, Path("."), CONCURRENCY, 10.0)
     store = SqlStore(db, group_commit=True)
     await db.migrate()
-    prune_db = await open_database(url, Path("."), 2, 10.0)
-    prune_store = SqlStore(prune_db, group_commit=False)
-    prune_tx: list[float] = []
-    prune_kinds: dict[str, float] = {}
-    timed_runs(prune_store, prune_tx, prune_kinds)
+    # The prune runs in a process of its own, as on another instance: its transactions are
+    # timed on an event loop the 16 workers do not share.
+    ctx = multiprocessing.get_context("spawn")
+    prune_stop = ctx.Event()
+    receive, send = ctx.Pipe(duplex=False)
+    prune_proc = ctx.Process(
+        target=pruner_process, args=(url, args.keep, args.prune_every, prune_stop, send)
+    )
+    prune_proc.start()
     watch_db = await open_database(url, Path("."), 1, 10.0)
     watch = SqlStore(watch_db, group_commit=False)
 
@@ -206,7 +232,6 @@ async def run(url: str, args: Any, hold: tuple[float, float] | None) -> dict[str
     counter = itertools.count()
     finished = [0]
     samples: list[dict[str, Any]] = []
-    prunes: list[dict[str, Any]] = []
     marks: dict[str, float] = {}
     t0 = time.monotonic()
     deadline = t0 + args.seconds if args.seconds else None
@@ -221,20 +246,23 @@ async def run(url: str, args: Any, hold: tuple[float, float] | None) -> dict[str
             await lifecycle(store, n, claims, intakes)
             finished[0] += 1
 
-    background: list[Awaitable[Any]] = [
-        pruner(prune_store, args.keep, args.prune_every, stop, prunes),
-        sampler(url, watch, t0, lambda: finished[0], claims, intakes, stop, samples),
+    tasks: list[asyncio.Task[None]] = [
+        asyncio.create_task(
+            sampler(url, watch, t0, lambda: finished[0], claims, intakes, stop, samples)
+        ),
     ]
-    tasks = [asyncio.create_task(c) for c in background]  # type: ignore[arg-type]
     if hold is not None:
         tasks.append(asyncio.create_task(holder(url, hold[0], hold[1], t0, marks)))
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
     if hold is not None:
         await tasks[-1]
     stop.set()
+    prune_stop.set()
     await asyncio.gather(*tasks)
     elapsed = time.monotonic() - t0
-    for s in (store, prune_store, watch):
+    prunes = await asyncio.to_thread(receive.recv)
+    prune_proc.join()
+    for s in (store, watch):
         await s.close()
     return {
         "jobs": finished[0],
@@ -242,11 +270,11 @@ async def run(url: str, args: Any, hold: tuple[float, float] | None) -> dict[str
         "keep_s": args.keep,
         "prune_every_s": args.prune_every,
         "samples": samples,
-        "prunes": prunes,
-        "prune_tx_max_ms": max(prune_tx, default=0.0) * 1e3,
-        "prune_tx_p99_ms": percentile(prune_tx, 99) * 1e3 if prune_tx else 0.0,
-        "prune_tx_count": len(prune_tx),
-        "prune_tx_max_ms_by_kind": {k: v * 1e3 for k, v in prune_kinds.items()},
+        "prunes": prunes["runs"],
+        "prune_tx_max_ms": prunes["tx_max_ms"],
+        "prune_tx_p99_ms": prunes["tx_p99_ms"],
+        "prune_tx_count": prunes["tx_count"],
+        "prune_tx_max_ms_by_kind": prunes["tx_max_ms_by_kind"],
         "marks": marks,
     }
 

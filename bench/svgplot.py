@@ -22,7 +22,7 @@ class Series:
 def _nice_step(span: float, ticks: int = 6) -> float:
     raw = span / ticks if span > 0 else 1.0
     mag = 10 ** math.floor(math.log10(raw))
-    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    return float(next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw))
 
 
 def line_chart(

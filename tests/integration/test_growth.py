@@ -99,6 +99,9 @@ async def test_the_tables_reported_are_the_tables_migrated(
             )
             assert sum(growth.table_bytes.values()) == file_bytes
     assert all(n > 0 for t, n in growth.table_bytes.items() if t != FREE_PAGES), growth
+    if backend == "sqlite":
+        # auto_vacuum's pointer-map pages belong to no table: counted apart.
+        assert growth.table_bytes["*other"] >= 4096
 
 
 async def test_table_bytes_grow_with_rows(
@@ -119,7 +122,7 @@ async def test_table_bytes_grow_with_rows(
     if backend == "sqlite":
         # The file grew by what the table took: the other tables stayed as they were.
         grown = {t for t in after.table_bytes if after.table_bytes[t] != before.table_bytes.get(t)}
-        assert grown <= {table, FREE_PAGES}, (before, after)
+        assert grown <= {table, FREE_PAGES, "*other"}, (before, after)
 
 
 @sqlite_only
@@ -151,6 +154,13 @@ async def test_sqlite_free_pages_and_the_whole_file(
 
     async with raw_db(db_url) as db:
         await db.execute("VACUUM")
+    assert (await store.growth()).table_bytes[FREE_PAGES] == 0
+    # outbox.prune gives the free pages back itself (incremental vacuum, decision 0035).
+    async with raw_db(db_url) as db:
+        await db.execute(INSERT_ROWS, MANY)
+        await db.execute("DELETE FROM website_registrations")
+    assert (await store.growth()).table_bytes[FREE_PAGES] >= 64 * 1024
+    assert await store.give_back_space() > 0
     assert (await store.growth()).table_bytes[FREE_PAGES] == 0
 
 

@@ -97,7 +97,7 @@ async def test_one_transaction_deletes_at_most_batch_rows(
     assert relay_rows == 3
     cost = 1 + per_job[jobs[0]] + 1  # the job, its events, its relay row
     later = time.time() + 60
-    params = {"before": later, "dead_before": later, "limit": 2 * cost - 1}
+    params = {"before": later, "dead_before": later, "limit": 2 * cost - 1, "candidates": 10}
     # Room for one job and most of a second: one job goes, and the prune knows more are left.
     n, more = await store.db.run(partial(store._prune_jobs, params))
     assert (n, more) == (1, True)

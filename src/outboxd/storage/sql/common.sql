@@ -693,7 +693,7 @@ SELECT j.id,
   FROM jobs j
  WHERE (j.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND j.finished_at < :before)
     OR (j.status = 'DEAD' AND j.finished_at < :dead_before)
- LIMIT :limit;
+ LIMIT :candidates;
 
 -- name: delete_job_events_of
 -- :ids is a JSON array of job ids: their timelines go with them (prune).

@@ -349,12 +349,13 @@ SELECT s.relname AS name,
 -- name: growth_oldest_transaction
 -- How long the oldest transaction open in this database has run: any session's with a
 -- transaction under way, idle in it or not, and any prepared transaction; this read's own
--- session aside. That transaction holds back vacuum: no row deleted or updated since it began
--- can be removed until it ends. Other roles' sessions show their times only to a role with
+-- session and autovacuum's workers aside (a vacuum's own snapshot holds back no other vacuum).
+-- That transaction holds back vacuum: no row deleted or updated since it began can be removed
+-- until it ends. Other roles' sessions show their times only to a role with
 -- pg_read_all_stats (pg_monitor); without it they are not seen (docs/operations.md).
 SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp() - min(t.started)) AS double precision) AS age_s
   FROM (SELECT xact_start AS started FROM pg_stat_activity
          WHERE datname = current_database() AND xact_start IS NOT NULL
-           AND pid <> pg_backend_pid()
+           AND pid <> pg_backend_pid() AND backend_type <> 'autovacuum worker'
         UNION ALL
         SELECT prepared FROM pg_prepared_xacts WHERE database = current_database()) AS t;

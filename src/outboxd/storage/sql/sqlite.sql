@@ -17,14 +17,17 @@ SELECT page_count * page_size AS bytes,
 
 -- name: growth_tables
 -- Each table's pages with its indexes' (an index's row in sqlite_master names its table; the
--- catalog, which has no row of its own, by its own name), then the free pages: each page of
--- the file is counted in one row, so the rows add up to the file's size. SQLite keeps no dead
--- rows (a deleted row's space is reused in place or freed), so none are counted.
+-- catalog, which has no row of its own, by its own name), then the free pages, then `*other`:
+-- the pages of no table (incremental auto-vacuum's pointer maps). Each page of the file is
+-- counted in one row, so the rows add up to the file's size. SQLite keeps no dead rows (a
+-- deleted row's space is reused in place or freed), so none are counted.
 SELECT coalesce(m.tbl_name, d.name) AS name, sum(d.pgsize) AS bytes, NULL AS live, NULL AS dead
   FROM dbstat AS d LEFT JOIN sqlite_master AS m ON m.name = d.name
  GROUP BY coalesce(m.tbl_name, d.name)
 UNION ALL
-SELECT '*free', :free_bytes, NULL, NULL;
+SELECT '*free', :free_bytes, NULL, NULL
+UNION ALL
+SELECT '*other', :bytes - :free_bytes - (SELECT coalesce(sum(pgsize), 0) FROM dbstat), NULL, NULL;
 
 -- name: growth_tables_whole_file
 -- `growth_tables` for a file that is not split (no dbstat, or too large): the tables together
