@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import multiprocessing
 import time
 import uuid
@@ -279,6 +280,10 @@ async def run(url: str, args: Any, hold: tuple[float, float] | None) -> dict[str
     }
 
 
+HEAD = ("run", "jobs", "s", "size at 100k", "largest after", "ratio", "claim p99 first (ms)")
+HEAD += ("claim p99 worst (ms)", "longest prune tx (ms)", "held-tx alert")
+
+
 def summary(label: str, r: dict[str, Any]) -> list[str]:
     samples = r["samples"]
     at_100k = next((s for s in samples if s["jobs"] >= 100_000), samples[-1])
@@ -338,9 +343,22 @@ async def main_async() -> int:
             "--hold-at": {"type": float, "default": 0.0},
             "--hold-for": {"type": float, "default": 0.0},
             "--svg": {"type": Path, "default": None},
+            "--plot-from": {
+                "type": Path,
+                "nargs": "+",
+                "help": "draw --svg from earlier runs' --json-out files, run nothing",
+            },
         },
     )
     args = bench.args
+    if args.plot_from:
+        runs: dict[str, Any] = {}
+        for f in args.plot_from:
+            runs.update(json.loads(f.read_text())["results"])
+        emit(table("Churn", HEAD, [summary(k, v) for k, v in runs.items()]))
+        if args.svg:
+            plot(args.svg, runs)
+        return 0
     if not args.jobs and not args.seconds:
         args.jobs = 20_000 if args.quick else 300_000
     if await pg_version() is None:
@@ -352,10 +370,7 @@ async def main_async() -> int:
     with workdir("churn") as wd:
         async with database("postgres", "churn", wd) as url:
             result = await run(url, args, hold)
-    head = ["run", "jobs", "s", "size at 100k", "largest after", "ratio"]
-    head += ["claim p99 first (ms)", "claim p99 worst (ms)", "longest prune tx (ms)"]
-    head += ["held-tx alert"]
-    emit(table("Churn", head, [summary(label, result)]))
+    emit(table("Churn", HEAD, [summary(label, result)]))
     kinds = sorted(result["prune_tx_max_ms_by_kind"].items(), key=lambda kv: -kv[1])
     emit("longest prune transaction of each kind (ms): " + ", ".join(
         f"{k} {v:.1f}" for k, v in kinds))
