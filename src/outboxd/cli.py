@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from outboxd import __version__
 from outboxd.cli_audit import add_audit_parser, audit_command, cli_action, record_cli
 from outboxd.cli_commands import (
     EXIT_FAIL,
@@ -54,13 +55,8 @@ journald each carries a syslog priority. status, outbox list and check-config on
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("outboxd")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
-        return "unknown"
+    """The release number (`outboxd.__version__`), as `outboxd_build_info{version}` says it."""
+    return __version__
 
 
 def _listing_options(p: argparse.ArgumentParser, statuses: Sequence[str], rows: str) -> None:
