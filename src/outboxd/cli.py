@@ -4,7 +4,8 @@ Run `outboxd serve` under systemd (see systemd/outboxd.service); the other comma
 one-shot tools for an operator, against the same config file. `outboxd check-config`
 validates a config the way `serve` would before starting it.
 
-Exit codes: 0 success, 2 bad usage or configuration, 1 anything else.
+Exit codes: 0 success, 2 bad usage or configuration (and `serve` on a schema it must not
+run on), 1 anything else; `migrate --check`: 3 migrations pending, 4 schema too new.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import json
 import os
 import sys
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from outboxd import __version__
 from outboxd.cli_audit import add_audit_parser, audit_command, cli_action, record_cli
 from outboxd.cli_commands import (
     EXIT_FAIL,
@@ -54,13 +55,8 @@ journald each carries a syslog priority. status, outbox list and check-config on
 
 
 def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("outboxd")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
-        return "unknown"
+    """The release number (`outboxd.__version__`), as `outboxd_build_info{version}` says it."""
+    return __version__
 
 
 def _listing_options(p: argparse.ArgumentParser, statuses: Sequence[str], rows: str) -> None:
@@ -109,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="outboxd",
         description=__doc__.split("\n\nExit codes")[0],
-        epilog=_EPILOG + "Exit codes: 0 success, 2 bad usage or configuration, 1 otherwise.",
+        epilog=_EPILOG + "Exit codes: 0 success, 2 bad usage or configuration, 1 otherwise "
+        "(migrate --check: 3 migrations pending, 4 schema too new).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
     )
@@ -121,13 +118,20 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the daemon until SIGTERM/SIGINT. Applies migrations first when "
         "storage.auto_migrate is true; notifies systemd (READY=1, STOPPING=1, WATCHDOG=1).",
     )
-    sub(
+    mg = sub(
         "migrate",
         "apply pending database migrations (Postgres: under an advisory lock)",
         description="Apply the pending database migrations and print their names (or "
         '"up to date"). On Postgres they run under an advisory lock, so several instances '
         "may migrate at once. Needed only with storage.auto_migrate = false: serve "
         "migrates at start otherwise.",
+    )
+    mg.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing: exit 0 when this release runs on the schema as it is (also one "
+        "a newer release migrated), 3 listing the pending migrations, 4 when a newer "
+        "release contracted it past this one",
     )
     st = sub(
         "status",
@@ -240,22 +244,9 @@ def _load(args: argparse.Namespace) -> Settings:
 
 
 def _config_error(exc: ConfigError, daemon: bool = False) -> None:
-    # Under systemd the unit's stderr is the journal too: mark the refusal as an error
-    # (<3>) so `journalctl -p warning` shows why the service does not start.
-    prefix = "<3>" if os.environ.get("JOURNAL_STREAM") else ""
-    text = str(exc)
-    if daemon and not sys.stderr.isatty():
-        # serve's output is JSON lines, this one too (a log reader parses every line).
-        text = json.dumps(
-            {
-                "event": "config_invalid",
-                "level": "error",
-                "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
-                "error": text,
-            },
-            ensure_ascii=False,
-        )
-    print(f"{prefix}{text}", file=sys.stderr)
+    from outboxd.observability import print_refusal
+
+    print_refusal("config_invalid", str(exc), daemon)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

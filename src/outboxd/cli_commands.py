@@ -64,15 +64,71 @@ async def open_store(settings: Settings) -> Any:
     return store
 
 
-async def migrate_command(settings: Settings, _args: argparse.Namespace) -> int:
+async def migrate_command(settings: Settings, args: argparse.Namespace) -> int:
     from outboxd.storage.store import open_configured
 
+    if args.check:
+        return await check_schema(settings)
     store = await open_configured(settings)
     try:
         applied = await store.db.migrate()
     finally:
         await store.close()
     print("applied: " + ", ".join(applied) if applied else "up to date")
+    return EXIT_OK
+
+
+# `migrate --check`: the schema needs migrations this release carries; a newer release's
+# contract migration rules this release out (storage/schema.py).
+EXIT_PENDING, EXIT_TOO_NEW = 3, 4
+
+
+async def check_schema(settings: Settings) -> int:
+    """`migrate --check`: where the database's schema stands against this release, printed,
+    and as the exit code: 0 this release runs on it as it is (its own schema, or a newer
+    release's that only expanded it), EXIT_PENDING with the pending migrations one a line,
+    EXIT_TOO_NEW. Reads only: a SQLite file that does not exist is not created (every
+    migration is pending)."""
+    from outboxd import __version__
+    from outboxd.storage.db import sqlite_path
+    from outboxd.storage.schema import nothing_applied, schema_status
+    from outboxd.storage.store import first_step, open_configured
+
+    url = settings.storage.url
+    missing = None
+    if url.startswith("sqlite:///"):
+        path = sqlite_path(url, settings.base_dir)
+        missing = None if path.is_file() else path
+    if missing is not None:
+        status = nothing_applied("sqlite")
+    else:
+        store = await open_configured(settings)
+        status = await first_step(store, schema_status(store.db))
+        await store.close()
+    release = f"outboxd {__version__}"
+    at = f"the database is at schema {status.database}"
+    if status.too_new:
+        print(
+            f"too new: {at}, contracted by a newer release; {release} (schema {status.known}) "
+            f"must not run on it (it needs code that knows schema {status.floor})"
+        )
+        return EXIT_TOO_NEW
+    if status.pending:
+        if missing is not None:
+            at = f"no database at {missing} yet"
+        elif status.database is None:
+            at = "the database has no schema yet"
+        print(f"{len(status.pending)} migration(s) pending: {at}, {release} needs {status.known}:")
+        for name in status.pending:
+            print(f"  {name}")
+        return EXIT_PENDING
+    if status.newer:
+        print(
+            f"up to date: {at}, migrated by a newer release; {release} (schema {status.known}) "
+            "runs on it"
+        )
+    else:
+        print(f"up to date: {at}, as {release} needs")
     return EXIT_OK
 
 

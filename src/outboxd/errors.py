@@ -7,10 +7,11 @@ class OutboxdError(Exception):
     """Base of every error outboxd raises on purpose: those here, and the ones that belong to
     one layer, defined where they are raised (`ConfigError`, `CronError`, `QueueError`,
     `EmbeddedSqsError`, `PortalError`, `ClassificationError` and `RateLimited`,
-    `InvalidDomain`, `InputError`, `ApiError`, the intake's refusals). `outboxd`'s commands
-    catch this base alone. Not errors, and so not under it: the signals a loop or a handler
-    uses to stop early (`JobCancelled`, `ClientDisconnected`, `HeadersTooLarge`) and
-    `SqsFault`, a raw SQS answer that `queue/failures.py` always turns into a `QueueError`."""
+    `InvalidDomain`, `InputError`, `ApiError`, `SchemaMismatch`, the intake's refusals).
+    `outboxd`'s commands catch this base alone. Not errors, and so not under it: the signals
+    a loop or a handler uses to stop early (`JobCancelled`, `ClientDisconnected`,
+    `HeadersTooLarge`) and `SqsFault`, a raw SQS answer that `queue/failures.py` always
+    turns into a `QueueError`."""
 
 
 class StorageError(OutboxdError):

@@ -7,15 +7,13 @@ from typing import Literal, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
+from outboxd import __version__
+
 
 def package_version() -> str:
-    """The installed outboxd's version ("unknown" from a bare source tree)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("outboxd")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
-        return "unknown"
+    """The release number of the code running (`outboxd.__version__`): the same from a wheel,
+    an editable install or a bare source tree, whatever metadata the environment holds."""
+    return __version__
 
 
 # The tables whose rows can become DEAD (`outboxd_dead_total`), by the names the stats use.

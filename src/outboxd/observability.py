@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import json
 import logging
 import os
 import re
@@ -345,6 +346,26 @@ def unfiltered_logger(name: str) -> Any:
         wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG),
         logger_factory_args=(name,),
     )
+
+
+def print_refusal(event: str, text: str, daemon: bool = False) -> None:
+    """Why a command or `serve` refuses to start, one line on stderr. Under systemd the unit's
+    stderr is the journal too: marked as an error (<3>), so `journalctl -p warning` shows
+    why the service does not start. `serve`'s output is JSON lines, so for `daemon` the line
+    is a JSON object with `event` too, unless stderr is a terminal (a log reader parses
+    every line)."""
+    prefix = "<3>" if os.environ.get("JOURNAL_STREAM") else ""
+    if daemon and not sys.stderr.isatty():
+        text = json.dumps(
+            {
+                "event": event,
+                "level": "error",
+                "timestamp": datetime.now(UTC).isoformat().replace("+00:00", "Z"),
+                "error": text,
+            },
+            ensure_ascii=False,
+        )
+    print(f"{prefix}{text}", file=sys.stderr)
 
 
 def _iso(ts: float) -> str:

@@ -25,7 +25,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from testkit.daemon import listening_url
 from testkit.fakes.portal import SAMPLE_PASSWORD, SAMPLE_SNO
 from testkit.moto import MotoServer
 
+from outboxd import __version__
 from outboxd.security import generate_key, generate_token, hash_token
 from tests.acceptance.conftest import PortalThread, http_request
 from tests.support import postgres as pg
@@ -135,7 +135,9 @@ def test_wheel_to_a_unit_like_service_offline(
     names = {re.split(r"[=@ ]", line)[0].lower().replace("_", "-") for line in frozen.split()}
     assert "outboxd" in names and "aiobotocore" in names, frozen
     assert not names & set(TEST_KIT), names & set(TEST_KIT)
-    assert sh(outboxd, "--version").stdout.strip() == f"outboxd {version('outboxd')}"
+    # The release number from src/outboxd/__init__.py, in the wheel's name and from its CLI.
+    assert wheel.name.startswith(f"outboxd-{__version__}-"), wheel.name
+    assert sh(outboxd, "--version").stdout.strip() == f"outboxd {__version__}"
 
     # The files the unit hands over: config read-only, keys in a credentials directory.
     etc = workdir / "etc"

@@ -33,10 +33,11 @@ from outboxd.daemon.startup import first_done, load_keys, open_when_reachable
 from outboxd.errors import OutboxdError
 from outboxd.http.server import bind_listeners
 from outboxd.metrics import Metrics
-from outboxd.observability import configure_logging
+from outboxd.observability import configure_logging, print_refusal
 from outboxd.queue.sqs import KINDS, SqsQueues, resolve_region
 from outboxd.storage.changes import default_instance
 from outboxd.storage.db import backend_of, known_schema_version
+from outboxd.storage.schema import SchemaMismatch
 from outboxd.tracing import NO_TRACING, Tracing, configure_tracing
 from outboxd.workers.relay import Relay
 
@@ -111,6 +112,19 @@ async def run(settings: Settings, env: Mapping[str, str] | None = None) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             code = await _serve(settings, env, stop, roles, notifier, stack, tracing)
+    except SchemaMismatch as exc:
+        # Exit 2, as a refused config: restarting cannot help (systemd does not), an
+        # operator migrates (or upgrades) first (docs/upgrades.md).
+        status = exc.status
+        log.error(
+            exc.event,
+            error=str(exc),
+            pending=list(status.pending),
+            database_schema=status.database,
+            code_schema=status.known,
+        )
+        print_refusal(exc.event, str(exc), daemon=True)
+        return 2
     except (OutboxdError, OSError, ValueError, ConfigError) as exc:
         log.error("daemon_failed", error=exc)
         return 1

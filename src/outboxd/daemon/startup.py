@@ -1,8 +1,10 @@
-"""Start-up: the store opened once its database answers, the schema warning, the keys.
+"""Start-up: the store opened once its database answers, its schema checked, the keys.
 
 `serve` binds its port first, then waits here for the database (a capped backoff,
 systemd's start timeout pushed back meanwhile), migrates when `storage.auto_migrate`,
-and loads the encryption keys before anything is built (daemon/components.py).
+refuses a schema it must not run on (migrations pending, or contracted by a newer
+release), warns of one a newer release migrated, and loads the encryption keys before
+anything is built (daemon/components.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from outboxd.config import Settings
 from outboxd.daemon.sdnotify import SystemdNotifier
 from outboxd.errors import OutboxdError, StorageUnavailable
 from outboxd.security import KeyRing
-from outboxd.storage.db import known_schema_version, sqlite_path
+from outboxd.storage.db import backend_of, sqlite_path
+from outboxd.storage.schema import (
+    SchemaMismatch,
+    SchemaNotMigrated,
+    nothing_applied,
+    refuse_unless_runnable,
+    schema_status,
+)
 from outboxd.storage.store import SqlStore, first_step, open_configured
 from outboxd.workers.loops import DB_RETRY_BASE_S, DB_RETRY_CAP_S, backoff, sleep_or_stop
 
@@ -27,27 +36,40 @@ log = structlog.get_logger(__name__)
 
 
 async def open_configured_store(settings: Settings) -> SqlStore:
+    """The store, migrated when `storage.auto_migrate`; refused (SchemaMismatch, `serve`
+    exits 2) when its schema is one this code must not run on: migrations pending with
+    `auto_migrate` off, or a newer release's contract migration (storage/schema.py)."""
+    if not settings.storage.auto_migrate:
+        refuse_a_missing_sqlite_file(settings)
     store = await open_configured(settings)
     if settings.storage.auto_migrate:
         applied = await first_step(store, store.db.migrate())
         if applied:
             log.info("migrations_applied", migrations=applied)
-    await first_step(store, warn_if_schema_newer(store))
+    status = await first_step(store, schema_status(store.db))
+    try:
+        refuse_unless_runnable(status)
+    except SchemaMismatch:
+        await store.close()
+        raise
+    if status.newer:
+        # This code runs on it, blind to what the newer migrations added: a release's
+        # migrations keep the release before it working (docs/upgrades.md).
+        log.warning(
+            "schema_newer_than_code",
+            database_schema=status.database,
+            code_schema=status.known,
+            hint="a newer outboxd migrated this database: run that release, or one as new",
+        )
     return store
 
 
-async def warn_if_schema_newer(store: SqlStore) -> None:
-    """`schema_newer_than_code` (a warning, once at start) when a newer release migrated the
-    database: this code runs on it, blind to what the newer migrations added."""
-    database = await store.db.schema_version()
-    known = known_schema_version(store.db.backend)
-    if database is not None and database > known:
-        log.warning(
-            "schema_newer_than_code",
-            database_schema=database,
-            code_schema=known,
-            hint="a newer outboxd migrated this database: run that release, or one as new",
-        )
+def refuse_a_missing_sqlite_file(settings: Settings) -> None:
+    """Without `auto_migrate`, a SQLite file that does not exist is a schema with every
+    migration pending: refused before opening it would create an empty file."""
+    url = settings.storage.url
+    if backend_of(url) == "sqlite" and not sqlite_path(url, settings.base_dir).exists():
+        raise SchemaNotMigrated(nothing_applied("sqlite"))
 
 
 # While `serve` waits for its database or migrates: a `storage_waiting` line at most this

@@ -249,9 +249,20 @@ class PostgresDatabase:
     async def run(self, body: TxBody[T], *, one_statement: bool = False) -> T:
         self._wrote()
         if one_statement:
-            # Autocommit: the statement is its own transaction.
+            # Autocommit: the statement is its own transaction (one whose prepared form a
+            # migration outdated, asyncpg prepares again and reruns itself).
             async with self._acquire() as raw:
                 return await drive_async(OneStatement(_PgConn(raw)), body)
+        try:
+            async with self._transaction() as conn:
+                return await drive_async(conn, body)
+        except StorageError as exc:
+            if not isinstance(exc.__cause__, asyncpg.InvalidCachedStatementError):
+                raise
+        # A migration changed the rows of a table this pool had prepared statements on (a
+        # newer release's, during a rolling upgrade: docs/upgrades.md): asyncpg has dropped
+        # them, and the transaction was rolled back. Once more, on statements prepared anew.
+        log.info("prepared_statements_outdated", detail="a migration changed a table; rerun")
         async with self._transaction() as conn:
             return await drive_async(conn, body)
 
