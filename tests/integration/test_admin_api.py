@@ -244,13 +244,14 @@ async def test_job_redrive_after_credentials_were_erased_is_409(
     await kill_in_processing(store, job.id)
     # outbox.prune past security.dead_retention_s erases a DEAD job's ciphertext.
     counts = await store.prune(0, 0, credentials_before=time.time() + 60, batch=100)
-    assert counts["dead_credentials"] == 1
+    # Its SENT relay row went with the credentials: nothing is left to redrive it from.
+    assert counts["dead_credentials"] == 1 and counts["relay_sent"] == 1
+    assert await store.latest_relay_row_for_job(job.id) is None
     body = await assert_problem(await api.post(f"/v1/admin/jobs/{job.id}/redrive"), 409, "C11")
     assert "credentials" in body["detail"]
     fresh = await store.get_job(job.id)
     assert fresh is not None and fresh.status == "DEAD"
-    latest = await store.latest_relay_row_for_job(job.id)
-    assert latest is not None and latest.status == "SENT", "no new outbox row was made"
+    assert await store.latest_relay_row_for_job(job.id) is None, "a new outbox row was made"
 
 
 async def test_a_superseded_row_is_history_not_a_dead_letter(

@@ -642,18 +642,13 @@ SELECT status, COUNT(*) AS n, MIN(created_at) AS oldest FROM work_outbox GROUP B
 SELECT status, COUNT(*) AS n, MIN(enqueued_at) AS oldest FROM task_runs GROUP BY status;
 
 -- name: prune_relay_sent
--- Only rows whose job or task is over: a RUNNING job's SENT row is what
--- republish_unfinished needs after a queue loses its messages. A DEAD one is
--- kept (it can be redriven) until security.dead_retention_s has passed.
+-- A DEAD job's SENT row goes with its credentials (:dead_before is
+-- security.dead_retention_s's cut-off): it can no longer be redriven. Every other row goes
+-- with its job or task (the foreign key's cascade), and a RUNNING job's SENT row, which
+-- republish_unfinished needs after a queue loses its messages, stays.
 DELETE FROM relay_outbox WHERE id IN (
-    SELECT r.id FROM relay_outbox r
-      LEFT JOIN jobs j ON r.job_id = j.id
-      LEFT JOIN task_runs t ON r.task_id = t.id
-     WHERE r.status = 'SENT' AND r.sent_at < :before
-       AND (   (j.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND j.finished_at < :before)
-            OR (j.status = 'DEAD' AND j.finished_at < :dead_before)
-            OR (t.status IN ('SUCCEEDED', 'FAILED') AND t.finished_at < :before)
-            OR (t.status = 'DEAD' AND t.finished_at < :dead_before))
+    SELECT r.id FROM jobs j JOIN relay_outbox r ON r.job_id = j.id
+     WHERE j.status = 'DEAD' AND j.finished_at < :dead_before AND r.status = 'SENT'
      LIMIT :limit);
 
 -- name: prune_work_completed
@@ -662,7 +657,9 @@ DELETE FROM work_outbox WHERE id IN (
 
 -- name: prune_finished_tasks
 DELETE FROM task_runs WHERE id IN (
-    SELECT id FROM task_runs WHERE status IN ('SUCCEEDED', 'FAILED') AND finished_at < :before
+    SELECT id FROM task_runs
+     WHERE (status IN ('SUCCEEDED', 'FAILED') AND finished_at < :before)
+        OR (status = 'DEAD' AND finished_at < :dead_before)
      LIMIT :limit);
 
 -- name: prune_dead_credentials
