@@ -32,6 +32,7 @@ from bench.common import (
     table,
 )
 from bench.intake import BARE, BASELINE, OURS
+from bench.sqsreq import describe, per_job
 
 ORDER = (
     "intake",
@@ -42,6 +43,7 @@ ORDER = (
     "e2e",
     "waiters",
     "pgcost",
+    "sqsreq",
     "footprint",
 )
 STUB, OFF = "dispatch stub", "dispatch off"
@@ -148,10 +150,20 @@ def key_figures(r: dict[str, Results]) -> list[list[str]]:
         text = f"{pj['wal_bytes']:,.0f} WAL bytes, {pj['xact_commit']:.1f} commits"
         rows.append([f"one job's life on Postgres, {label}", text])
         rows[-1] += [f"{pj['tup_inserted']:.0f} rows in, {pj['tup_updated']:.0f} updated", ""]
+    sqsreq = r.get("sqsreq", {})
+    for label, res in sqsreq.get("runs", {}).items():
+        name = "this commit" if label == "this" else label
+        text = f"{describe(res)}, {res['empty_receives']} empty receives"
+        rows.append([f"SQS requests per job, c16, {name}", text, "", ""])
     if "footprint" in r:
         i, ld = r["footprint"]["idle"], r["footprint"]["load"]
         idle = f"CPU {i['cpu']:.2%}, RSS {fmt.mib(i['rss_max'])} MiB"
         rows.append(["idle daemon", idle, f"moto child {fmt.mib(i['moto_rss'])} MiB", ""])
+        if "e2e" in r["footprint"]:
+            e = r["footprint"]["e2e"]
+            text = f"{fmt.rate(e['rate'])} jobs SUCCEEDED/s, run p50 {fmt.ms(e['run_p50_ms'])} ms"
+            cpu = f"daemon CPU {fmt.pct(e['cpu'])}, moto {fmt.pct(e['moto_cpu'])}"
+            rows.append(["embedded default end to end (c16, fake portal)", text, cpu, ""])
         load = f"{fmt.rate(ld['ok_rate'])} jobs/s via moto"
         rows.append(["daemon under load (c16)", f"RSS {fmt.mib(ld['rss_max'])} MiB", load, ""])
     return rows
@@ -255,6 +267,18 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
         text = f"{fmt.rate(ours)} vs {fmt.rate(bare)} jobs/s = {ratio(ours, bare):.2f}×"
         parts.append((ratio(ours, bare) >= 1.5, text))
     line("guard: SQLite storage-layer intake ≥ 1.5× the bare one-transaction-per-job loop", parts)
+
+    parts = []
+    runs = r.get("sqsreq", {}).get("runs", {})
+    if "this" in runs:
+        this = runs["this"]
+        ok = this["succeeded"] == this["jobs"] and per_job(this)["total"] <= 0.6
+        text = describe(this)
+        for label, res in runs.items():
+            if label != "this":
+                text += f" vs {label} {per_job(res)['total']:.2f}"
+        parts.append((ok, text))
+    line("SQS requests per job end to end ≤ 0.6 at c16", parts)
 
     parts = []
     for backend, res in r.get("e2e", {}).items():

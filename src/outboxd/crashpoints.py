@@ -19,6 +19,7 @@ POINTS = frozenset(
         "during_handler",
         "after_handler_before_commit",
         "after_handler_before_delete",
+        "before_delete_batch",
         "during_claim",
         "after_classify_before_complete",
     }

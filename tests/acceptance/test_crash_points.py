@@ -45,6 +45,8 @@ POINTS = {
     "after_handler_before_commit": 2,
     # SUCCEEDED is committed, the message not deleted: redelivered and deleted unrun.
     "after_handler_before_delete": 1,
+    # The delete is queued with others (queue/deletes.py), its batch not sent: the same.
+    "before_delete_batch": 1,
 }
 # point -> portal logins once it succeeded, where not 1
 LOGINS = {"after_handler_before_commit": 2}

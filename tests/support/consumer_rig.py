@@ -96,6 +96,21 @@ class RecordingReceiver:
         if kind == "jobs" and not dlq:
             self.visibility_changes.append((receipt_handle, timeout_s))
 
+    async def delete_batch(
+        self, kind: QueueKind, receipt_handles: Sequence[str], dlq: bool = False
+    ) -> dict[str, str]:
+        failed = await self.inner.delete_batch(kind, receipt_handles, dlq)
+        self.deleted.extend(h for h in receipt_handles if h not in failed)
+        return failed
+
+    async def change_visibility_batch(
+        self, kind: QueueKind, receipt_handles: Sequence[str], timeout_s: int, dlq: bool = False
+    ) -> dict[str, str]:
+        failed = await self.inner.change_visibility_batch(kind, receipt_handles, timeout_s, dlq)
+        if kind == "jobs" and not dlq:
+            self.visibility_changes += [(h, timeout_s) for h in receipt_handles if h not in failed]
+        return failed
+
     async def receive_dlq(
         self, kind: QueueKind, max_messages: int, visibility_timeout_s: int
     ) -> list[ReceivedMessage]:

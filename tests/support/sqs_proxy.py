@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -140,3 +141,44 @@ class RefusingGate:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+class CountingProxy:
+    """An SQS endpoint in front of `upstream` that counts every call by action
+    (`X-Amz-Target`) and passes it on; a test that wants some calls answered otherwise
+    overrides `answer` (None: passed on)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.url = ""
+        self.calls: Counter[str] = Counter()
+        # (action, entries in the request, messages in the answer) of every call, in order.
+        self.log: list[tuple[str, int, int]] = []
+
+    async def answer(self, action: str, body: dict[str, Any]) -> web.StreamResponse | None:
+        return None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        action = request.headers.get("X-Amz-Target", "").rpartition(".")[2]
+        body = json.loads(raw or b"{}")
+        self.calls[action] += 1
+        entries = len(body.get("Entries") or [])
+        own = await self.answer(action, body)
+        if own is not None:
+            self.log.append((action, entries, 0))
+            return own
+        status, payload, headers = await forward(self.upstream, request, raw)
+        receive = action == "ReceiveMessage" and status == 200
+        got = len(json.loads(payload).get("Messages") or []) if receive else 0
+        self.log.append((action, entries, got))
+        return web.Response(status=status, body=payload, headers=headers)
+
+    def received(self) -> list[int]:
+        """The number of messages each answered ReceiveMessage handed out, in order."""
+        return [got for action, _, got in self.log if action == "ReceiveMessage"]
+
+
+def sqs_json(payload: dict[str, Any], status: int = 200) -> web.Response:
+    """An answer in SQS's JSON protocol."""
+    return web.json_response(payload, status=status, content_type="application/x-amz-json-1.0")

@@ -2,7 +2,7 @@
 signed with Signature Version 4, on one aiohttp session.
 
 The calls made once per message or per batch (SendMessageBatch, ReceiveMessage,
-DeleteMessage, ChangeMessageVisibility, and the readiness ping) go through here;
+DeleteMessage[Batch], ChangeMessageVisibility[Batch], and the readiness ping) go through here;
 everything else (the credential chain, the region, the endpoint and its CA bundle,
 creating and inspecting queues) is the control plane's, on aiobotocore
 (queue/control_plane.py). The control plane hands this module its view of SQS

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 
 from outboxd.config import SqsSettings
+from outboxd.queue.batches import MAX_BATCH_ENTRIES, by_receipt_handle
 from outboxd.queue.control_plane import (
     CONNECT_TIMEOUT_S,
     CONTROL_READ_TIMEOUT_S,
@@ -71,7 +72,6 @@ KINDS: tuple[QueueKind, ...] = ("jobs", "tasks")
 # follows), but messages are ids and a type; 256 KiB is the contract
 # (docs/contract.md#queue-sqs) and the limit every SQS-compatible server still enforces.
 MAX_MESSAGE_BYTES = 256 * 1024
-MAX_BATCH_ENTRIES = 10  # SendMessageBatch / ReceiveMessage hard limit
 MAX_WAIT_TIME_S = 20  # ReceiveMessage WaitTimeSeconds hard limit
 # Must exceed the longest long poll, or the client cuts every empty poll as a read timeout
 # (and retries it); 10 s margin covers a slow answer after the full wait.
@@ -461,6 +461,22 @@ class SqsQueues:
     async def delete(self, kind: QueueKind, receipt_handle: str, dlq: bool = False) -> None:
         params = {"QueueUrl": self.queue_url(kind, dlq), "ReceiptHandle": receipt_handle}
         await self._plane().call("DeleteMessage", params)
+
+    async def delete_batch(
+        self, kind: QueueKind, receipt_handles: Sequence[str], dlq: bool = False
+    ) -> dict[str, str]:
+        """DeleteMessageBatch of up to 10: the ones SQS failed, receipt handle -> error."""
+        entries = [{"ReceiptHandle": h} for h in receipt_handles]
+        url = self.queue_url(kind, dlq)
+        return await by_receipt_handle(self._plane().call, "DeleteMessageBatch", url, entries)
+
+    async def change_visibility_batch(
+        self, kind: QueueKind, receipt_handles: Sequence[str], timeout_s: int, dlq: bool = False
+    ) -> dict[str, str]:
+        """ChangeMessageVisibilityBatch of up to 10, one timeout for all; as delete_batch."""
+        entries = [{"ReceiptHandle": h, "VisibilityTimeout": timeout_s} for h in receipt_handles]
+        url, call = self.queue_url(kind, dlq), self._plane().call
+        return await by_receipt_handle(call, "ChangeMessageVisibilityBatch", url, entries)
 
     async def change_visibility(
         self, kind: QueueKind, receipt_handle: str, timeout_s: int, dlq: bool = False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,6 +28,7 @@ from outboxd.config import ConsumerSettings, SqsSettings, SuwonScraperSettings
 from outboxd.crashpoints import crash_point
 from outboxd.errors import InvalidState, SecurityError, StorageError
 from outboxd.metrics import Metrics
+from outboxd.queue.deletes import CoalescedDeletes, ConsumerQueues, JobDeletesCoalesced
 from outboxd.queue.messages import IdField
 from outboxd.queue.messages import id_field as _message_id_field  # the one message codec
 from outboxd.queue.sqs import QueueError, QueueKind, ReceivedMessage
@@ -46,6 +48,7 @@ from outboxd.workers.dlq_sweep import DlqQueues, DlqStore, DlqSweep, DlqSweeper,
 from outboxd.workers.handler_slots import HandlerSlots, until_stopped
 from outboxd.workers.login_gate import LoginGate, LoginRun
 from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
+from outboxd.workers.prefetch import Prefetch, hand_out, spawner
 from outboxd.workers.run_start import start_when_marked
 from outboxd.workers.task_runs import TaskRuns
 
@@ -69,14 +72,8 @@ class JobCancelled(Exception):
     """Raised by a run's check hook: the job's cancel was requested, the run stops."""
 
 
-class Receiver(DlqQueues, Protocol):
-    async def receive(
-        self,
-        kind: QueueKind,
-        max_messages: int,
-        wait_time_s: int | None = None,
-        visibility_timeout_s: int | None = None,
-    ) -> list[ReceivedMessage]: ...
+class Receiver(ConsumerQueues, DlqQueues, Protocol):
+    pass
 
 
 class ConsumerStore(DlqStore, LoginLockStore, BreakerStore, TaskControllerStore, Protocol):
@@ -102,7 +99,10 @@ class Consumer:
     ) -> None:
         self._store = store
         self._tracing = tracing
-        self._queues = queues
+        # A job message's delete leaves with others, its handler done (queue/deletes.py).
+        self._deletes = CoalescedDeletes.of_jobs(queues, sqs_settings.visibility_timeout_s)
+        queues = self._queues = JobDeletesCoalesced(queues, self._deletes)
+        self._prefetch = Prefetch(consumer_settings.max_concurrency)  # workers/prefetch.py
         # Every answered receive sets outboxd_consumer_last_receive_timestamp_seconds.
         self._last_receive = metrics.consumer_last_receive
         self._portal = portal
@@ -151,10 +151,13 @@ class Consumer:
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("consumer_started", max_concurrency=self._cs.max_concurrency)
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._receive_loop("jobs", stop, tg))
-            tg.create_task(self._receive_loop("tasks", stop, tg))
-            tg.create_task(sweep_every(stop, self._cs.dlq_sweep_s, lambda: self.sweep_dlq_once()))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._receive_loop("jobs", stop, tg))
+                tg.create_task(self._receive_loop("tasks", stop, tg))
+                tg.create_task(sweep_every(stop, self._cs.dlq_sweep_s, self.sweep_dlq_once))
+        finally:
+            await self._deletes.close()  # the deletes still waiting leave now
         log.info("consumer_stopped")
 
     async def _receive_loop(
@@ -170,13 +173,14 @@ class Consumer:
             if self._sqs_off is not None and self._sqs_off():  # SQS paused by an operator
                 await sleep_or_stop(stop, 0.5)
                 continue
-            # Ask SQS for no more messages than there are free handler slots,
-            # so nothing received waits (invisible) behind a busy handler.
+            # The free handler slots, and (jobs) the few messages more that this consumer's
+            # pace starts within a second (workers/prefetch.py).
             slots = self._slots[kind]
             free = await slots.reserve()
+            ask = self._prefetch.ask(free) if kind == "jobs" else free
             try:
                 messages = await until_stopped(
-                    self._queues.receive(kind, free, self._sqs.wait_time_s), stop
+                    self._queues.receive(kind, ask, self._sqs.wait_time_s), stop
                 )
             except QueueError as exc:
                 await slots.release(free)
@@ -188,8 +192,13 @@ class Consumer:
                 break
             self._last_receive.labels(kind).set_to_current_time()  # empty answers too
             await slots.release(free - len(messages))
-            for msg in messages:
-                tg.create_task(self._handle(kind, msg))
+            start = spawner(tg, functools.partial(self._handle, kind))
+            for msg in messages[:free]:
+                start(msg)
+            if messages[free:]:  # received ahead: each waits for a slot
+                await hand_out(
+                    self._queues, kind, messages[free:], slots, stop, start, self._visibility_s
+                )
 
     async def _wait_for_storage(self, stop: asyncio.Event) -> None:
         """While the database is down: wait the backoff, then see whether it answers (one
@@ -228,10 +237,11 @@ class Consumer:
         except Exception as exc:
             log.exception("handler_crashed", queue=kind, message_id=msg.message_id, error=exc)
         finally:
+            took_s = time.perf_counter() - started
+            if kind == "jobs":  # before the slot frees: the receive it lets go asks by it
+                self._prefetch.observe(took_s)
             await asyncio.shield(self._slots[kind].release(1))
-            self._metrics.handler_duration.labels(kind, outcome).observe(
-                time.perf_counter() - started
-            )
+            self._metrics.handler_duration.labels(kind, outcome).observe(took_s)
 
     # ------------------------------------------------------------------ jobs
 

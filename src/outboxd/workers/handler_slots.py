@@ -10,8 +10,8 @@ from outboxd.queue.sqs import QueueError, ReceivedMessage
 
 
 class HandlerSlots:
-    """Handler slots of one queue: a receive asks for no more messages than are free,
-    so nothing received waits invisible behind a busy handler."""
+    """Handler slots of one queue: a receive asks for the free ones (and the few more the
+    consumer's pace allows to wait, workers/prefetch.py)."""
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
@@ -24,6 +24,12 @@ class HandlerSlots:
             free = min(10, self._capacity - self._busy)
             self._busy += free
             return free
+
+    async def reserve_one(self) -> None:
+        """One slot, once one is free (for a message received ahead)."""
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._busy < self._capacity)
+            self._busy += 1
 
     async def release(self, n: int) -> None:
         if n <= 0:
