@@ -46,7 +46,7 @@ SELECT c.relname AS name, pg_total_relation_size(c.oid) AS total, pg_indexes_siz
  WHERE c.relname = ANY($1::text[]) AND c.relkind = 'r'
 """
 # The alert's rule (contrib/prometheus/alerts.yml, OutboxdTransactionHeldOpen).
-HELD_ALERT_AGE_S = 600.0
+HELD_ALERT_AGE_S = 540.0
 
 
 class Recorder:
@@ -290,7 +290,10 @@ def summary(label: str, r: dict[str, Any]) -> list[str]:
     at_100k = next((s for s in samples if s["jobs"] >= 100_000), samples[-1])
     late = [s for s in samples if s["jobs"] >= at_100k["jobs"]]
     plateau = max(s["bytes"] for s in late)
-    claims = [s["claim_p99_ms"] for s in samples if s["claim_p99_ms"] is not None]
+    # The first window is the first claims on an empty, cold database: the first full one counts.
+    claims = [
+        s["claim_p99_ms"] for s in samples if s["claim_p99_ms"] is not None and s["t"] >= SAMPLE_S
+    ]
     first_p99 = claims[0] if claims else 0.0
     fired = next(
         (s["t"] for s in samples if (s["oldest_tx_s"] or 0.0) > HELD_ALERT_AGE_S), None
@@ -307,6 +310,25 @@ def summary(label: str, r: dict[str, Any]) -> list[str]:
         f"{r['prune_tx_max_ms']:.1f}",
         "-" if fired is None else f"{fired:.0f} s",
     ]
+
+
+def hold_summary(r: dict[str, Any]) -> str:
+    """Table and index bytes at the hold's start and end, 5 minutes after, and at the run's end."""
+    marks = r["marks"]
+    if "hold_end" not in marks:
+        return ""
+
+    def at(t: float) -> float:
+        return float(min(r["samples"], key=lambda s: abs(s["t"] - t))["bytes"])
+
+    start, end = at(marks["hold_start"]), at(marks["hold_end"])
+    after, last = at(marks["hold_end"] + 300), float(r["samples"][-1]["bytes"])
+    return (
+        f"held {marks['hold_end'] - marks['hold_start']:.0f} s from {marks['hold_start']:.0f} s: "
+        f"{fmt.mib(start)} MiB at its start, {fmt.mib(end)} at its end ({end / start:.2f}x), "
+        f"{fmt.mib(after)} 5 minutes later, {fmt.mib(last)} at the run's end "
+        f"({r['samples'][-1]['t'] - marks['hold_end']:.0f} s after it)"
+    )
 
 
 def plot(path: Path, results: dict[str, dict[str, Any]]) -> None:
@@ -357,6 +379,9 @@ async def main_async() -> int:
         for f in args.plot_from:
             runs.update(json.loads(f.read_text())["results"])
         emit(table("Churn", HEAD, [summary(k, v) for k, v in runs.items()]))
+        for v in runs.values():
+            if hold_summary(v):
+                emit(hold_summary(v))
         if args.svg:
             plot(args.svg, runs)
         return 0
@@ -372,6 +397,8 @@ async def main_async() -> int:
         async with database("postgres", "churn", wd) as url:
             result = await run(url, args, hold)
     emit(table("Churn", HEAD, [summary(label, result)]))
+    if hold_summary(result):
+        emit(hold_summary(result))
     kinds = sorted(result["prune_tx_max_ms_by_kind"].items(), key=lambda kv: -kv[1])
     emit("longest prune transaction of each kind (ms): " + ", ".join(
         f"{k} {v:.1f}" for k, v in kinds))
