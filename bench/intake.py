@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,6 @@ from testkit.daemon import FakeProcess
 
 from bench import fmt
 from bench.common import (
-    ROOT,
     Bench,
     Results,
     SqsEndpoint,
@@ -52,6 +49,7 @@ from bench.common import (
     workdir,
 )
 from bench.measure import bare_pg, bare_sqlite_aiosqlite, bare_sqlite_one_hop, measure, ours_op
+from bench.previous import short, tree_of
 
 POOL = 16
 OURS, BARE, AIO = "ours: create_portal_job", "bare: BEGIN+2 INSERT+COMMIT", "bare, aiosqlite"
@@ -150,21 +148,6 @@ def api_server(
     if sqs_url:
         argv += ["--sqs", sqs_url]
     return FakeProcess(wd, "bench.servers", *argv, name=name, timeout_s=60, tree=tree)
-
-
-@contextlib.contextmanager
-def baseline_tree(rev: str | None, wd: Path) -> Iterator[Path | None]:
-    """A detached scratch worktree of `rev` (removed afterwards), or None without one."""
-    if rev is None:
-        yield None
-        return
-    path = wd / "baseline"
-    git = ["git", "-C", str(ROOT)]
-    subprocess.run([*git, "worktree", "add", "--detach", "-q", str(path), rev], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
 
 
 async def run_backend(
@@ -274,15 +257,10 @@ async def main_async() -> int:
     emit(f"trials={timing[0]} × {timing[1]:g} s per point after {timing[2]:g} s; pool={POOL}")
     results: Results = {"backends": {}}
     if args.baseline:
-        rev = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        rev = short(args.baseline)
         results["baseline"] = rev
         emit(f"baseline: the API of {rev}, measured beside this one's")
-    with workdir("intake") as wd, baseline_tree(args.baseline, wd) as base:
+    with workdir("intake") as wd, tree_of(args.baseline, wd) as base:
         sqs = sqs_servers(wd, moto=not args.no_moto)
         try:
             bare = api_server("api-bare", wd, None)

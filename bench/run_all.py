@@ -145,7 +145,7 @@ def key_figures(r: dict[str, Results]) -> list[list[str]]:
             f"all answered {'never' if done is None else f'{done:.2f} s'} after the change"
         ]
         rows[-1].append("")
-    for label, res in r.get("pgcost", {}).items():
+    for label, res in r.get("pgcost", {}).get("runs", {}).items():
         pj = res["per_job"]
         text = f"{pj['wal_bytes']:,.0f} WAL bytes, {pj['xact_commit']:.1f} commits"
         rows.append([f"one job's life on Postgres, {label}", text])
@@ -279,6 +279,23 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
                 text += f" vs {label} {per_job(res)['total']:.2f}"
         parts.append((ok, text))
     line("SQS requests per job end to end ≤ 0.6 at c16", parts)
+
+    parts = []
+    if "pgcost" in r:
+        # Issue #46: half the Postgres work per job. Commits and WAL from the run with group
+        # commit on; the rate beside the previous release, each trial a pair run back to back.
+        pj = r["pgcost"]["runs"]["group commit on"]["per_job"]
+        parts.append((pj["xact_commit"] <= 5, f"{pj['xact_commit']:.2f} commits/job"))
+        parts.append((pj["wal_bytes"] <= 4500, f"{pj['wal_bytes']:,.0f} WAL bytes/job"))
+        prev = r["pgcost"]["previous"]
+        pairs = sorted(t["ratio"] for t in prev["trials"])
+        ours = median([t["ours"]["jobs_per_s"] for t in prev["trials"]])
+        theirs = median([t["previous"]["jobs_per_s"] for t in prev["trials"]])
+        text = f"whole life {fmt.rate(ours)} vs {prev['previous']}'s {fmt.rate(theirs)} jobs/s, "
+        text += f"paired {prev['paired_ratio']:.2f}× ({pairs[0]:.2f}-{pairs[-1]:.2f}×)"
+        parts.append((prev["paired_ratio"] >= 1.6, text))
+    goal = "one job's whole life on Postgres (group commit on): ≤ 5 commits, ≤ 4,500 WAL bytes"
+    line(goal + ", jobs/s ≥ 1.6× the previous release's (5f8e556), paired trials", parts)
 
     parts = []
     for backend, res in r.get("e2e", {}).items():

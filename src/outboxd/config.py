@@ -107,6 +107,10 @@ class ConsumerSettings:
     backoff_base_s: float = 5.0
     # How often each DLQ is swept: messages of work no longer DEAD are deleted.
     dlq_sweep_s: float = 60.0
+    # A run's progress is written at most this often: steps within it of the last write
+    # are held and written with the next write, at most this long later (0: every step
+    # at once). docs/decisions/0037-progress-written-per-interval.md.
+    progress_interval_s: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -303,6 +303,7 @@ def validate(s: Settings) -> None:
         f"({s.sqs.visibility_timeout_s})",
     )
     positive("consumer.dlq_sweep_s")
+    not_negative("consumer.progress_interval_s")
     not_negative("metrics.refresh_s")
     positive("claimer.fixed_delay_s")
     not_negative("claimer.retry_delay_s")

@@ -53,6 +53,15 @@ async def event_types(store: SqlStore, job_id: str) -> list[tuple[str, str]]:
     return [(e.type, e.status) for e in await store.job_events(job_id)]
 
 
+def assert_ends_cancelled(timeline: list[tuple[str, str]]) -> None:
+    """A run stopped by a cancel: its timeline ends `cancel_requested`, then `cancelled`, and
+    in between only the progress steps the worker held when it stopped, written before its
+    outcome (docs/decisions/0037-progress-written-per-interval.md)."""
+    asked = timeline.index(("cancel_requested", "RUNNING"))
+    assert timeline[-1] == ("cancelled", "CANCELLED"), timeline
+    assert set(timeline[asked + 1 : -1]) <= {("progress", "RUNNING")}, timeline
+
+
 async def test_a_queued_job_is_cancelled_at_once_and_never_published(
     two_role_api: tuple[Client, str, str],
     store: SqlStore,
@@ -169,7 +178,7 @@ async def test_a_running_job_stops_before_its_next_portal_request(
     assert await sealed_of(db_url, job_id) == [{"sealed": None, "key_id": None}]
     assert done.result is None and done.finished_at is not None
     timeline = await event_types(store, job_id)
-    assert timeline[-2:] == [("cancel_requested", "RUNNING"), ("cancelled", "CANCELLED")]
+    assert_ends_cancelled(timeline)
     assert [t for t, _ in timeline].count("started") == 1
     [last] = (await store.job_events(job_id))[-1:]
     assert last.detail == {"by": "consumer"}
@@ -358,10 +367,7 @@ async def test_a_cancel_requested_during_a_run_failing_at_its_last_receive_ends_
     assert (done.status, done.error_code) == ("CANCELLED", None)
     await rig.wait_queue_empty(dlq=0)
     assert len(rig.receiver.receives_of(job_id)) == 1
-    assert [t for t, _ in await event_types(rig.store, job_id)][-2:] == [
-        "cancel_requested",
-        "cancelled",
-    ]
+    assert_ends_cancelled(await event_types(rig.store, job_id))
 
 
 async def test_a_backed_off_outbox_row_of_a_cancelled_job_is_never_published(

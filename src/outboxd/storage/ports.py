@@ -180,6 +180,17 @@ class NewEvent:
     detail: Mapping[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class ProgressStep:
+    """One step a run reported (`{"step", "done", "total"}`) and when. A worker holds the
+    steps that come within `consumer.progress_interval_s` of its last write and writes
+    them, each as its own `progress` event with its own time, with the job's next write
+    (workers/progress.py, docs/decisions/0037-progress-written-per-interval.md)."""
+
+    at: float
+    progress: Mapping[str, Any]
+
+
 def redriven_event(at: float, outbox_id: str, by: str | None) -> NewEvent:
     """A redrive's event: the fresh outbox row, and who asked for it when known."""
     detail: dict[str, Any] = {"outboxId": outbox_id}
@@ -350,10 +361,15 @@ class JobStore(Protocol):
 
     async def extend_job_lease(self, job: JobRecord, lease_until: float) -> bool: ...
     async def update_job_progress(
-        self, job: JobRecord, progress: Mapping[str, Any], now: float
+        self,
+        job: JobRecord,
+        progress: Mapping[str, Any],
+        now: float,
+        held: Sequence[ProgressStep] = (),
     ) -> JobRecord | None:
-        """The job after the write (`cancel_requested` tells a worker to stop); None when the
-        guard refused it."""
+        """The job's progress, with a `progress` event for each step `held` (in order,
+        before this one's) and for this one, in one transaction; the job after the write
+        (`cancel_requested` tells a worker to stop); None when the guard refused it."""
         ...
 
     async def finish_job(
@@ -366,10 +382,13 @@ class JobStore(Protocol):
         login_failure: LoginFailure | None = None,
         login_success: str | None = None,
         locked_until: float | None = None,
+        progress: Sequence[ProgressStep] = (),
     ) -> JobRecord | None:
         """The job's outcome; in its transaction (when written) `login_failure` is counted,
         or `login_success`'s (a subject's) failures and throttle are forgotten.
-        `locked_until`: when the PORTAL_LOGIN_LOCKED it ends with runs out."""
+        `locked_until`: when the PORTAL_LOGIN_LOCKED it ends with runs out. `progress`: the
+        steps the run held since its last progress write, their events before the
+        outcome's; the job's progress becomes the last of them."""
         ...
 
     async def job_retry_later(

@@ -49,6 +49,7 @@ from outboxd.workers.handler_slots import HandlerSlots, until_stopped
 from outboxd.workers.login_gate import LoginGate, LoginRun
 from outboxd.workers.loops import LoopFailures, backoff, outage_of, sleep_or_stop
 from outboxd.workers.prefetch import Prefetch, hand_out, spawner
+from outboxd.workers.progress import JobCancelled, ProgressWriter
 from outboxd.workers.run_start import start_when_marked
 from outboxd.workers.task_runs import TaskRuns
 
@@ -66,10 +67,6 @@ class PortalClient(Protocol):
         progress: ProgressCallback,
         check: CheckHook | None = None,
     ) -> dict[str, Any]: ...
-
-
-class JobCancelled(Exception):
-    """Raised by a run's check hook: the job's cancel was requested, the run stops."""
 
 
 class Receiver(ConsumerQueues, DlqQueues, Protocol):
@@ -340,15 +337,11 @@ class Consumer:
     ) -> str:
         job_id = running.id
         state = _RunState(running)
-
-        async def progress(step: str, done: int, total: int) -> None:
-            updated = None
-            with contextlib.suppress(StorageError):
-                updated = await self._store.update_job_progress(
-                    state.job, {"step": step, "done": done, "total": total}, self._clock()
-                )
-            if updated is not None and updated.cancel_requested:
-                raise JobCancelled()
+        # At most one progress write per interval; held steps go with the next write
+        # (workers/progress.py).
+        progress = ProgressWriter(
+            self._store, lambda: state.job, self._clock, self._cs.progress_interval_s
+        )
 
         async def check() -> None:
             """Before each portal request: has the job's cancel been requested?"""
@@ -363,13 +356,13 @@ class Consumer:
         try:
             crash_point("during_handler")
             result = await self._portal.fetch_record(
-                str(creds.get("username", "")), str(creds.get("password", "")), progress, check
+                str(creds.get("username", "")), str(creds.get("password", "")), progress.step, check
             )
         except JobCancelled:
-            await _end(heartbeat, state)
+            await _end(heartbeat, state, progress)
             return await self._cancelled(state.job, msg, bind)
         except PortalError as exc:
-            await _end(heartbeat, state)
+            await _end(heartbeat, state, progress)
             if exc.outage:
                 waits = await self._deps.outage(exc.message, state.job, admitted)
                 if waits is not None:  # the portal is away: the job waits, spending nothing
@@ -383,17 +376,18 @@ class Consumer:
                 state.job, msg, (exc.code, exc.message), exc.retryable, bind, login_failure
             )
         except asyncio.CancelledError:
-            await _end(heartbeat, state)
+            await _end(heartbeat, state, progress)
             # Shutdown past its deadline: give the job back at once.
             await asyncio.shield(self._release_job(state.job, msg))
             raise
         except Exception as exc:
-            await _end(heartbeat, state)
+            await _end(heartbeat, state, progress)
             log.exception("handler_error", error=exc, **bind)
             return await self._after_failure(
                 state.job, msg, ("HANDLER_ERROR", f"{type(exc).__name__}"), True, bind
             )
         await _end(heartbeat, state)
+        held = await progress.settle()  # written with the outcome, in its statement
         await self._deps.through()
         if admitted == PROBE:
             state.job = await self._deps.resumed(state.job)
@@ -406,6 +400,7 @@ class Consumer:
                 self._clock(),
                 result=result,
                 login_success=login.success(),
+                progress=held,
             )
         )
         if finished is None:
@@ -572,9 +567,15 @@ class _RunState:
     beating: bool = True
 
 
-async def _end(heartbeat: asyncio.Task[Any], state: _RunState) -> None:
-    """Stop a job's heartbeat: cancelled now, and in any case gone by its next beat."""
+async def _end(
+    heartbeat: asyncio.Task[Any], state: _RunState, progress: ProgressWriter | None = None
+) -> None:
+    """Stop a job's heartbeat: cancelled now, and in any case gone by its next beat. With
+    `progress` (a run that does not end in `finish_job(progress=...)`): the steps it still
+    holds are written first, so the timeline keeps them."""
     state.beating = False
     heartbeat.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await heartbeat
+    if progress is not None:
+        await asyncio.shield(progress.flush())

@@ -95,15 +95,20 @@ UPDATE jobs SET lease_until = :lease_until
  WHERE id = :id AND version = :version AND status = 'RUNNING';
 
 -- name: update_job_progress
+-- The run's latest step; the steps its worker held since its last write (workers/progress.py)
+-- come as events of the same statement or transaction (`_job_change`'s `held`).
 UPDATE jobs SET progress = :progress, updated_at = :now
  WHERE id = :id AND version = :version AND status = 'RUNNING'
 RETURNING *;
 
 -- name: finish_job
+-- :progress, when not NULL: the last step the run held (workers/progress.py), written with
+-- the outcome, as are the held steps' events.
 UPDATE jobs
    SET status = :status, result = :result, error_code = :error_code,
        error_message = :error_message, finished_at = :now, updated_at = :now,
        locked_until = :locked_until, wait_for = NULL,
+       progress = COALESCE(CAST(:progress AS TEXT), progress),
        lease_until = NULL, sealed = NULL, key_id = NULL, version = version + 1
  WHERE id = :id AND version = :version AND status = 'RUNNING'
 RETURNING *;

@@ -147,6 +147,29 @@ ev AS (
     SELECT id, :ev_at, :ev_type, status, attempts, :ev_instance, :ev_detail FROM changed
 )
 
+-- name: events_of_changed
+-- Several events of one job change in the change's own statement (the `<name>_evs`
+-- blocks): the progress steps a worker held (workers/progress.py), each at its own time,
+-- then the change's own event. :ev_ats, :ev_types, :ev_statuses and :ev_details are
+-- parallel arrays in the order the events happened; a NULL status is the changed row's.
+-- Inserted in that order (ORDER BY the position), so their seqs follow it.
+evs AS (
+    INSERT INTO job_events (job_id, at, type, status, attempt, instance, detail)
+    SELECT changed.id, e.at, e.type, COALESCE(e.status, changed.status), changed.attempts,
+           :ev_instance, e.detail
+      FROM changed,
+           unnest(CAST(:ev_ats AS double precision[]), CAST(:ev_types AS text[]),
+                  CAST(:ev_statuses AS text[]), CAST(:ev_details AS text[]))
+               WITH ORDINALITY AS e(at, type, status, detail, n)
+     ORDER BY e.n
+)
+
+-- name: update_job_progress_evs
+WITH changed AS ({update_job_progress}), {events_of_changed} SELECT * FROM changed;
+
+-- name: finish_job_evs
+WITH changed AS ({finish_job}), {events_of_changed} SELECT * FROM changed;
+
 -- name: start_job_run_ev
 WITH changed AS ({start_job_run}), {event_of_changed} SELECT * FROM changed;
 

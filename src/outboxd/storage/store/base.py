@@ -3,11 +3,11 @@ the steps transaction bodies are made of."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from outboxd.storage.changes import JobChanges
-from outboxd.storage.db import Database, Op, Query, Row, execute, fetch
+from outboxd.storage.db import Database, Op, Query, Row, execute, execute_each, fetch
 from outboxd.storage.group import GroupCommitter
 from outboxd.storage.ports import (
     JobRecord,
@@ -25,6 +25,8 @@ T = TypeVar("T")
 # turns on their own, never with the other cap's (arbitrary constants, "obj1" and "obw1").
 JOBS_CAP = 0x6F626A31
 WEBSITES_CAP = 0x6F627731
+# The status of the held events a change carries: the run's, while it ran.
+HELD_STATUS = "RUNNING"
 
 
 class StoreBase:
@@ -64,28 +66,57 @@ class StoreBase:
         }
 
     def _job_change(
-        self, name: str, params: Mapping[str, Any], event: NewEvent
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        event: NewEvent,
+        held: Sequence[NewEvent] = (),
     ) -> Generator[Op, Any, Row | None]:
         """The job row block `name` changes and returns (None: its guard refused), with
         `event` in its timeline: in the same statement where the driver can
-        (`events_in_statement`: the block `<name>_ev`), else right after it."""
+        (`events_in_statement`: the block `<name>_ev`), else right after it.
+
+        `held`: events of the run that happened before this change and were not written
+        yet (progress steps a worker held, workers/progress.py), recorded before `event`
+        in the same statement or transaction, as RUNNING (a change that carries them is
+        guarded on RUNNING) with the run's attempt."""
         ev = self._event_params(event)
+        if held and self.db.features.events_in_statement:
+            # One statement still: the events as parallel arrays (the block `<name>_evs`).
+            each = [*held, event]
+            arrays = {
+                "ev_ats": [e.at for e in each],
+                "ev_types": [e.type for e in each],
+                "ev_statuses": [HELD_STATUS] * len(held) + [None],
+                "ev_details": [dump(e.detail) for e in each],
+                "ev_instance": self.instance,
+            }
+            return (yield from self._one(f"{name}_evs", {**params, **arrays}))
         if self.db.features.events_in_statement:
             return (yield from self._one(f"{name}_ev", {**params, **ev}))
         row = yield from self._one(name, params)
         if row is not None:
-            after = {"ev_status": row["status"], "ev_attempt": row["attempts"]}
-            yield execute(self.q["insert_job_event"], {**ev, **after, "job_id": row["id"]})
+            run = {"ev_attempt": row["attempts"], "job_id": row["id"]}
+            earlier = [{**self._event_params(e), **run, "ev_status": HELD_STATUS} for e in held]
+            last = {**ev, **run, "ev_status": row["status"]}
+            if earlier:
+                yield execute_each(self.q["insert_job_event"], [*earlier, last])
+            else:
+                yield execute(self.q["insert_job_event"], last)
         return row
 
     async def _job_write(
-        self, name: str, params: Mapping[str, Any], event: NewEvent
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        event: NewEvent,
+        held: Sequence[NewEvent] = (),
     ) -> JobRecord | None:
         """`_job_change` as a transaction of its own (one statement where the event is part
         of it); the job as changed, None when the guard refused."""
 
         def body() -> Generator[Op, Any, JobRecord | None]:
-            row = yield from self._job_change(name, params, event)
+            row = yield from self._job_change(name, params, event, held)
             return job_record(row) if row is not None else None
 
         job = await self.db.run(body, one_statement=self.db.features.events_in_statement)

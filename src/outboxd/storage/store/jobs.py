@@ -23,6 +23,7 @@ from outboxd.storage.ports import (
     NewEvent,
     NewPortalJob,
     Page,
+    ProgressStep,
     RelayRow,
     redriven_event,
 )
@@ -39,6 +40,12 @@ from outboxd.storage.store.records import (
     new_relay_params,
     relay_record,
 )
+
+
+def progress_events(steps: Sequence[ProgressStep]) -> list[NewEvent]:
+    """A `progress` event per step, each at its own time."""
+    return [NewEvent("progress", s.at, dict(s.progress)) for s in steps]
+
 
 # How often a cancel looks at a job that others keep changing before it answers 503.
 _CANCEL_LOOKS = 3
@@ -223,12 +230,17 @@ class SqlJobs(StoreBase):
         )
 
     async def update_job_progress(
-        self, job: JobRecord, progress: Mapping[str, Any], now: float
+        self,
+        job: JobRecord,
+        progress: Mapping[str, Any],
+        now: float,
+        held: Sequence[ProgressStep] = (),
     ) -> JobRecord | None:
         return await self._job_write(
             "update_job_progress",
             {"id": job.id, "version": job.version, "progress": dump(progress), "now": now},
             NewEvent("progress", now, dict(progress)),
+            progress_events(held),
         )
 
     async def finish_job(
@@ -241,6 +253,7 @@ class SqlJobs(StoreBase):
         login_failure: LoginFailure | None = None,
         login_success: str | None = None,
         locked_until: float | None = None,
+        progress: Sequence[ProgressStep] = (),
     ) -> JobRecord | None:
         params = {
             "id": job.id,
@@ -251,17 +264,20 @@ class SqlJobs(StoreBase):
             "error_message": error[1] if error else None,
             "now": now,
             "locked_until": locked_until,
+            # The run's last step, when it held some: the progress the job ends with.
+            "progress": dump(progress[-1].progress) if progress else None,
         }
         event = (
             NewEvent("succeeded", now)
             if status == "SUCCEEDED"
             else NewEvent("failed", now, {"code": error[0] if error else None})
         )
+        held = progress_events(progress)
         if login_failure is None and login_success is None:
-            return await self._job_write("finish_job", params, event)
+            return await self._job_write("finish_job", params, event, held)
 
         def body() -> Generator[Op, Any, JobRecord | None]:
-            row = yield from self._job_change("finish_job", params, event)
+            row = yield from self._job_change("finish_job", params, event, held)
             if row is None:
                 return None  # another holder's outcome: the login is not ours to count
             if login_success is not None:
