@@ -16,11 +16,11 @@ its wait still wakes it. The holds entering in one turn of the loop share that r
 (`Hold.current`: a read started after all of them registered). Ten thousand may be held at
 once, so a hold is one slotted object and one future, its deadline a slot of one shared
 wheel of timers (`TICK_S`), and the request awaits the future itself
-(docs/decisions/0037-held-waits-cost-little.md). `api.max_waiters` bounds the requests held at once, jobs and
-views together, and `api.max_waiters_per_user` one user's share of them, so one user
-cannot take every hold; the daemon's stop Event answers all of them at once. (Each held
-request keeps its HTTP connection: `api.max_waiters` stays below `server.max_connections`,
-config_file.py, so held requests cannot fill the listener.)
+(docs/decisions/0037-held-waits-cost-little.md). `api.max_waiters` bounds the requests
+held at once, jobs and views together, and `api.max_waiters_per_user` one user's share of
+them, so one user cannot take every hold; the daemon's stop Event answers all of them at
+once. (Each held request keeps its HTTP connection: `api.max_waiters` stays below
+`server.max_connections`, config_file.py, so held requests cannot fill the listener.)
 """
 
 from __future__ import annotations
