@@ -51,8 +51,9 @@ KEY_RE = re.compile(r"^[!-~]{1,255}$")
 USERNAME_RE = re.compile(r"^[!-@\[-~]{1,64}$")  # printable ASCII, no capital letters
 CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 PORTALS = frozenset({"suwon"})
-# Enqueue `payload` under `dedupe` (the caller's key): the job id, and whether it was there.
-Enqueue = Callable[[bytes, str], Awaitable[tuple[str, bool]]]
+# Enqueue a job of these fields under `dedupe` (the caller's key): its id, and whether it was
+# there already.
+Enqueue = Callable[[dict[str, str], str], Awaitable[tuple[str, bool]]]
 
 
 def problem(status: int, detail: str) -> web.Response:
@@ -84,7 +85,7 @@ def intake(enqueue: Enqueue) -> Callable[[web.Request], Awaitable[web.Response]]
             fields = None
         if fields is None:
             return problem(400, "the body must be {portal, username, password}")
-        job_id, replayed = await enqueue(json.dumps(fields).encode(), f"{USER}:{key}")
+        job_id, replayed = await enqueue(fields, f"{USER}:{key}")
         headers = {"Location": f"/v1/jobs/{job_id}"}
         if replayed:
             headers["Idempotent-Replayed"] = "true"
@@ -103,13 +104,14 @@ async def pgqueuer_enqueue(dsn: str, cleanups: list[Any]) -> Enqueue:
     cleanups.append(pool.close)
     queries = Queries.from_asyncpg_pool(pool)
 
-    async def enqueue(payload: bytes, dedupe: str) -> tuple[str, bool]:
+    async def enqueue(fields: dict[str, str], dedupe: str) -> tuple[str, bool]:
+        payload = json.dumps(fields).encode()
         try:
             ids = await queries.enqueue("portal_link", payload, dedupe_key=dedupe)
         except DuplicateJobError:
             found = await pool.fetchval("SELECT id FROM pgqueuer WHERE dedupe_key = $1", dedupe)
             if found is None:  # it finished meanwhile: the key is free again
-                return await enqueue(payload, dedupe)
+                return await enqueue(fields, dedupe)
             return str(found), True
         return str(ids[0]), False
 
@@ -131,8 +133,7 @@ async def procrastinate_enqueue(dsn: str, cleanups: list[Any]) -> Enqueue:
     await app.open_async()
     cleanups.append(app.close_async)
 
-    async def enqueue(payload: bytes, dedupe: str) -> tuple[str, bool]:
-        fields = json.loads(payload)
+    async def enqueue(fields: dict[str, str], dedupe: str) -> tuple[str, bool]:
         try:
             job_id = await portal_link.configure(queueing_lock=dedupe).defer_async(**fields)
         except AlreadyEnqueued:
@@ -142,7 +143,7 @@ async def procrastinate_enqueue(dsn: str, cleanups: list[Any]) -> Enqueue:
                 lock=dedupe,
             )
             if row is None:  # it started meanwhile: the lock is free again
-                return await enqueue(payload, dedupe)
+                return await enqueue(fields, dedupe)
             return str(row["id"]), True
         return str(job_id), False
 
