@@ -31,6 +31,10 @@ from bench.common import (
     ratio,
     table,
 )
+from bench.door import OFF as DOOR_OFF
+from bench.door import ON as DOOR_ON
+from bench.door import PEERS as DOOR_PEERS
+from bench.door import paired as door_paired
 from bench.intake import BARE, BASELINE, OURS
 from bench.sqsreq import describe, per_job
 
@@ -39,6 +43,7 @@ ORDER = (
     "sustained",
     "relay",
     "peers",
+    "door",
     "claimer",
     "e2e",
     "waiters",
@@ -124,6 +129,9 @@ def key_figures(r: dict[str, Results]) -> list[list[str]]:
     for name, rs in r.get("peers", {}).items():
         peer_rate = med(rs, "ok_rate" if "ok_rate" in rs[0] else "rate")
         rows.append([f"peers, {name}", f"{fmt.rate(peer_rate)} jobs/s", "", ""])
+    for name, rs in r.get("door", {}).items():
+        rate = f"{fmt.rate(med(rs, 'ok_rate'))} jobs/s, p99 {fmt.ms(med(rs, 'p99_ms'))} ms"
+        rows.append([f"the door, c16, {name}", rate, "", ""])
     for backend, res in r.get("claimer", {}).items():
         first, last, pr = res["stages"][0], res["stages"][-1], res["prune"]
         p0, p1 = first["claims"]["both_p50"], last["claims"]["both_p50"]
@@ -259,6 +267,32 @@ def goals(r: dict[str, Results]) -> list[tuple[bool, str, str]]:
             parts.append((ratio(ours, theirs) >= need, text))
     goal = "guard: storage-layer intake ≥ 3× pgqueuer enqueue and ≥ 3× procrastinate defer_async"
     line(goal + " (Postgres)", parts)
+
+    parts = []
+    door = r.get("door", {})
+    if door:
+        # Each trial of ours ran right beside the same trial of each peer: paired ratios.
+        for mode, need in ((DOOR_OFF, 1.5), (DOOR_ON, 1.0)):
+            for label in DOOR_PEERS.values():
+                pairs = door_paired(door[mode], door[label])
+                text = f"{mode} {fmt.rate(med(door[mode], 'ok_rate'))} vs {label} "
+                text += f"{fmt.rate(med(door[label], 'ok_rate'))} = {median(pairs):.2f}× "
+                text += f"({pairs[0]:.2f}-{pairs[-1]:.2f})"
+                parts.append((median(pairs) >= need, text))
+    goal = "the door: the API (Postgres, c16) ≥ 1.5× an aiohttp handler over pgqueuer and over"
+    line(goal + " procrastinate with dispatch off, ≥ 1.0× both with dispatch on, paired", parts)
+
+    parts = []
+    for backend, res in r.get("waiters", {}).items():
+        grew, p99 = res["rss_held"] - res["rss_before"], res["healthz_p99_ms"]
+        # Per 10,000 held, should a run hold fewer (the listen backlog, a refused connection).
+        per_10k = grew * 10_000 / res["held"] if res["held"] else float("inf")
+        answered = res["answered"] == res["held"] and res["all_answered_s"] is not None
+        text = f"{backend} {res['held']:,} held, RSS +{fmt.mib(per_10k)} MiB per 10,000, "
+        text += f"/healthz p99 {fmt.ms(p99)} ms, {res['answered']:,} answered"
+        parts.append((per_10k <= 100 * 2**20 and p99 <= 50 and answered, text))
+    goal = "10,000 held Prefer: wait requests add ≤ 100 MiB of RSS, /healthz p99 ≤ 50 ms while"
+    line(goal + " held, every one answered after the change", parts)
 
     parts = []
     if "sqlite" in intake:

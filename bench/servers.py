@@ -234,6 +234,10 @@ async def serve(app: web.Application, port_file: Path, info: dict[str, Any]) -> 
     testkit's FakeProcess waits for), and run until SIGTERM or SIGINT."""
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
+    if app.get(STUB) is None:
+        from outboxd.http.app import trim_middleware_chain
+
+        trim_middleware_chain(app)  # as the daemon's API server does once set up
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     sockets = getattr(site._server, "sockets", None) or []

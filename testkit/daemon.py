@@ -197,9 +197,11 @@ class FakeProcess:
         name: str = "",
         timeout_s: float = 20.0,
         tree: Path | None = None,
+        python: str | None = None,
     ) -> None:
         """`tree`: another checkout to run the module from (its own code first on the path),
-        e.g. an earlier commit measured beside this one."""
+        e.g. an earlier commit measured beside this one; `python`: another interpreter (a
+        virtualenv of its own, e.g. the benchmark's peers), this one's without it."""
         name = name or module.rsplit(".", 1)[-1]
         self.port_file = workdir / f"{name}.port.json"
         self.port_file.unlink(missing_ok=True)
@@ -210,7 +212,7 @@ class FakeProcess:
             env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}:{tree}"}
         with self.log_path.open("ab") as sink:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, "--port-file", str(self.port_file), *args],
+                [python or sys.executable, "-m", module, "--port-file", str(self.port_file), *args],
                 stdout=sink,
                 stderr=sink,
                 stdin=subprocess.DEVNULL,

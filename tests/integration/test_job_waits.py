@@ -199,7 +199,10 @@ async def test_a_held_request_holds_no_database_connection(
     job_id, etag = await new_job(client)
     reads = Calls(store, "get_job")
     requests = [asyncio.ensure_future(held(client, job_id, 30, etag)) for _ in range(20)]
-    await reads.reach(20)  # a hold registers before its read: let the reads end
+    # A hold registers before its read (the holds entering together share one): every
+    # request held, and reads back (on Postgres, every pooled connection idle below).
+    await until_held(client, 20)
+    await reads.reach(1)
     if store.backend == "postgres":
         pool = store.db._pool  # type: ignore[attr-defined]
         await eventually(

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import time
 import zlib
@@ -448,3 +449,18 @@ def test_a_header_flood_leaves_the_daemon_rss_bounded(make_daemon: MakeDaemon) -
     assert any(a.startswith(b"HTTP/1.1 431") for a in answered), answered
     assert daemon.running()
     assert daemon.terminate() == 0
+
+
+def test_pipelined_requests_are_answered_in_order(live: LiveApi) -> None:
+    """Three requests in one write: aiohttp queues those behind the first (in the guarded
+    handler's list, not a deque: docs/decisions/0038-held-waits-cost-little.md) and answers
+    each in turn, the last closing the connection as it asked."""
+    host = f"Host: 127.0.0.1:{live.port}\r\n".encode()
+    raw = b"GET /healthz HTTP/1.1\r\n" + host + b"\r\n"
+    raw += b"GET /v1/jobs/no-such-job HTTP/1.1\r\n" + host + b"\r\n"
+    raw += b"GET /healthz HTTP/1.1\r\n" + host + b"Connection: close\r\n\r\n"
+    with contextlib.closing(live.connect()) as sock:
+        sock.sendall(raw)
+        data = read_until_closed(sock, CLOSE_WITHIN_S + 5)
+    # Each answer's status line follows the last one's body directly.
+    assert [int(s) for s in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)] == [200, 404, 200]

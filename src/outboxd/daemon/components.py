@@ -20,7 +20,7 @@ from aiohttp import web
 from outboxd.config import ServerSettings, Settings
 from outboxd.daemon.readiness import DependencyReadiness
 from outboxd.daemon.runtime import ConsoleRuntime, Throughput
-from outboxd.http.app import create_app
+from outboxd.http.app import create_app, trim_middleware_chain
 from outboxd.http.deps import ApiDeps
 from outboxd.http.server import GuardedSite, guard_app
 from outboxd.metrics import Metrics
@@ -132,6 +132,7 @@ class ApiServer:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._runner.setup()
+        trim_middleware_chain(self._runner.app)
         site = GuardedSite(
             self._runner, self._host, self._port, self._limits, self._handler_kwargs, self._sockets
         )

@@ -126,7 +126,17 @@ async def edge_middleware(
     started = time.perf_counter()
     route = _route_name(request)
     try:
-        response = await _guarded(request, handler, edge)
+        # The checks and the error mapping are plain functions, not a coroutine of their
+        # own: a held request (Prefer: wait) keeps every frame it awaits through, and ten
+        # thousand may be held (docs/decisions/0038-held-waits-cost-little.md).
+        try:
+            _admit(request, edge)
+            response = await handler(request)
+        except Exception as exc:
+            failed = _failed(request, exc, edge)
+            if failed is None:
+                raise
+            response = failed
         matched = request.match_info.route
         if matched in edge.audited or request.get(AUDITED):
             await _audit(request, edge.operation.get(matched, route), response.status)
@@ -152,49 +162,47 @@ async def edge_middleware(
     return response
 
 
-async def _guarded(
-    request: web.Request,
-    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
-    edge: _Edge,
-) -> web.StreamResponse:
-    try:
-        match = request.match_info
-        http_exc = match.http_exception
-        if request.method == "CONNECT":
-            raise ApiError(
-                METHOD_NOT_ALLOWED, "CONNECT is not allowed", headers={"Allow": "GET, POST"}
-            )
-        if not edge.tokens.enabled:
-            _this_operator_only(request)
-        if isinstance(http_exc, web.HTTPMethodNotAllowed):
-            allow = ", ".join(sorted(http_exc.allowed_methods))
-            raise ApiError(
-                METHOD_NOT_ALLOWED,
-                f"{request.method} is not allowed here",
-                headers={"Allow": allow},
-            )
-        if http_exc is not None:
-            raise ApiError(NOT_FOUND, "no such resource")
-        access = edge.access.get(match.route, "user")
-        if access != "public":
-            principal = _authenticate(request, edge.tokens)
-            request[PRINCIPAL] = principal
-            if access != "user" and not principal.can(access):
-                raise ApiError(FORBIDDEN, f"this operation needs the {access} role or above")
-        return await handler(request)
-    except ApiError as err:
-        return problem(request, err)
-    except inputs.NoSuchId:
-        return problem(request, ApiError(NOT_FOUND, "no such resource"))
-    except InputError as exc:
-        return problem(
-            request,
-            ApiError(VALIDATION_FAILED, str(exc), [{"field": exc.field, "message": exc.message}]),
+def _admit(request: web.Request, edge: _Edge) -> None:
+    """What every request passes before its handler (ApiError otherwise): not CONNECT, the
+    operator's own with auth off, a route that exists for its method, its caller
+    authenticated with the role the route needs."""
+    match = request.match_info
+    http_exc = match.http_exception
+    if request.method == "CONNECT":
+        raise ApiError(METHOD_NOT_ALLOWED, "CONNECT is not allowed", headers={"Allow": "GET, POST"})
+    if not edge.tokens.enabled:
+        _this_operator_only(request)
+    if isinstance(http_exc, web.HTTPMethodNotAllowed):
+        allow = ", ".join(sorted(http_exc.allowed_methods))
+        raise ApiError(
+            METHOD_NOT_ALLOWED,
+            f"{request.method} is not allowed here",
+            headers={"Allow": allow},
         )
-    except ClientDisconnected:
+    if http_exc is not None:
+        raise ApiError(NOT_FOUND, "no such resource")
+    access = edge.access.get(match.route, "user")
+    if access != "public":
+        principal = _authenticate(request, edge.tokens)
+        request[PRINCIPAL] = principal
+        if access != "user" and not principal.can(access):
+            raise ApiError(FORBIDDEN, f"this operation needs the {access} role or above")
+
+
+def _failed(request: web.Request, exc: Exception, edge: _Edge) -> web.StreamResponse | None:
+    """The problem+json answer for what a handler (or `_admit`) raised; None for an aiohttp
+    HTTPException to pass on as it is. Called while `exc` is being handled."""
+    if isinstance(exc, ApiError):
+        return problem(request, exc)
+    if isinstance(exc, inputs.NoSuchId):
+        return problem(request, ApiError(NOT_FOUND, "no such resource"))
+    if isinstance(exc, InputError):
+        errors = [{"field": exc.field, "message": exc.message}]
+        return problem(request, ApiError(VALIDATION_FAILED, str(exc), errors))
+    if isinstance(exc, ClientDisconnected):
         log.info("client_disconnected", method=request.method, route=_route_name(request))
         return problem(request, ApiError(VALIDATION_FAILED, "the request did not arrive whole"))
-    except StorageUnavailable as exc:
+    if isinstance(exc, StorageUnavailable):
         edge.storage_outage.failed(exc)
         return problem(
             request,
@@ -204,16 +212,15 @@ async def _guarded(
                 headers={"Retry-After": "1"},
             ),
         )
-    except StorageError as exc:
+    if isinstance(exc, StorageError):
         log.error("storage_error", error=exc)
         return problem(request, ApiError(INTERNAL_ERROR, "the database refused the operation"))
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status == 413:
             return problem(request, ApiError(PAYLOAD_TOO_LARGE, "the request body is too large"))
-        raise
-    except Exception as exc:
-        log.exception("unhandled_error", error=exc)
-        return problem(request, ApiError(INTERNAL_ERROR, "internal error"))
+        return None
+    log.exception("unhandled_error", error=exc)
+    return problem(request, ApiError(INTERNAL_ERROR, "internal error"))
 
 
 # Methods that change nothing: a cross-site page may send them (it cannot read the answer).
@@ -268,10 +275,14 @@ def _loopback_authority(authority: str) -> bool:
     return is_loopback_host(name.lower().removesuffix("."))
 
 
+# The caller with auth off: one for every request (a held request keeps its principal).
+_LOCAL: Final = Principal("local", "admin")
+
+
 def _authenticate(request: web.Request, tokens: TokenVerifier) -> Principal:
     if not tokens.enabled:
         # No tokens configured: config validation guarantees a loopback bind.
-        return Principal("local", "admin")
+        return _LOCAL
     header = inputs.single_header(request.headers, "Authorization") or ""
     scheme, _, token = header.partition(" ")
     challenge = {"WWW-Authenticate": 'Bearer realm="outboxd"'}
@@ -335,3 +346,21 @@ def create_app(deps: ApiDeps) -> web.Application:
         if route.access != "public" and canonical not in _ANSWERS_WITHOUT_STORAGE:
             edge.storage_routes.add(canonical)
     return app
+
+
+def trim_middleware_chain(app: web.Application) -> None:
+    """Once the app is frozen (`AppRunner.setup`): drop the middleware aiohttp appends to
+    every chain to point `match_info.current_app` at the sub-application that runs the
+    handler. This app has no sub-applications, so `current_app` is the app either way; the
+    middleware only costs a coroutine per request, one more frame each held request keeps
+    while it waits (docs/decisions/0038-held-waits-cost-little.md). Left as it is should
+    aiohttp's chain not look as expected."""
+    chain = getattr(app, "_middlewares_handlers", None)
+    if not chain or getattr(app, "_subapps", True):
+        return
+    kept = tuple(m for m in chain if getattr(m[0], "__qualname__", "") != _CURRENT_APP_FIX)
+    if len(kept) == len(chain) - 1:
+        app._middlewares_handlers = kept
+
+
+_CURRENT_APP_FIX: Final = "_fix_request_current_app.<locals>.impl"

@@ -24,6 +24,7 @@ from outboxd.http.problems import (
 )
 from outboxd.http.render import dispatch_model, event_model, job_model
 from outboxd.http.responses import json_response
+from outboxd.http.server import request_arrived
 from outboxd.security import Principal
 from outboxd.services.portal_jobs import DispatchFailed, IdempotencyConflict, LinkCredentials
 from outboxd.storage.ports import JobRecord
@@ -104,11 +105,40 @@ def visible_job(request: web.Request, job: JobRecord | None) -> JobRecord:
     return job
 
 
+def _finished(job: JobRecord | None) -> bool:
+    return job is None or job.terminal
+
+
+class _Changed:
+    """Whether the job's body as `reader` sees it is no longer the one tagged `etag`."""
+
+    __slots__ = ("etag", "reader")
+
+    def __init__(self, reader: Principal, etag: str) -> None:
+        self.reader = reader
+        self.etag = etag
+
+    def __call__(self, job: JobRecord | None) -> bool:
+        return job is None or _encoded(job, self.reader)[1] != self.etag
+
+
 def _encoded(job: JobRecord, reader: Principal) -> Encoded:
     """The job's body as `reader` sees it, and its entity tag: a digest of exactly those
-    bytes, so it changes whenever the body does."""
+    bytes, so it changes whenever the body does. The last one is kept: a change that
+    answers thousands of held requests compares and sends one body (the held requests
+    share the record they were woken with), encoded once."""
+    global _last_encoded
+    last = _last_encoded
+    if last is not None and last[0] is job and last[1] == reader:
+        return last[2]
     body = models.encode(job_model(job, reader))
-    return body, digest(body)
+    encoded = body, digest(body)
+    _last_encoded = (job, reader, encoded)
+    return encoded
+
+
+# (record, reader, encoded) of the last `_encoded`; the body depends on nothing else.
+_last_encoded: tuple[JobRecord, Principal, Encoded] | None = None
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -125,25 +155,34 @@ async def get_job(request: web.Request) -> web.Response:
         body, etag = _encoded(job, reader)
         return tagged(body, etag, 304 if matches(tags, etag) else 200)
     # The hold is taken before the read: a change committed after the read still wakes it.
-    async with deps.waits.hold(job_id, principal_of(request).user) as hold:
-        job = visible_job(request, await deps.store.get_job(job_id))
+    # (Entered and released by hand, not `async with`: no `__aexit__` kept across the wait.)
+    hold = deps.waits.hold(job_id, principal_of(request).user)
+    held = hold.enter()
+    try:
+        # Held: the read this hold shares with every request on the job entering with it.
+        found = await (hold.current() if held else deps.store.get_job(job_id))
+        job = visible_job(request, found)
         body, etag = _encoded(job, reader)
-        if hold is None:  # api.max_waiters (or the user's share) held, or stopping: no wait
+        if not held:  # api.max_waiters (or the user's share) held, or stopping: no wait
             return tagged(body, etag, 304 if matches(tags, etag) else 200, refused=True)
-        if tags is None:
-            if job.terminal:
-                return tagged(body, etag, applied=wait_s)
-            ending, now = await hold.until(lambda j: j is None or j.terminal, wait_s)
-        else:
-            if not matches(tags, etag):  # stale: the client has not seen this body
-                return tagged(body, etag, applied=wait_s)
-            ending, now = await hold.until(
-                lambda j: j is None or _encoded(j, reader)[1] != etag, wait_s
-            )
+        if tags is None and job.terminal:
+            return tagged(body, etag, applied=wait_s)
+        if tags is not None and not matches(tags, etag):  # stale: not seen by the client
+            return tagged(body, etag, applied=wait_s)
+        # Held from here: thousands may be, so each keeps only its tag, not the job, its
+        # body or the tags it was sent (docs/decisions/0038-held-waits-cost-little.md), and
+        # its connection no read deadline (the request has arrived whole).
+        matching = tags is not None
+        del found, job, body, tags
+        request_arrived(request)
+        ending = await hold.wait(_Changed(reader, etag) if matching else _finished, wait_s)
+        now = await hold.value(ending)
+    finally:
+        hold.release()
     if now is None:
         raise ApiError(NOT_FOUND, "no such job")  # pruned while it was waited on
     new_body, new_etag = _encoded(now, reader)
-    if tags is not None and new_etag == etag and ending != "stopped":
+    if matching and new_etag == etag and ending != "stopped":
         return tagged(new_body, new_etag, 304, applied=wait_s)
     return tagged(new_body, new_etag, applied=wait_s)
 

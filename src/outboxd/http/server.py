@@ -97,7 +97,9 @@ class _Framing:
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
-        self._head = bytearray()  # the head so far, never more than the budget
+        # The head so far, never more than the budget; bytes, b"" (shared) between heads: a
+        # connection waiting on its answer keeps no buffer of its own.
+        self._head = b""
         self._in_trailer = False
         self._body_left = 0  # Content-Length bytes still to come
         # In a chunked body: "size" (its line so far in _chunk_line), "data" or "crlf"
@@ -124,7 +126,7 @@ class _Framing:
         room = self._max_bytes - len(head)
         end = -1
         if head:  # the blank line may straddle the previous read and this one
-            tail = bytes(head[-3:])
+            tail = head[-3:]
             k = (tail + data[i : i + 3]).find(_BLANK_LINE)
             if k != -1:
                 end = i + k + 4 - len(tail)
@@ -134,10 +136,10 @@ class _Framing:
         if end == -1:
             if len(data) - i > room - 1:
                 raise HeadersTooLarge()
-            head += data[i:]
+            self._head = head + data[i:]
             return len(data)
-        whole = bytes(head) + data[i:end] if head else data[i:end]
-        head.clear()
+        whole = head + data[i:end] if head else data[i:end]
+        self._head = b""
         if len(whole) > self._max_bytes or whole.count(b"\r\n") - 2 > MAX_HEADER_FIELDS:
             raise HeadersTooLarge()
         if self._in_trailer:
@@ -198,7 +200,34 @@ class _Gate:
         self.open = 0
 
 
+class _Pending(list[Any]):
+    """aiohttp's queue of the requests a connection has sent that its handler has not taken
+    yet, as a list rather than aiohttp's deque: a deque allocates a block of 64 slots (624
+    bytes) for every connection even while empty, and this queue holds one request, or a
+    few pipelined ones (aiohttp bounds it), so taking the first is cheap. aiohttp appends,
+    takes the first (`popleft`) and asks for the length."""
+
+    __slots__ = ()
+
+    def popleft(self) -> Any:
+        return self.pop(0)
+
+
 class GuardedRequestHandler(RequestHandler):
+    # aiohttp's handler has slots; so has this one: no per-connection __dict__.
+    __slots__ = (
+        "_answered_bytes",
+        "_counted",
+        "_framing",
+        "_gate",
+        "_read_timer",
+        "_reading_since",
+        "_refused",
+        "_socket",
+        "_write_left",
+        "_write_timer",
+    )
+
     def __init__(self, manager: web.Server, *, gate: _Gate, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._gate = gate
@@ -211,6 +240,8 @@ class GuardedRequestHandler(RequestHandler):
         self._write_timer: asyncio.TimerHandle | None = None
         self._write_left = 0
         self._socket: Any = None
+        # aiohttp's queue of parsed requests waiting for the handler, as a list.
+        self._messages = _Pending()  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ cap
 
@@ -306,6 +337,19 @@ class GuardedRequestHandler(RequestHandler):
         if request is None:
             return False
         return request.content.is_eof()
+
+    def request_arrived(self) -> None:
+        """The current request is in whole and its handler will answer it later (a held
+        request): neither the read deadline nor aiohttp's keep-alive check (armed when the
+        connection opened, against one that never sends a request) has anything to watch
+        until the answer, after which aiohttp arms its keep-alive anew. Dropped now, not left
+        armed for each of thousands of held requests."""
+        if not self._request_complete():
+            return
+        self._disarm()
+        if self._keepalive_handle is not None:
+            self._keepalive_handle.cancel()
+            self._keepalive_handle = None
 
     def request_answered(self) -> None:
         """A response is on its way: the next request gets a deadline of its own."""
@@ -420,6 +464,14 @@ class GuardedRequestHandler(RequestHandler):
         )
         resp.force_close()
         return resp
+
+
+def request_arrived(request: web.Request) -> None:
+    """`request` has arrived whole and will be answered later (a held request): its
+    connection's read deadline is dropped now rather than left armed until it fires."""
+    protocol = request.protocol
+    if isinstance(protocol, GuardedRequestHandler):
+        protocol.request_arrived()
 
 
 async def _mark_answered(request: web.Request, _response: web.StreamResponse) -> None:
