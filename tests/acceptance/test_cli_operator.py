@@ -116,7 +116,8 @@ def test_check_config_json_shows_the_resolved_settings(tmp_path: Path) -> None:
     # TOML key names, every section of the file format.
     assert set(out) == {
         "server", "api", "storage", "sqs", "relay", "consumer", "claimer", "scrapers",
-        "breakers", "audit", "security", "auth", "scheduler", "daemon", "logging", "metrics",
+        "breakers", "audit", "retention", "security", "auth", "scheduler", "daemon", "logging",
+        "metrics",
     }  # fmt: skip
     assert out["metrics"] == {"refresh_s": 5.0}
     assert out["consumer"]["dlq_sweep_s"] == 60.0

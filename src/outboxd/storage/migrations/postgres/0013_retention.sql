@@ -3,8 +3,7 @@
 -- hundreds of thousands of dead rows scanned past by every claim first. These tables are
 -- vacuumed and analyzed after 2% of them changed (and at least a thousand rows), and the
 -- rows only inserted (job_events, audit_log) are vacuumed often enough to keep the
--- visibility map fresh. Storage parameters and an index only: the previous release runs
--- unchanged.
+-- visibility map fresh. Storage parameters only: the previous release runs unchanged.
 ALTER TABLE jobs SET (
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_vacuum_threshold = 1000,
@@ -38,7 +37,3 @@ ALTER TABLE pace SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_thre
 ALTER TABLE pace_leases SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
 ALTER TABLE dependencies SET (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 200);
 
--- DEAD jobs by when they died: what outbox.prune looks for (their credentials after
--- security.dead_retention_s, the jobs after retention.dead_s) without walking every finished
--- job. Few rows, written only when a job dies or is redriven.
-CREATE INDEX jobs_dead ON jobs (finished_at) WHERE status = 'DEAD';
