@@ -206,7 +206,7 @@ async def run_backend(backend: str, wd: Path, sizes: list[int], k: int) -> Resul
             before = await counts_by_status(store)
             now = time.time()
             t0 = time.perf_counter()
-            pruned = await store.prune(now - 7 * DAY, now - 7 * DAY, 1000)
+            pruned = await store.prune(now - 7 * DAY, now - 7 * DAY, now - 7 * DAY, 1000)
             prune_s = time.perf_counter() - t0
             after = await counts_by_status(store)
             await load(backend, url, loaded + 1, {"PENDING": FRESH_PENDING})
