@@ -64,6 +64,7 @@ async def measure(op: Op, concurrency: int, duration_s: float, warmup_s: float) 
 
 SEALED = os.urandom(96)  # about the size of a sealed {"username","password"}
 FINGERPRINT = "k1:" + "ab" * 32
+LOGIN_SUBJECT = "cd" * 32  # the username's keyed hash, which every job keeps (migration 0010)
 SQLITE_PRAGMAS = ("journal_mode=WAL", "busy_timeout=10000", "synchronous=FULL", "foreign_keys=ON")
 Rows = Iterator[tuple[dict[str, Any], dict[str, Any]]]
 
@@ -78,7 +79,7 @@ def job_rows(prefix: str) -> Rows:
         job: dict[str, Any] = {"id": job_id, "kind": "portal_link", "portal": "suwon"}
         job["user_id"] = "bench"
         job.update(idempotency_key=f"{prefix}-{n}", fingerprint=FINGERPRINT, key_id="k1")
-        job.update(sealed=SEALED, now=now, traceparent=None)
+        job.update(sealed=SEALED, now=now, traceparent=None, login_subject=LOGIN_SUBJECT)
         relay: dict[str, Any] = {"id": new_id(), "kind": "job", "job_id": job_id}
         relay["task_id"] = None
         # Unclaimed, as an intake with dispatch off inserts it.
@@ -101,6 +102,7 @@ def new_portal_job(job_id: str, outbox_id: str, key: str) -> Any:
         portal="suwon",
         key_id="k1",
         sealed=SEALED,
+        login_subject=LOGIN_SUBJECT,
     )
 
 
