@@ -83,7 +83,8 @@ def job_rows(prefix: str) -> Rows:
         relay: dict[str, Any] = {"id": new_id(), "kind": "job", "job_id": job_id}
         relay["task_id"] = None
         # Unclaimed, as an intake with dispatch off inserts it.
-        relay.update(dedup_id=job_id, now=now, claimed_until=None, attempt_count=0)
+        relay.update(dedup_id=job_id, now=now, next_attempt_at=now, claimed_until=None)
+        relay["attempt_count"] = 0
         relay["traceparent"] = None
         yield job, relay
 
