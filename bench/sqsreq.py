@@ -17,7 +17,7 @@ window / jobs SUCCEEDED, by action; ReceiveMessage calls answered empty are coun
 (a long poll that runs out costs a request per 20 s per queue, whatever the load).
 
 The same is run with the daemon of the previous release (`--previous`, default 5f8e556),
-built from git history (`git archive` into a scratch folder, its `src/` first on
+built from git history (a scratch worktree, `bench/previous.py`, its `src/` first on
 PYTHONPATH, the same virtualenv), in the same run.
 
     python -m bench.sqsreq [--quick] [--jobs N] [--previous REV] [--json-out F]
@@ -26,12 +26,9 @@ PYTHONPATH, the same virtualenv), in the same run.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +37,9 @@ from testkit.daemon import PORTAL_MODULE, SAMPLE_PASSWORD, SAMPLE_SNO, DaemonPro
 from testkit.moto import MotoServer
 
 from bench import fmt
-from bench.common import ROOT, Bench, CpuWindow, Results, emit, percentile, table, workdir
+from bench.common import Bench, CpuWindow, Results, emit, percentile, table, workdir
 from bench.e2e import ready
+from bench.previous import short, tree_of
 
 PREVIOUS = "5f8e556"
 CLIENTS = 16
@@ -52,20 +50,6 @@ ACTIONS = (
     ("delete", ("DeleteMessage", "DeleteMessageBatch")),
     ("visibility", ("ChangeMessageVisibility", "ChangeMessageVisibilityBatch")),
 )
-
-
-@contextlib.contextmanager
-def tree_of(rev: str, wd: Path) -> Iterator[Path]:
-    """The files of `rev` (git archive, nothing checked out in the repository): a folder."""
-    path = wd / f"tree-{rev}"
-    path.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", rev],
-        capture_output=True,
-        check=True,
-    )
-    subprocess.run(["tar", "-x", "-C", str(path)], input=archive.stdout, check=True)
-    yield path
 
 
 def proxy_counts(url: str) -> dict[str, Any]:
@@ -252,17 +236,13 @@ async def main_async() -> int:
     )
     rev = ""
     if args.previous:  # `--previous ""`: this commit alone
-        rev = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", args.previous],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        rev = short(args.previous)
     results: dict[str, Any] = {"previous": rev, "runs": {}}
     with workdir("sqsreq") as wd:
         results["runs"]["this"] = await asyncio.to_thread(run_one, "this", wd, n, None)
         if rev:
             with tree_of(rev, wd) as tree:
+                assert tree is not None
                 results["runs"][rev] = await asyncio.to_thread(run_one, rev, wd, n, tree)
     rows = []
     for label, r in results["runs"].items():
